@@ -1,0 +1,182 @@
+#include "blocks.h"
+
+#include "errors.h"
+
+#include <cmath>
+
+namespace hs::blocks {
+
+using namespace torch::indexing;
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool plus_one) {
+    auto xf = x.to(torch::kFloat);
+    auto y = xf * torch::rsqrt(xf.pow(2).mean(-1, true) + eps);
+    if (plus_one) return (y * (1.0 + w.to(torch::kFloat))).to(x.scalar_type());  // Gemma: cast after scaling
+    return w.defined() ? w * y.to(x.scalar_type()) : y.to(x.scalar_type());
+}
+
+at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    switch (cfg.norm) {
+        case NormKind::kRms: return rms_norm(x, w, cfg.norm_eps, false);
+        case NormKind::kRmsPlusOne: return rms_norm(x, w, cfg.norm_eps, true);
+        case NormKind::kLayerNorm: {
+            auto y = torch::layer_norm(x.to(torch::kFloat), {x.size(-1)}, w.defined() ? w.to(torch::kFloat) : w,
+                                       b.defined() ? b.to(torch::kFloat) : b, cfg.norm_eps);
+            return y.to(x.scalar_type());
+        }
+    }
+    return x;
+}
+
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    // One GEMM per batch row: BLAS picks kernels by matrix size, so folding rows into one GEMM
+    // would make a row's numbers depend on what else is in the batch. This way a batched
+    // ablation row equals its unbatched run bit for bit.
+    at::Tensor y;
+    if (x.dim() == 3 && x.size(0) > 1)
+        y = torch::bmm(x, w.t().unsqueeze(0).expand({x.size(0), w.size(1), w.size(0)}));
+    else
+        y = torch::matmul(x, w.t());
+    return b.defined() ? y + b : y;
+}
+
+at::Tensor activation(Activation a, const at::Tensor& x) {
+    switch (a) {
+        case Activation::kSilu: return torch::silu(x);
+        case Activation::kGeluTanh: return torch::gelu(x, "tanh");
+        case Activation::kGeluExact: return torch::gelu(x);
+        case Activation::kRelu: return torch::relu(x);
+    }
+    return x;
+}
+
+at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x) {
+    if (cfg.gated_mlp) {
+        auto g = activation(cfg.act, linear(x, lw.w_gate, lw.b_gate));
+        return linear(g * linear(x, lw.w_up, lw.b_up), lw.w_down, lw.b_down);
+    }
+    return linear(activation(cfg.act, linear(x, lw.w_up, lw.b_up)), lw.w_down, lw.b_down);
+}
+
+// Inverse frequencies [rot_dim / 2], with Hugging Face's "linear" and "llama3" scalings.
+static at::Tensor inv_freq(const ModelConfig& cfg, int64_t rot_dim, double theta) {
+    auto idx = torch::arange(0, rot_dim, 2, torch::kLong).to(torch::kFloat);
+    auto f = 1.0 / torch::pow(theta, idx / static_cast<double>(rot_dim));
+    const auto& s = cfg.rope_scaling;
+    if (s.type == "linear") return f / s.factor;
+    if (s.type == "llama3") {
+        const double low_wavelen = s.original_max_position / s.low_freq_factor;
+        const double high_wavelen = s.original_max_position / s.high_freq_factor;
+        auto wavelen = 2 * M_PI / f;
+        auto scaled = torch::where(wavelen > low_wavelen, f / s.factor, f);
+        auto smooth = (s.original_max_position / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        auto smoothed = (1 - smooth) * scaled / s.factor + smooth * scaled;
+        auto medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen);
+        return torch::where(medium, smoothed, scaled);
+    }
+    return f;
+}
+
+Rope rope_tables(const ModelConfig& cfg, const at::Tensor& positions, double theta, c10::ScalarType dtype) {
+    Rope r;
+    r.rot_dim = static_cast<int64_t>(cfg.d_head * cfg.rotary_pct);
+    r.rot_dim -= r.rot_dim % 2;
+    if (r.rot_dim == 0) return r;
+    auto f = inv_freq(cfg, r.rot_dim, theta).to(positions.device());
+    auto ang = torch::outer(positions.to(torch::kFloat), f);  // [T, rot/2]
+    auto emb = torch::cat({ang, ang}, -1);                    // [T, rot]
+    r.cos = emb.cos().to(dtype);
+    r.sin = emb.sin().to(dtype);
+    return r;
+}
+
+at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
+    if (rope.rot_dim == 0) return x;
+    const int64_t d = x.size(-1), half = rope.rot_dim / 2;
+    auto xr = rope.rot_dim == d ? x : x.index({"...", Slice(0, rope.rot_dim)});
+    auto cos = rope.cos.view({1, -1, 1, rope.rot_dim});
+    auto sin = rope.sin.view({1, -1, 1, rope.rot_dim});
+    auto rotated = torch::cat({-xr.index({"...", Slice(half, None)}), xr.index({"...", Slice(0, half)})}, -1);
+    auto out = xr * cos + rotated * sin;
+    if (rope.rot_dim == d) return out;
+    return torch::cat({out, x.index({"...", Slice(rope.rot_dim, None)})}, -1);
+}
+
+at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache) {
+    const int64_t past = cache ? cache->length() : 0;
+    return torch::arange(past, past + tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+}
+
+// [T, S] true where query i (absolute past + i) may attend to key j.
+static at::Tensor visible_mask(int64_t T, int64_t S, int64_t past, int window, c10::Device dev) {
+    auto qi = torch::arange(past, past + T, torch::TensorOptions().dtype(torch::kLong).device(dev)).unsqueeze(1);
+    auto kj = torch::arange(0, S, torch::TensorOptions().dtype(torch::kLong).device(dev)).unsqueeze(0);
+    auto vis = kj <= qi;
+    if (window > 0) vis = vis & (kj > qi - window);
+    return vis;
+}
+
+at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
+                     KVCache* cache) {
+    const ModelConfig& cfg = m.config;
+    const LayerWeights& lw = m.weights.layers[layer];
+    const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
+    int64_t past = 0;
+    if (cache) {
+        if (static_cast<int>(cache->k.size()) < cfg.n_layers) {
+            cache->k.resize(cfg.n_layers);
+            cache->v.resize(cfg.n_layers);
+        }
+        if (cache->k[layer].defined()) {
+            past = cache->k[layer].size(1);
+            k = torch::cat({cache->k[layer], k}, 1);  // [B, S, K, d]
+            v = torch::cat({cache->v[layer], v}, 1);
+        }
+        cache->k[layer] = k;
+        cache->v[layer] = v;
+    }
+    const int64_t S = k.size(1);
+    if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
+    q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
+    k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
+    v = hook(hooks, Point::kAttnV, layer, v);
+
+    // Query head h reads kv head h / g: expand [B, K, S, d] to [B, K, g, S, d] -> [B, H, S, d].
+    const int64_t g = H / K;
+    auto kh = k.permute({0, 2, 1, 3});
+    auto vh = v.permute({0, 2, 1, 3});
+    if (g > 1) {
+        kh = kh.unsqueeze(2).expand({B, K, g, S, d}).reshape({B, H, S, d});
+        vh = vh.unsqueeze(2).expand({B, K, g, S, d}).reshape({B, H, S, d});
+    }
+    auto qh = q.permute({0, 2, 1, 3});  // [B, H, T, d]
+    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    auto scores = torch::matmul(qh, kh.transpose(-1, -2)) * scale;  // [B, H, T, S]
+    if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
+    auto vis = visible_mask(T, S, past, cfg.is_sliding(layer) ? cfg.sliding_window : 0, q.device());
+    scores = scores.masked_fill(vis.logical_not(), -std::numeric_limits<float>::infinity());
+    scores = hook(hooks, Point::kAttnScores, layer, scores);
+    auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
+    pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
+    auto z = torch::matmul(pattern, vh).permute({0, 2, 1, 3});  // [B, T, H, d]
+    if (hooks && hooks->has_z_interventions(layer)) z = hooks->apply_z(layer, z);
+    z = hook(hooks, Point::kAttnZ, layer, z);
+
+    at::Tensor out;
+    if (hooks && hooks->wants(Point::kAttnHeadOut, layer)) {
+        // Per (row, head) GEMMs [T, d] x [d, D], batch-independent like linear().
+        auto wo_h = lw.wo.view({cfg.d_model, H, d}).permute({1, 2, 0});     // [H, d, D]
+        auto zb = z.permute({0, 2, 1, 3}).reshape({B * H, T, d});
+        auto head_out = torch::bmm(zb, wo_h.unsqueeze(0).expand({B, H, d, cfg.d_model}).reshape({B * H, d, cfg.d_model}))
+                            .view({B, H, T, cfg.d_model})
+                            .permute({0, 2, 1, 3});                         // [B, T, H, D]
+        head_out = hooks->run(Point::kAttnHeadOut, layer, head_out);
+        out = head_out.sum(2);
+        if (lw.bo.defined()) out = out + lw.bo;
+    } else {
+        out = linear(z.reshape({B, T, H * d}), lw.wo, lw.bo);  // [B, T, D]
+    }
+    return hook(hooks, Point::kAttnOut, layer, out);
+}
+
+}  // namespace hs::blocks

@@ -1,0 +1,40 @@
+// Building blocks shared by the family forwards (internal header: includes torch).
+// Each block does one published operation; the families call them top to bottom.
+#pragma once
+
+#include "model.h"
+
+#include <torch/torch.h>
+
+namespace hs::blocks {
+
+// Normalisation by config.norm, computed in float32 and cast back (as Hugging Face does).
+at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool plus_one);
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+at::Tensor activation(Activation a, const at::Tensor& x);
+at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x);
+
+// RoPE tables for absolute positions [T]: cos, sin [T, rot_dim] in the rotate_half layout.
+struct Rope {
+    at::Tensor cos, sin;
+    int64_t rot_dim = 0;
+};
+Rope rope_tables(const ModelConfig& cfg, const at::Tensor& positions, double theta, c10::ScalarType dtype);
+// x [B, T, N, d]: rotates the first rot_dim dims of each head (rotate_half), passes the rest.
+at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
+
+// The attention of one layer from projected q [B,T,H,d] (after RoPE) and k, v [B,T,K,d]:
+// query interventions, cache, scores, mask (causal, sliding window), soft-cap, softmax,
+// z interventions, W_O, with every capture point from attn.q to attn_out. Returns attn_out [B,T,D].
+at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
+                     KVCache* cache);
+
+// Positions [T] int64 continuing from the cache.
+at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache);
+
+inline at::Tensor hook(const Hooks* h, Point p, int layer, at::Tensor x) {
+    return (h && h->wants(p, layer)) ? h->run(p, layer, std::move(x)) : x;
+}
+
+}  // namespace hs::blocks

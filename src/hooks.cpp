@@ -1,0 +1,108 @@
+#include "hooks.h"
+
+#include "errors.h"
+
+#include <torch/torch.h>
+
+namespace hs {
+
+namespace {
+const char* const kPointNames[kNumPoints] = {
+    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
+    "attn.head_out", "attn_out", "resid_mid", "mlp_out", "resid_post"};
+}
+
+const char* point_name(Point p) { return kPointNames[static_cast<int>(p)]; }
+
+std::vector<std::string> all_point_names() { return {std::begin(kPointNames), std::end(kPointNames)}; }
+
+Point parse_point(const std::string& name) {
+    for (int i = 0; i < kNumPoints; ++i)
+        if (name == kPointNames[i]) return static_cast<Point>(i);
+    std::string valid;
+    for (auto* n : kPointNames) valid += std::string(valid.empty() ? "" : ", ") + n;
+    throw ConfigError(fmt::format("unknown capture point '{}' (valid: {})", name, valid));
+}
+
+void Hooks::capture(Point p, CaptureFn fn, int layer) {
+    entries_[static_cast<int>(p)].push_back({layer, std::move(fn), nullptr});
+}
+
+void Hooks::edit(Point p, EditFn fn, int layer) {
+    entries_[static_cast<int>(p)].push_back({layer, nullptr, std::move(fn)});
+}
+
+void Hooks::intervene_z(const HeadIntervention& iv) { z_ivs_.push_back(iv); }
+void Hooks::intervene_q(const HeadIntervention& iv) { q_ivs_.push_back(iv); }
+
+void Hooks::clear() {
+    for (auto& e : entries_) e.clear();
+    z_ivs_.clear();
+    q_ivs_.clear();
+}
+
+bool Hooks::wants(Point p, int layer) const {
+    for (const auto& e : entries_[static_cast<int>(p)])
+        if (e.layer < 0 || e.layer == layer) return true;
+    return false;
+}
+
+static bool any_for_layer(const std::vector<HeadIntervention>& v, int layer) {
+    for (const auto& iv : v)
+        if (iv.layer == layer) return true;
+    return false;
+}
+
+bool Hooks::has_z_interventions(int layer) const { return any_for_layer(z_ivs_, layer); }
+bool Hooks::has_q_interventions(int layer) const { return any_for_layer(q_ivs_, layer); }
+
+at::Tensor Hooks::run(Point p, int layer, at::Tensor x) const {
+    for (const auto& e : entries_[static_cast<int>(p)]) {
+        if (e.layer >= 0 && e.layer != layer) continue;
+        if (e.edit) {
+            auto r = e.edit(layer, x);
+            if (r) {
+                if (r->sizes() != x.sizes())
+                    throw ConfigError(fmt::format("edit at {} layer {} changed the shape", point_name(p), layer));
+                x = r->to(x.dtype());
+            }
+        } else {
+            e.capture(layer, x);
+        }
+    }
+    return x;
+}
+
+// x [B, T, H, d]; returns a modified copy with every intervention for `layer` applied in order.
+static at::Tensor apply_heads(const std::vector<HeadIntervention>& ivs, int layer, const at::Tensor& x0,
+                              const char* what) {
+    using namespace torch::indexing;
+    at::Tensor x;
+    const int64_t B = x0.size(0), T = x0.size(1), H = x0.size(2);
+    for (const auto& iv : ivs) {
+        if (iv.layer != layer) continue;
+        if (iv.head < 0 || iv.head >= H)
+            throw ConfigError(fmt::format("{} intervention: head {} out of range [0, {})", what, iv.head, H));
+        if (iv.row >= B) throw ConfigError(fmt::format("{} intervention: row {} out of range [0, {})", what, iv.row, B));
+        if (!x.defined()) x = x0.clone();
+        auto rows = iv.row < 0 ? Slice() : Slice(iv.row, iv.row + 1);
+        auto slot = x.index({rows, Slice(), iv.head});  // [b, T, d]
+        switch (iv.op) {
+            case HeadOp::kZero: slot.zero_(); break;
+            case HeadOp::kScale: slot.mul_(iv.scale); break;
+            case HeadOp::kReplace: {
+                auto v = iv.value.to(x.device(), x.scalar_type());
+                // [d] -> every position; [T, d] -> per position (the first T rows of a longer value).
+                if (v.dim() == 2 && v.size(0) > T) v = v.index({Slice(v.size(0) - T, None)});
+                slot.copy_(v.dim() == 1 ? v.view({1, 1, -1}).expand_as(slot) : v.unsqueeze(0).expand_as(slot));
+                break;
+            }
+        }
+    }
+    return x.defined() ? x : x0;
+}
+
+at::Tensor Hooks::apply_z(int layer, const at::Tensor& z) const { return apply_heads(z_ivs_, layer, z, "z"); }
+at::Tensor Hooks::apply_q(int layer, const at::Tensor& q) const { return apply_heads(q_ivs_, layer, q, "query"); }
+
+}  // namespace hs

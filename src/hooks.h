@@ -1,0 +1,86 @@
+// Capture and intervention points. Each family's forward calls `hooks.run(point, layer, x)` at
+// the canonical points below, only after `hooks.wants(point, layer)`: a point nobody subscribed
+// to is never materialised (attn.head_out and the [B,H,T,T] scores/pattern in particular).
+//
+// Shapes (B batch rows, T query positions, S key positions incl. any cache, H query heads,
+// K key/value heads, d head dim, D model dim). Query head h reads key/value head h / (H / K).
+//   resid_pre, resid_mid, resid_post, attn_out, mlp_out   [B, T, D]
+//   attn.q                                                  [B, T, H, d]  after RoPE (and q-norm)
+//   attn.k, attn.v                                          [B, S, K, d]  after RoPE (k)
+//   attn.scores                                             [B, H, T, S]  scaled, soft-capped, masked (-inf)
+//   attn.pattern                                            [B, H, T, S]  softmax of scores
+//   attn.z                                                  [B, T, H, d]  pattern @ v, before W_O
+//   attn.head_out                                           [B, T, H, D]  z_h W_O^h (no bias)
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <array>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+enum class Point : int {
+    kResidPre, kAttnQ, kAttnK, kAttnV, kAttnScores, kAttnPattern, kAttnZ, kAttnHeadOut,
+    kAttnOut, kResidMid, kMlpOut, kResidPost, kCount
+};
+constexpr int kNumPoints = static_cast<int>(Point::kCount);
+
+const char* point_name(Point p);            // "attn.pattern"
+Point parse_point(const std::string& name); // throws ConfigError listing the valid names
+std::vector<std::string> all_point_names();
+
+// What happens to one head's activation. Rows: -1 = every batch row.
+enum class HeadOp {
+    kZero,     // value := 0
+    kScale,    // value *= scale
+    kReplace,  // value := `value` ([d], [T, d] or [B?] broadcast to [T, d] for that row)
+};
+
+struct HeadIntervention {
+    int layer = 0;
+    int head = 0;
+    int64_t row = -1;
+    HeadOp op = HeadOp::kZero;
+    double scale = 0.0;
+    at::Tensor value;  // for kReplace
+};
+
+// Observer: sees the tensor, may keep a reduction. Editor: returns a replacement or nullopt.
+using CaptureFn = std::function<void(int layer, const at::Tensor& x)>;
+using EditFn = std::function<std::optional<at::Tensor>(int layer, const at::Tensor& x)>;
+
+class Hooks {
+public:
+    // layer -1 subscribes to every layer.
+    void capture(Point p, CaptureFn fn, int layer = -1);
+    void edit(Point p, EditFn fn, int layer = -1);
+    // Head-level interventions on z (before W_O) and on the query (after RoPE). A zeroed query
+    // gives uniform attention over the visible prefix: the retrieval-head masking convention.
+    void intervene_z(const HeadIntervention& iv);
+    void intervene_q(const HeadIntervention& iv);
+    void clear();
+
+    bool wants(Point p, int layer) const;
+    bool has_z_interventions(int layer) const;
+    bool has_q_interventions(int layer) const;
+    // Applies edits (in subscription order) then captures; returns the possibly replaced tensor.
+    at::Tensor run(Point p, int layer, at::Tensor x) const;
+    // z [B,T,H,d] / q [B,T,H,d] with this layer's head interventions applied (out of place).
+    at::Tensor apply_z(int layer, const at::Tensor& z) const;
+    at::Tensor apply_q(int layer, const at::Tensor& q) const;
+
+private:
+    struct Entry {
+        int layer;
+        CaptureFn capture;
+        EditFn edit;
+    };
+    std::array<std::vector<Entry>, kNumPoints> entries_;
+    std::vector<HeadIntervention> z_ivs_, q_ivs_;
+};
+
+}  // namespace hs

@@ -1,0 +1,240 @@
+// load_model: Hugging Face folders (config.json + safetensors, sharded or not) and llama2.c .bin.
+#include "errors.h"
+#include "families/registry.h"
+#include "model.h"
+#include "util.h"
+#include "weight_source.h"
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace hs {
+
+// ---- WeightSource ----
+
+WeightSource::WeightSource(std::vector<std::string> files, LoadOptions opts) : files_(std::move(files)), opts_(opts) {
+    for (const auto& f : files_) st_.push_back(std::make_unique<SafetensorsFile>(f));
+}
+
+const SafetensorsFile* WeightSource::find(const std::string& name) const {
+    for (const auto& s : st_)
+        if (s->has(name)) return s.get();
+    return nullptr;
+}
+
+bool WeightSource::has(const std::string& name) const { return find(name) != nullptr; }
+
+std::string WeightSource::describe() const {
+    if (files_.size() == 1) return files_[0];
+    return fmt::format("{} (+{} shards)", files_[0], files_.size() - 1);
+}
+
+at::Tensor WeightSource::raw(const std::string& name) const {
+    const SafetensorsFile* s = find(name);
+    if (!s) throw ModelLoadError(fmt::format("{}: missing tensor '{}'", describe(), name));
+    const auto& e = s->entry(name);
+    if (e.dtype != "F32" && e.dtype != "F16" && e.dtype != "BF16" && e.dtype != "F64")
+        throw ModelLoadError(fmt::format("{}: tensor '{}' has dtype {}, expected F32, F16 or BF16", s->path(), name, e.dtype));
+    return s->get(name);
+}
+
+at::Tensor WeightSource::convert(const at::Tensor& t) const {
+    return t.to(opts_.device, opts_.dtype).contiguous();
+}
+
+at::Tensor WeightSource::take(const std::string& name, const std::vector<int64_t>& shape) const {
+    auto t = raw(name);
+    if (t.sizes().vec() != shape)
+        throw ModelLoadError(fmt::format("{}: tensor '{}' has shape {}, expected {}", find(name)->path(), name,
+                                         shape_str(t.sizes().vec()), shape_str(shape)));
+    return convert(t);
+}
+
+at::Tensor WeightSource::take_optional(const std::string& name, const std::vector<int64_t>& shape) const {
+    return has(name) ? take(name, shape) : at::Tensor();
+}
+
+// ---- Hugging Face folders ----
+
+static nlohmann::json read_json(const std::string& path, bool config) {
+    std::string text;
+    try {
+        text = read_text_file(path);
+    } catch (const DataError& e) {
+        if (config) throw ConfigError(e.what());
+        throw ModelLoadError(e.what());
+    }
+    try {
+        return nlohmann::json::parse(text);
+    } catch (const std::exception&) {
+        std::string m = fmt::format("{}: not valid JSON", path);
+        if (config) throw ConfigError(m);
+        throw ModelLoadError(m);
+    }
+}
+
+static std::vector<std::string> weight_files(const std::string& dir) {
+    const std::string single = path_join(dir, "model.safetensors");
+    if (file_exists(single)) return {single};
+    const std::string index = path_join(dir, "model.safetensors.index.json");
+    if (!file_exists(index))
+        throw ModelLoadError(fmt::format("{}: no model.safetensors or model.safetensors.index.json", dir));
+    auto j = read_json(index, false);
+    if (!j.contains("weight_map") || !j["weight_map"].is_object())
+        throw ModelLoadError(fmt::format("{}: no \"weight_map\" object", index));
+    std::set<std::string> seen;
+    std::vector<std::string> files;
+    for (auto& [name, f] : j["weight_map"].items()) {
+        if (!f.is_string()) throw ModelLoadError(fmt::format("{}: weight_map[\"{}\"] is not a file name", index, name));
+        auto s = f.get<std::string>();
+        if (s.find('/') != std::string::npos) throw ModelLoadError(fmt::format("{}: shard name '{}' has a path", index, s));
+        if (seen.insert(s).second) files.push_back(path_join(dir, s));
+    }
+    std::sort(files.begin(), files.end());
+    return files;
+}
+
+static std::unique_ptr<Model> load_hf(const std::string& dir, const LoadOptions& opts) {
+    const std::string cfg_path = path_join(dir, "config.json");
+    if (!file_exists(cfg_path)) throw ConfigError(fmt::format("{}: no config.json in the folder", dir));
+    auto j = read_json(cfg_path, true);
+    if (!j.is_object()) throw ConfigError(fmt::format("{}: not a JSON object", cfg_path));
+    std::string arch;
+    if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
+        j["architectures"][0].is_string())
+        arch = j["architectures"][0].get<std::string>();
+    else
+        throw ConfigError(fmt::format("{}: no \"architectures\" list naming the model class", cfg_path));
+    const ArchSpec* spec = find_arch(arch);
+    if (!spec) {
+        std::string names;
+        for (const auto& s : arch_specs()) names += (names.empty() ? "" : ", ") + s.architecture;
+        throw ConfigError(fmt::format("{}: unknown architecture '{}' (supported: {})", cfg_path, arch, names));
+    }
+    auto m = std::make_unique<Model>();
+    m->path = dir;
+    m->options = opts;
+    m->config.architecture = arch;
+    spec->parse_config(j, cfg_path, m->config);
+    m->config.family = spec->family;
+    m->config.validate(cfg_path);
+    WeightSource src(weight_files(dir), opts);
+    m->weight_files.clear();
+    for (const auto& f : src.files()) m->weight_files += (m->weight_files.empty() ? "" : ";") + f;
+    spec->load_weights(src, *m);
+    return m;
+}
+
+// ---- llama2.c legacy .bin ----
+
+// Hugging Face's convert_llama_weights_to_hf permutation: llama2.c rotates adjacent pairs
+// (2i, 2i+1); rotate_half pairs (i, i + d/2). Permuting q/k rows per head makes the scores equal.
+static at::Tensor permute_rope_rows(const at::Tensor& w, int64_t n_heads, int64_t d_head) {
+    const int64_t in = w.size(1);
+    return w.view({n_heads, d_head / 2, 2, in}).transpose(1, 2).reshape({n_heads * d_head, in});
+}
+
+static std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOptions& opts) {
+    MappedFile f(path);
+    if (f.size() < 28) throw ModelLoadError(fmt::format("{}: truncated: {} bytes, header needs 28", path, f.size()));
+    int32_t h[7];
+    std::memcpy(h, f.data(), sizeof h);
+    auto m = std::make_unique<Model>();
+    m->path = path;
+    m->weight_files = path;
+    m->options = opts;
+    ModelConfig& c = m->config;
+    c.architecture = "llama2c";
+    c.family = Family::kLlama;
+    c.d_model = h[0];
+    c.d_ff = h[1];
+    c.n_layers = h[2];
+    c.n_heads = h[3];
+    c.n_kv_heads = h[4];
+    const bool shared = h[5] > 0;
+    c.vocab_size = std::abs(h[5]);
+    c.max_seq_len = h[6];
+    c.norm_eps = 1e-5;
+    c.rope_theta = 10000.0;
+    c.tie_embeddings = shared;
+    c.bos_id = 1;
+    c.eos_id = 2;
+    for (int i = 0; i < 7; ++i)
+        if (h[i] <= 0 && i != 5) throw ConfigError(fmt::format("{}: header field {} is {} (not a llama2.c checkpoint?)", path, i, h[i]));
+    if (c.n_heads > 0 && c.d_model % c.n_heads != 0)
+        throw ConfigError(fmt::format("{}: dim {} is not divisible by n_heads {}", path, c.d_model, c.n_heads));
+    c.d_head = c.d_model / c.n_heads;
+    c.validate(path);
+
+    const int64_t D = c.d_model, F = c.d_ff, L = c.n_layers, V = c.vocab_size, KV = c.d_kv(), hs = c.d_head;
+    const int64_t n_floats = V * D + L * D + L * D * D + 2 * L * KV * D + L * D * D + L * D + 3 * L * F * D + D +
+                             c.max_seq_len * hs + (shared ? 0 : V * D);
+    const uint64_t need = 28 + static_cast<uint64_t>(n_floats) * 4;
+    if (f.size() < need)
+        throw ModelLoadError(fmt::format("{}: truncated: {} bytes, header promises {}", path, f.size(), need));
+    if (f.size() > need)
+        throw ModelLoadError(fmt::format("{}: {} bytes but header promises {}: wrong header or trailing data", path, f.size(), need));
+    const float* p = reinterpret_cast<const float*>(f.data() + 28);
+    auto next = [&](std::vector<int64_t> shape) {
+        int64_t n = 1;
+        for (auto s : shape) n *= s;
+        auto t = torch::from_blob(const_cast<float*>(p), shape, torch::kFloat).clone();
+        p += n;
+        return t;
+    };
+    auto emb = next({V, D});
+    auto rms_att = next({L, D});
+    auto wq = next({L, D, D});
+    auto wk = next({L, KV, D});
+    auto wv = next({L, KV, D});
+    auto wo = next({L, D, D});
+    auto rms_ffn = next({L, D});
+    auto w1 = next({L, F, D});
+    auto w2 = next({L, D, F});
+    auto w3 = next({L, F, D});
+    auto rms_final = next({D});
+    p += c.max_seq_len * hs;  // freq_cis real and imag (seq_len * head_size / 2 each): unused
+    auto wcls = shared ? emb : next({V, D});
+
+    auto cv = [&](const at::Tensor& t) { return t.to(opts.device, opts.dtype).contiguous(); };
+    auto& w = m->weights;
+    w.embed = cv(emb);
+    w.unembed = shared ? w.embed : cv(wcls);
+    w.final_norm_w = cv(rms_final);
+    w.layers.resize(L);
+    for (int64_t l = 0; l < L; ++l) {
+        auto& lw = w.layers[l];
+        lw.attn_norm_w = cv(rms_att[l]);
+        lw.wq = cv(permute_rope_rows(wq[l], c.n_heads, hs));
+        lw.wk = cv(permute_rope_rows(wk[l], c.n_kv_heads, hs));
+        lw.wv = cv(wv[l]);
+        lw.wo = cv(wo[l]);
+        lw.mlp_norm_w = cv(rms_ffn[l]);
+        lw.w_gate = cv(w1[l]);
+        lw.w_down = cv(w2[l]);
+        lw.w_up = cv(w3[l]);
+    }
+    return m;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
+    if (!file_exists(path)) throw ModelLoadError(fmt::format("{}: no such file or folder", path));
+    torch::NoGradGuard no_grad;
+    if (is_directory(path)) return load_hf(path, opts);
+    if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return load_llama2c(path, opts);
+    if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0)
+        return load_hf(parent_dir(path), opts);
+    throw ModelLoadError(fmt::format("{}: not a checkpoint folder or a llama2.c .bin file", path));
+}
+
+std::vector<std::string> supported_architectures() {
+    std::vector<std::string> out;
+    for (const auto& s : arch_specs()) out.push_back(s.architecture);
+    out.push_back("llama2c (.bin)");
+    return out;
+}
+
+}  // namespace hs

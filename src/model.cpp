@@ -1,0 +1,81 @@
+#include "model.h"
+
+#include "blocks.h"
+#include "errors.h"
+#include "families/families.h"
+#include "util.h"
+
+namespace hs {
+
+int64_t KVCache::length() const {
+    for (const auto& t : k)
+        if (t.defined()) return t.size(1);
+    return 0;
+}
+
+at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCache* cache,
+                          const ForwardOptions& opts) const {
+    auto tokens = tokens_in.dim() == 1 ? tokens_in.unsqueeze(0) : tokens_in;
+    if (tokens.dim() != 2) throw DataError(fmt::format("tokens must be [B, T], got {} dims", tokens.dim()));
+    tokens = tokens.to(options.device, torch::kLong);
+    if (tokens.numel() > 0) {
+        const int64_t lo = tokens.min().item<int64_t>(), hi = tokens.max().item<int64_t>();
+        if (lo < 0 || hi >= config.vocab_size)
+            throw DataError(fmt::format("token id {} out of range [0, {})", lo < 0 ? lo : hi, config.vocab_size));
+    }
+    const int64_t past = cache ? cache->length() : 0;
+    if (past + tokens.size(1) > config.max_seq_len)
+        throw DataError(fmt::format("sequence of {} tokens exceeds the model's context of {}", past + tokens.size(1),
+                                    config.max_seq_len));
+    if (opts.stop_after_layer >= config.n_layers)
+        throw ConfigError(fmt::format("stop_after_layer {} >= n_layers {}", opts.stop_after_layer, config.n_layers));
+    switch (config.family) {
+        case Family::kLlama: return forward_llama(*this, tokens, hooks, cache, opts);
+        default: break;
+    }
+    throw ConfigError(fmt::format("family '{}' has no forward in this build", family_name(config.family)));
+}
+
+at::Tensor Model::final_norm(const at::Tensor& resid) const {
+    return blocks::norm(config, resid, weights.final_norm_w, weights.final_norm_b);
+}
+
+at::Tensor Model::unembed(const at::Tensor& resid) const {
+    auto logits = blocks::linear(final_norm(resid), weights.unembed, weights.unembed_b);
+    if (config.final_softcap > 0) logits = torch::tanh(logits / config.final_softcap) * config.final_softcap;
+    return logits;
+}
+
+int64_t Model::n_params() const {
+    int64_t n = weights.embed.numel();
+    auto add = [&](const at::Tensor& t) {
+        if (t.defined()) n += t.numel();
+    };
+    add(weights.pos_embed);
+    add(weights.final_norm_w);
+    add(weights.final_norm_b);
+    if (!weights.unembed.is_same(weights.embed)) add(weights.unembed);
+    add(weights.unembed_b);
+    for (const auto& l : weights.layers)
+        for (const auto* t : {&l.attn_norm_w, &l.attn_norm_b, &l.wq, &l.wk, &l.wv, &l.wo, &l.bq, &l.bk, &l.bv, &l.bo,
+                              &l.q_norm_w, &l.k_norm_w, &l.post_attn_norm_w, &l.post_attn_norm_b, &l.mlp_norm_w,
+                              &l.mlp_norm_b, &l.w_gate, &l.w_up, &l.w_down, &l.b_gate, &l.b_up, &l.b_down,
+                              &l.post_mlp_norm_w, &l.post_mlp_norm_b})
+            add(*t);
+    return n;
+}
+
+std::string Model::weights_sha256() const {
+    if (!sha_cache_.empty()) return sha_cache_;
+    auto files = split(weight_files, ';');
+    if (files.size() == 1) {
+        sha_cache_ = sha256_file(files[0]);
+    } else {
+        std::string all;  // hash of the shards' hashes, in order
+        for (const auto& f : files) all += sha256_file(f);
+        sha_cache_ = sha256_bytes(all.data(), all.size());
+    }
+    return sha_cache_;
+}
+
+}  // namespace hs

@@ -1,0 +1,91 @@
+// A loaded model: config, canonical weights, and the forward pass with capture points.
+#pragma once
+
+#include "config.h"
+#include "hooks.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+// Canonical weights. Linear weights are [out, in] as in torch.nn.Linear; a tensor a family does
+// not use stays undefined. q/k rows are in the rotate_half RoPE layout (llama2.c checkpoints are
+// permuted at load), so one RoPE serves every family.
+struct LayerWeights {
+    at::Tensor attn_norm_w, attn_norm_b;          // [D]
+    at::Tensor wq, wk, wv, wo;                    // [H*d, D], [K*d, D], [K*d, D], [D, H*d]
+    at::Tensor bq, bk, bv, bo;                    // [H*d], [K*d], [K*d], [D]
+    at::Tensor q_norm_w, k_norm_w;                // [d] per head (or [H*d]/[K*d] for OLMo-2)
+    at::Tensor post_attn_norm_w, post_attn_norm_b;// Gemma 2/3 sandwich, OLMo-2 post-norm
+    at::Tensor mlp_norm_w, mlp_norm_b;            // [D]
+    at::Tensor w_gate, w_up, w_down;              // [F, D], [F, D], [D, F]
+    at::Tensor b_gate, b_up, b_down;
+    at::Tensor post_mlp_norm_w, post_mlp_norm_b;
+};
+
+struct ModelWeights {
+    at::Tensor embed;        // [V, D]
+    at::Tensor pos_embed;    // [P, D] learned positions (GPT-2)
+    at::Tensor final_norm_w, final_norm_b;
+    at::Tensor unembed;      // [V, D]
+    at::Tensor unembed_b;    // [V]
+    std::vector<LayerWeights> layers;
+};
+
+struct LoadOptions {
+    c10::ScalarType dtype = c10::kFloat;
+    c10::Device device = c10::Device(c10::kCPU);
+};
+
+// Keys and values of earlier positions, per layer: k, v [B, S, K, d].
+struct KVCache {
+    std::vector<at::Tensor> k, v;
+    int64_t length() const;
+    void clear() { k.clear(); v.clear(); }
+};
+
+struct ForwardOptions {
+    bool compute_logits = true;  // false: stop after the last layer (probes that need no logits)
+    int stop_after_layer = -1;   // >= 0: run layers 0..stop_after_layer only (implies no logits)
+};
+
+class Model {
+public:
+    ModelConfig config;
+    ModelWeights weights;
+    LoadOptions options;
+    std::string path;          // what the user named
+    std::string weight_files;  // ';'-joined weight files, for hashing
+
+    // tokens: int64 [B, T] (or [T]) on any device. Returns logits [B, T, V] float32 for fp32 runs,
+    // else in the compute dtype; an undefined tensor when logits are not requested.
+    // With a cache, positions continue from cache->length() and the cache is extended.
+    at::Tensor forward(const at::Tensor& tokens, const Hooks* hooks = nullptr, KVCache* cache = nullptr,
+                       const ForwardOptions& opts = {}) const;
+
+    // Final norm and unembedding of a residual stream [.., D] (with Gemma's final soft-cap).
+    at::Tensor unembed(const at::Tensor& resid) const;
+    // Final norm alone (probes need its scale).
+    at::Tensor final_norm(const at::Tensor& resid) const;
+    int64_t n_params() const;
+    std::string weights_sha256() const;  // sha256 over the weight files in order (cached)
+
+private:
+    mutable std::string sha_cache_;
+};
+
+// Load a Hugging Face checkpoint folder (config.json + model.safetensors or sharded with
+// model.safetensors.index.json) or a llama2.c .bin. Throws ConfigError / ModelLoadError naming
+// the file and the problem.
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts = {});
+
+// Architectures named in config.json that this build supports.
+std::vector<std::string> supported_architectures();
+
+}  // namespace hs

@@ -1,0 +1,33 @@
+// Progress on stderr for long work: a bar with rate and ETA, drawn only when stderr is a
+// terminal (logs and CI stay clean); results never go to stderr.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+
+namespace hs {
+
+class Progress {
+public:
+    Progress(std::string label, int64_t total);
+    ~Progress();
+    void update(int64_t done);
+    void tick() { update(done_ + 1); }
+    void finish();
+
+private:
+    std::string label_;
+    int64_t total_, done_ = 0;
+    bool tty_, finished_ = false;
+    std::chrono::steady_clock::time_point start_, last_draw_;
+};
+
+// Verbosity for log lines on stderr: 0 quiet, 1 normal, 2 verbose.
+void set_verbosity(int v);
+int verbosity();
+void log_info(const std::string& line);     // printed when verbosity >= 1
+void log_verbose(const std::string& line);  // printed when verbosity >= 2
+void log_warn(const std::string& line);     // always printed, prefixed "warning: "
+
+}  // namespace hs

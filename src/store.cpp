@@ -1,0 +1,386 @@
+#include "store.h"
+
+#include "errors.h"
+#include "util.h"
+
+#include <fmt/format.h>
+#include <hdf5.h>
+
+#include <cstdio>
+#include <fstream>
+
+namespace hs {
+
+// Move-only owner of an HDF5 id; the destructor closes by type and never throws.
+class H5Handle {
+public:
+    explicit H5Handle(hid_t id = -1) : id_(id) {}
+    ~H5Handle() { reset(); }
+    H5Handle(H5Handle&& o) noexcept : id_(o.id_) { o.id_ = -1; }
+    H5Handle& operator=(H5Handle&& o) noexcept {
+        if (this != &o) {
+            reset();
+            id_ = o.id_;
+            o.id_ = -1;
+        }
+        return *this;
+    }
+    H5Handle(const H5Handle&) = delete;
+    H5Handle& operator=(const H5Handle&) = delete;
+    hid_t get() const { return id_; }
+    bool valid() const { return id_ >= 0; }
+    void reset() {
+        if (id_ < 0) return;
+        switch (H5Iget_type(id_)) {
+            case H5I_FILE: H5Fclose(id_); break;
+            case H5I_GROUP: H5Gclose(id_); break;
+            case H5I_DATASET: H5Dclose(id_); break;
+            case H5I_DATASPACE: H5Sclose(id_); break;
+            case H5I_DATATYPE: H5Tclose(id_); break;
+            case H5I_ATTR: H5Aclose(id_); break;
+            case H5I_GENPROP_LST: H5Pclose(id_); break;
+            default: break;
+        }
+        id_ = -1;
+    }
+
+private:
+    hid_t id_;
+};
+
+namespace {
+
+struct SilenceH5 {  // HDF5 prints error stacks by default; we report our own one line.
+    SilenceH5() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+};
+const SilenceH5 kSilence;
+
+H5Handle check(hid_t id, const std::string& path, const std::string& what) {
+    if (id < 0) throw StorageError(fmt::format("{}: {}", path, what));
+    return H5Handle(id);
+}
+
+bool link_exists(hid_t file, const std::string& obj) {
+    if (obj == "/" || obj.empty()) return true;
+    std::string cur;
+    for (const auto& part : split(obj, '/')) {
+        if (part.empty()) continue;
+        cur += "/" + part;
+        if (H5Lexists(file, cur.c_str(), H5P_DEFAULT) <= 0) return false;
+    }
+    return true;
+}
+
+H5Handle string_type() {
+    H5Handle t(H5Tcopy(H5T_C_S1));
+    H5Tset_size(t.get(), H5T_VARIABLE);
+    H5Tset_cset(t.get(), H5T_CSET_UTF8);
+    return t;
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+    std::ifstream in(from, std::ios::binary);
+    std::ofstream out(to, std::ios::binary);
+    if (!in || !out) throw StorageError(fmt::format("{}: cannot copy for append", from));
+    out << in.rdbuf();
+    if (!out) throw StorageError(fmt::format("{}: cannot copy for append", to));
+}
+
+}  // namespace
+
+ResultWriter::ResultWriter(const std::string& path, WriteMode mode) : path_(path), tmp_(temp_path_for(path)) {
+    const bool exists = file_exists(path);
+    if (exists && mode == WriteMode::kCreate)
+        throw StorageError(fmt::format("{}: exists (use --force to replace it or --append to add to it)", path));
+    if (exists && mode == WriteMode::kAppend) {
+        if (H5Fis_hdf5(path.c_str()) <= 0) throw StorageError(fmt::format("{}: exists and is not an HDF5 file", path));
+        copy_file(path, tmp_);
+        file_ = std::make_unique<H5Handle>(H5Fopen(tmp_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+    } else {
+        file_ = std::make_unique<H5Handle>(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+    }
+    if (!file_->valid()) {
+        std::remove(tmp_.c_str());
+        throw StorageError(fmt::format("{}: cannot create (is the folder writable?)", path));
+    }
+}
+
+ResultWriter::~ResultWriter() {
+    file_.reset();
+    if (!committed_) std::remove(tmp_.c_str());
+}
+
+bool ResultWriter::exists(const std::string& obj) const { return link_exists(file_->get(), obj); }
+
+void ResultWriter::create_group(const std::string& group) {
+    std::string cur;
+    for (const auto& part : split(group, '/')) {
+        if (part.empty()) continue;
+        cur += "/" + part;
+        if (H5Lexists(file_->get(), cur.c_str(), H5P_DEFAULT) > 0) continue;
+        check(H5Gcreate2(file_->get(), cur.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), path_,
+              "cannot create group " + cur);
+    }
+}
+
+void ResultWriter::remove(const std::string& obj) {
+    if (exists(obj) && H5Ldelete(file_->get(), obj.c_str(), H5P_DEFAULT) < 0)
+        throw StorageError(fmt::format("{}: cannot remove {}", path_, obj));
+}
+
+template <typename T>
+static void write_numeric(hid_t file, const std::string& path, const std::string& ds, const std::vector<T>& data,
+                          const std::vector<int64_t>& shape, hid_t mem_type, hid_t file_type) {
+    int64_t n = 1;
+    for (auto s : shape) n *= s;
+    if (n != static_cast<int64_t>(data.size()))
+        throw StorageError(fmt::format("{}: dataset {}: {} values for shape {}", path, ds, data.size(), shape_str(shape)));
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    auto space = check(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), path, "dataspace");
+    H5Handle plist(H5Pcreate(H5P_DATASET_CREATE));
+    if (n >= 4096 && !dims.empty()) {  // chunk + compress large datasets; small ones stay contiguous
+        std::vector<hsize_t> chunk(dims);
+        hsize_t total = 1;
+        for (auto& c : chunk) total *= c;
+        for (size_t i = 0; i < chunk.size() && total > (1u << 20); ++i)
+            while (chunk[i] > 1 && total > (1u << 20)) {
+                total /= chunk[i];
+                chunk[i] = (chunk[i] + 1) / 2;
+                total *= chunk[i];
+            }
+        H5Pset_chunk(plist.get(), static_cast<int>(chunk.size()), chunk.data());
+        H5Pset_deflate(plist.get(), 4);
+    }
+    auto d = check(H5Dcreate2(file, ds.c_str(), file_type, space.get(), H5P_DEFAULT, plist.get(), H5P_DEFAULT), path,
+                   "cannot create dataset " + ds + " (does it exist already?)");
+    if (n > 0 && H5Dwrite(d.get(), mem_type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()) < 0)
+        throw StorageError(fmt::format("{}: cannot write dataset {}", path, ds));
+}
+
+static std::string parent_group(const std::string& ds) {
+    auto p = ds.find_last_of('/');
+    return p == std::string::npos || p == 0 ? "/" : ds.substr(0, p);
+}
+
+void ResultWriter::write(const std::string& ds, const std::vector<float>& data, const std::vector<int64_t>& shape) {
+    create_group(parent_group(ds));
+    write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE);
+}
+void ResultWriter::write(const std::string& ds, const std::vector<int32_t>& data, const std::vector<int64_t>& shape) {
+    create_group(parent_group(ds));
+    write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_INT32, H5T_STD_I32LE);
+}
+void ResultWriter::write(const std::string& ds, const std::vector<int64_t>& data, const std::vector<int64_t>& shape) {
+    create_group(parent_group(ds));
+    write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_INT64, H5T_STD_I64LE);
+}
+
+void ResultWriter::write_strings(const std::string& ds, const std::vector<std::string>& data) {
+    create_group(parent_group(ds));
+    hsize_t dims[1] = {data.size()};
+    auto space = check(H5Screate_simple(1, dims, nullptr), path_, "dataspace");
+    auto type = string_type();
+    auto d = check(H5Dcreate2(file_->get(), ds.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                   path_, "cannot create dataset " + ds);
+    std::vector<const char*> ptrs;
+    for (const auto& s : data) ptrs.push_back(s.c_str());
+    if (!data.empty() && H5Dwrite(d.get(), type.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0)
+        throw StorageError(fmt::format("{}: cannot write dataset {}", path_, ds));
+}
+
+static void write_attr(hid_t obj, const std::string& path, const std::string& name, const AttrValue& v) {
+    if (H5Aexists(obj, name.c_str()) > 0) H5Adelete(obj, name.c_str());
+    auto fail = [&] { return StorageError(fmt::format("{}: cannot write attribute {}", path, name)); };
+    if (auto* s = std::get_if<std::string>(&v)) {
+        auto type = string_type();
+        H5Handle space(H5Screate(H5S_SCALAR));
+        H5Handle a(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+        const char* p = s->c_str();
+        if (!a.valid() || H5Awrite(a.get(), type.get(), &p) < 0) throw fail();
+    } else if (auto* ss = std::get_if<std::vector<std::string>>(&v)) {
+        auto type = string_type();
+        hsize_t dims[1] = {ss->size()};
+        H5Handle space(H5Screate_simple(1, dims, nullptr));
+        H5Handle a(H5Acreate2(obj, name.c_str(), type.get(), space.get(), H5P_DEFAULT, H5P_DEFAULT));
+        std::vector<const char*> ptrs;
+        for (const auto& x : *ss) ptrs.push_back(x.c_str());
+        if (!a.valid() || (!ptrs.empty() && H5Awrite(a.get(), type.get(), ptrs.data()) < 0)) throw fail();
+    } else {
+        hid_t mt, ft;
+        const void* data;
+        hsize_t n = 1;
+        bool scalar = true;
+        if (auto* i = std::get_if<int64_t>(&v)) {
+            mt = H5T_NATIVE_INT64, ft = H5T_STD_I64LE, data = i;
+        } else if (auto* d = std::get_if<double>(&v)) {
+            mt = H5T_NATIVE_DOUBLE, ft = H5T_IEEE_F64LE, data = d;
+        } else if (auto* vi = std::get_if<std::vector<int64_t>>(&v)) {
+            mt = H5T_NATIVE_INT64, ft = H5T_STD_I64LE, data = vi->data(), n = vi->size(), scalar = false;
+        } else {
+            auto* vd = std::get_if<std::vector<double>>(&v);
+            mt = H5T_NATIVE_DOUBLE, ft = H5T_IEEE_F64LE, data = vd->data(), n = vd->size(), scalar = false;
+        }
+        H5Handle space(scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, nullptr));
+        H5Handle a(H5Acreate2(obj, name.c_str(), ft, space.get(), H5P_DEFAULT, H5P_DEFAULT));
+        if (!a.valid() || (n > 0 && H5Awrite(a.get(), mt, data) < 0)) throw fail();
+    }
+}
+
+void ResultWriter::set_attrs(const std::string& obj, const Attrs& attrs) {
+    if (!exists(obj)) create_group(obj);
+    auto o = check(H5Oopen(file_->get(), obj.c_str(), H5P_DEFAULT), path_, "cannot open " + obj);
+    for (const auto& [k, v] : attrs) write_attr(o.get(), path_, k, v);
+}
+
+static Attrs read_attrs(hid_t file, const std::string& path, const std::string& obj);
+
+std::string ResultWriter::read_attr_string(const std::string& obj, const std::string& name) const {
+    if (!exists(obj)) return "";
+    auto a = read_attrs(file_->get(), path_, obj);
+    auto it = a.find(name);
+    return it == a.end() ? "" : attr_to_string(it->second);
+}
+
+void ResultWriter::commit() {
+    if (H5Fflush(file_->get(), H5F_SCOPE_GLOBAL) < 0) throw StorageError(fmt::format("{}: flush failed", path_));
+    file_.reset();
+    rename_into_place(tmp_, path_);
+    committed_ = true;
+}
+
+// ---- reading ----
+
+ResultReader::ResultReader(const std::string& path) : path_(path) {
+    if (!file_exists(path)) throw StorageError(fmt::format("{}: no such file", path));
+    if (H5Fis_hdf5(path.c_str()) <= 0) throw StorageError(fmt::format("{}: not an HDF5 file", path));
+    file_ = std::make_unique<H5Handle>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+    if (!file_->valid()) throw StorageError(fmt::format("{}: cannot open", path));
+}
+
+ResultReader::~ResultReader() = default;
+
+bool ResultReader::exists(const std::string& obj) const { return link_exists(file_->get(), obj); }
+
+bool ResultReader::is_group(const std::string& obj) const {
+    if (!exists(obj)) return false;
+    H5Handle o(H5Oopen(file_->get(), obj.c_str(), H5P_DEFAULT));
+    return o.valid() && H5Iget_type(o.get()) == H5I_GROUP;
+}
+
+static herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* data) {
+    static_cast<std::vector<std::string>*>(data)->push_back(name);
+    return 0;
+}
+
+std::vector<std::string> ResultReader::children(const std::string& group) const {
+    std::vector<std::string> out;
+    auto g = check(H5Gopen2(file_->get(), group.c_str(), H5P_DEFAULT), path_, "no group " + group);
+    H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name, &out);
+    std::sort(out.begin(), out.end());
+    return out;
+}
+
+Dataset ResultReader::read(const std::string& ds) const {
+    if (!exists(ds)) throw StorageError(fmt::format("{}: no dataset {}", path_, ds));
+    auto d = check(H5Dopen2(file_->get(), ds.c_str(), H5P_DEFAULT), path_, "cannot open dataset " + ds);
+    H5Handle space(H5Dget_space(d.get()));
+    const int rank = H5Sget_simple_extent_ndims(space.get());
+    std::vector<hsize_t> dims(rank);
+    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    Dataset out;
+    size_t n = 1;
+    for (auto x : dims) {
+        out.shape.push_back(static_cast<int64_t>(x));
+        n *= x;
+    }
+    H5Handle type(H5Dget_type(d.get()));
+    if (H5Tget_class(type.get()) == H5T_STRING) {
+        out.is_string = true;
+        auto st = string_type();
+        std::vector<char*> ptrs(n, nullptr);
+        if (n && H5Dread(d.get(), st.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0)
+            throw StorageError(fmt::format("{}: cannot read {}", path_, ds));
+        for (auto* p : ptrs) out.strings.emplace_back(p ? p : "");
+        if (n) H5Dvlen_reclaim(st.get(), space.get(), H5P_DEFAULT, ptrs.data());
+        return out;
+    }
+    out.values.resize(n);
+    if (n && H5Dread(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.values.data()) < 0)
+        throw StorageError(fmt::format("{}: cannot read {}", path_, ds));
+    return out;
+}
+
+struct AttrCollect {
+    Attrs* out;
+};
+
+static herr_t collect_attr(hid_t loc, const char* name, const H5A_info_t*, void* data) {
+    Attrs& out = *static_cast<AttrCollect*>(data)->out;
+    H5Handle a(H5Aopen(loc, name, H5P_DEFAULT));
+    H5Handle type(H5Aget_type(a.get()));
+    H5Handle space(H5Aget_space(a.get()));
+    const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    const bool scalar = H5Sget_simple_extent_type(space.get()) == H5S_SCALAR;
+    switch (H5Tget_class(type.get())) {
+        case H5T_STRING: {
+            auto st = string_type();
+            if (H5Tis_variable_str(type.get()) > 0) {
+                std::vector<char*> ptrs(n, nullptr);
+                H5Aread(a.get(), st.get(), ptrs.data());
+                std::vector<std::string> v;
+                for (auto* p : ptrs) v.emplace_back(p ? p : "");
+                H5Dvlen_reclaim(st.get(), space.get(), H5P_DEFAULT, ptrs.data());
+                if (scalar) out[name] = v.empty() ? std::string() : v[0];
+                else out[name] = v;
+            } else {
+                size_t sz = H5Tget_size(type.get());
+                std::string s(sz * n, '\0');
+                H5Aread(a.get(), type.get(), s.data());
+                out[name] = std::string(s.c_str());
+            }
+            break;
+        }
+        case H5T_INTEGER: {
+            std::vector<int64_t> v(n);
+            H5Aread(a.get(), H5T_NATIVE_INT64, v.data());
+            if (scalar) out[name] = v[0];
+            else out[name] = v;
+            break;
+        }
+        case H5T_FLOAT: {
+            std::vector<double> v(n);
+            H5Aread(a.get(), H5T_NATIVE_DOUBLE, v.data());
+            if (scalar) out[name] = v[0];
+            else out[name] = v;
+            break;
+        }
+        default: out[name] = std::string("<unsupported attribute type>");
+    }
+    return 0;
+}
+
+static Attrs read_attrs(hid_t file, const std::string& path, const std::string& obj) {
+    Attrs out;
+    hid_t o = H5Oopen(file, obj.c_str(), H5P_DEFAULT);
+    if (o < 0) throw StorageError(fmt::format("{}: no object {}", path, obj));
+    AttrCollect c{&out};
+    H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attr, &c);
+    H5Oclose(o);
+    return out;
+}
+
+Attrs ResultReader::attrs(const std::string& obj) const { return read_attrs(file_->get(), path_, obj); }
+
+std::string attr_to_string(const AttrValue& v) {
+    struct V {
+        std::string operator()(const std::string& s) const { return s; }
+        std::string operator()(int64_t i) const { return std::to_string(i); }
+        std::string operator()(double d) const { return fmt::format("{}", d); }
+        std::string operator()(const std::vector<int64_t>& x) const { return fmt::format("[{}]", fmt::join(x, ",")); }
+        std::string operator()(const std::vector<double>& x) const { return fmt::format("[{}]", fmt::join(x, ",")); }
+        std::string operator()(const std::vector<std::string>& x) const { return fmt::format("[{}]", fmt::join(x, ",")); }
+    };
+    return std::visit(V{}, v);
+}
+
+}  // namespace hs

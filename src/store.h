@@ -1,0 +1,79 @@
+// The HDF5 result store: plain datasets and attributes that h5py and pandas read with no custom
+// code. Writes go to a temporary file that replaces the target only in commit(): a run that fails
+// leaves nothing behind, and --append never damages the existing file. Schema: docs/hdf5-schema.md.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace hs {
+
+using AttrValue = std::variant<std::string, int64_t, double, std::vector<int64_t>, std::vector<double>,
+                               std::vector<std::string>>;
+using Attrs = std::map<std::string, AttrValue>;
+
+enum class WriteMode {
+    kCreate,  // refuse when the file exists
+    kForce,   // replace an existing file
+    kAppend,  // add groups to an existing file (or create it)
+};
+
+class H5Handle;  // RAII owner of an hid_t (store.cpp)
+
+class ResultWriter {
+public:
+    ResultWriter(const std::string& path, WriteMode mode);
+    ~ResultWriter();  // without commit(): the temporary file is removed
+    ResultWriter(const ResultWriter&) = delete;
+    ResultWriter& operator=(const ResultWriter&) = delete;
+
+    bool exists(const std::string& obj) const;  // "/scores/induction"
+    // Datasets; intermediate groups are created. Shape product must equal data size.
+    void write(const std::string& dataset, const std::vector<float>& data, const std::vector<int64_t>& shape);
+    void write(const std::string& dataset, const std::vector<int32_t>& data, const std::vector<int64_t>& shape);
+    void write(const std::string& dataset, const std::vector<int64_t>& data, const std::vector<int64_t>& shape);
+    void write_strings(const std::string& dataset, const std::vector<std::string>& data);
+    void create_group(const std::string& group);
+    void remove(const std::string& obj);  // unlink (for --force on one group in append mode)
+    void set_attrs(const std::string& obj, const Attrs& attrs);  // obj "/" for the root
+    std::string read_attr_string(const std::string& obj, const std::string& name) const;  // "" if absent
+    void commit();
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_, tmp_;
+    std::unique_ptr<H5Handle> file_;
+    bool committed_ = false;
+};
+
+// Read side, for export/top/tests.
+struct Dataset {
+    std::vector<int64_t> shape;
+    std::vector<double> values;  // numeric datasets, converted
+    std::vector<std::string> strings;  // string datasets
+    bool is_string = false;
+};
+
+class ResultReader {
+public:
+    explicit ResultReader(const std::string& path);  // throws StorageError naming the file
+    ~ResultReader();
+    bool exists(const std::string& obj) const;
+    bool is_group(const std::string& obj) const;
+    std::vector<std::string> children(const std::string& group) const;  // sorted names
+    Dataset read(const std::string& dataset) const;
+    Attrs attrs(const std::string& obj) const;
+    const std::string& path() const { return path_; }
+
+private:
+    std::string path_;
+    std::unique_ptr<H5Handle> file_;
+};
+
+std::string attr_to_string(const AttrValue& v);
+
+}  // namespace hs

@@ -1,0 +1,76 @@
+#include "system.h"
+
+#include <link.h>
+#include <torch/torch.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdlib>
+#include <thread>
+
+namespace hs {
+
+int set_threads(int n) {
+    if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    torch::set_num_threads(n);
+    return n;
+}
+
+static int find_blas(struct dl_phdr_info* info, size_t, void* data) {
+    std::string name = info->dlpi_name ? info->dlpi_name : "";
+    auto base = name.substr(name.find_last_of('/') + 1);
+    if (base.find("blas") != std::string::npos || base.find("mkl_rt") != std::string::npos) {
+        auto* out = static_cast<std::string*>(data);
+        if (out->empty()) *out = name;
+    }
+    return 0;
+}
+
+SystemInfo system_info() {
+    SystemInfo s;
+    s.torch_version = fmt::format("{}.{}.{}", TORCH_VERSION_MAJOR, TORCH_VERSION_MINOR, TORCH_VERSION_PATCH);
+    s.threads = torch::get_num_threads();
+    s.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    s.cuda_available = torch::cuda::is_available();
+    std::string lib;
+    dl_iterate_phdr(find_blas, &lib);
+    if (!lib.empty()) {
+        char buf[PATH_MAX];
+        s.blas_library = realpath(lib.c_str(), buf) ? std::string(buf) : lib;
+    }
+    const std::string& p = s.blas_library;
+    if (p.empty()) {
+        s.blas_kind = "none found (libtorch's own kernels)";
+    } else if (p.find("openblas") != std::string::npos) {
+        s.blas_kind = "OpenBLAS";
+    } else if (p.find("mkl") != std::string::npos) {
+        s.blas_kind = "MKL";
+    } else if (p.find("blis") != std::string::npos) {
+        s.blas_kind = "BLIS";
+    } else if (p.find("atlas") != std::string::npos) {
+        s.blas_kind = "ATLAS";
+    } else if (p.find("/blas/") != std::string::npos) {
+        s.blas_kind = "reference BLAS (slow: apt-get install libopenblas0-pthread)";
+        s.blas_slow = true;
+    } else {
+        s.blas_kind = "unknown";
+    }
+    return s;
+}
+
+double measure_gemm_gflops(int n, int reps) {
+    torch::NoGradGuard ng;
+    auto a = torch::randn({n, n}), b = torch::randn({n, n});
+    auto c = torch::matmul(a, b);  // warm-up
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        c = torch::matmul(a, b);
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        best = std::min(best, dt);
+    }
+    return 2.0 * n * n * static_cast<double>(n) / best / 1e9;
+}
+
+}  // namespace hs

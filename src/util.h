@@ -1,0 +1,47 @@
+// Small helpers with no torch: files, atomic output, hashing, string formatting.
+#pragma once
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+std::string shape_str(const std::vector<int64_t>& shape);  // "[2, 3]"
+std::string read_text_file(const std::string& path);       // throws DataError naming the file
+bool file_exists(const std::string& path);
+bool is_directory(const std::string& path);
+std::string path_join(const std::string& a, const std::string& b);
+std::string parent_dir(const std::string& path);
+std::string sha256_file(const std::string& path);           // hex digest; throws StorageError
+std::string sha256_bytes(const void* data, size_t n);
+std::string utc_now_iso8601();
+std::vector<std::string> split(const std::string& s, char sep);
+std::string trim(const std::string& s);
+
+// Writes to "<path>.tmp-<pid>" and renames onto path in commit(); the destructor removes the
+// temporary file if commit() was never reached, so a failed run leaves nothing behind.
+class AtomicFile {
+public:
+    explicit AtomicFile(const std::string& path);
+    ~AtomicFile();
+    AtomicFile(const AtomicFile&) = delete;
+    AtomicFile& operator=(const AtomicFile&) = delete;
+    void write(const char* data, size_t n);
+    void write(const std::string& s) { write(s.data(), s.size()); }
+    void commit();
+    const std::string& temp_path() const { return tmp_; }
+
+private:
+    std::string path_, tmp_;
+    std::FILE* f_ = nullptr;
+    bool committed_ = false;
+};
+
+// A unique temporary name next to `path`, for writers (HDF5) that need to open a path themselves.
+std::string temp_path_for(const std::string& path);
+// rename(tmp, path) with a StorageError naming path on failure.
+void rename_into_place(const std::string& tmp, const std::string& path);
+
+}  // namespace hs

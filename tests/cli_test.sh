@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# Command-line behaviour: bad input gets one clear line naming the file, a documented exit code,
+# no stack trace, and no output file left behind. Usage: cli_test.sh path/to/headscope
+set -u
+HS="$1"
+TD="${HEADSCOPE_TESTDATA:-}"
+for c in shared/testdata ../shared/testdata; do [ -z "$TD" ] && [ -d "$c" ] && TD="$c"; done
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+pass=0; fail=0
+
+# expect NAME CODE PATTERN -- command...: exit code CODE, one stderr line matching PATTERN.
+expect() {
+  local name="$1" code="$2" pat="$3"; shift 4
+  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  local lines; lines=$(wc -l <"$TMP/err")
+  if [ "$rc" -eq "$code" ] && grep -qE -- "$pat" "$TMP/err" && [ "$lines" -le 2 ] && ! grep -q "frame #" "$TMP/err"; then
+    pass=$((pass+1))
+  else
+    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $code), stderr:"; head -5 "$TMP/err"
+  fi
+}
+ok() {  # ok NAME -- command...: exit 0
+  local name="$1"; shift 2
+  if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name:"; head -5 "$TMP/err"; fi
+}
+no_file() { if [ -e "$1" ] || ls "$1".tmp-* >/dev/null 2>&1; then fail=$((fail+1)); echo "FAIL: $1 left behind"; else pass=$((pass+1)); fi; }
+
+expect "no subcommand" 2 "subcommand" -- "$HS"
+expect "unknown option" 2 "unknown|extras|not expected" -- "$HS" info --bogus
+expect "missing model" 4 "no such file" -- "$HS" info "$TMP/nope"
+for cmd in info tokenize generate logits; do
+  "$HS" "$cmd" --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL $cmd --help has no example"; }
+done
+
+# A corrupt safetensors folder: header length past end of file.
+mkdir -p "$TMP/bad"; printf '{"architectures":["LlamaForCausalLM"],"hidden_size":8,"num_hidden_layers":1,"num_attention_heads":2,"intermediate_size":8,"vocab_size":16}' >"$TMP/bad/config.json"
+printf '\xff\xff\x00\x00\x00\x00\x00\x00{}' >"$TMP/bad/model.safetensors"
+expect "header past end" 4 "model.safetensors: header length" -- "$HS" logits "$TMP/bad" --tokens 1,2 --out "$TMP/bad.h5"
+no_file "$TMP/bad.h5"
+printf '{"architectures":["BertModel"]}' >"$TMP/bad/config.json"
+expect "unknown arch" 3 "unknown architecture 'BertModel'" -- "$HS" info "$TMP/bad"
+printf '{"architectures":["LlamaForCausalLM"],"hidden_size":10,"num_hidden_layers":1,"num_attention_heads":3,"intermediate_size":8,"vocab_size":16}' >"$TMP/bad/config.json"
+expect "indivisible" 3 "not divisible" -- "$HS" info "$TMP/bad"
+printf 'not json' >"$TMP/bad/config.json"
+expect "config not json" 3 "config.json: not valid JSON" -- "$HS" info "$TMP/bad"
+
+if [ -n "$TD" ]; then
+  M="$TD/stories260K/stories260K.bin"
+  head -c 1000 "$M" >"$TMP/trunc.bin"
+  expect "truncated bin" 4 "trunc.bin: truncated" -- "$HS" info "$TMP/trunc.bin"
+  expect "token out of range" 5 "token id 9999 out of range" -- "$HS" logits "$M" --tokens 1,9999 --out "$TMP/x.h5"
+  no_file "$TMP/x.h5"
+  expect "bad token list" 5 "'abc' is not a token id" -- "$HS" logits "$M" --tokens 1,abc --out "$TMP/x.h5"
+  ok "logits" -- "$HS" logits "$M" --text "Tom and Sue went to the park" --out "$TMP/park.h5"
+  expect "no clobber" 6 "exists" -- "$HS" logits "$M" --tokens 1,2 --out "$TMP/park.h5"
+  ok "force" -- "$HS" logits "$M" --tokens 1,2 --out "$TMP/park.h5" --force
+  ok "tokenize" -- "$HS" tokenize "$M" --text "Hello"
+  grep -qE '^\[1, ' "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL tokenize output: $(cat "$TMP/out")"; }
+  printf '{"model": {"type": "Unigram"}}' >"$TMP/tok.json"
+  expect "bad tokenizer" 5 "tok.json" -- "$HS" tokenize "$TMP/tok.json" --text hi
+  ok "generate" -- "$HS" generate "$M" --steps 200
+  cmp -s "$TMP/out" "$TD/stories260K/expected_greedy_200.txt" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL greedy 200 differs from expected_greedy_200.txt"; }
+else
+  echo "skipped the test-data checks: ../shared/testdata not found"
+fi
+echo "cli: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

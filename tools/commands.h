@@ -1,0 +1,13 @@
+// Every subcommand: `void setup_x(CLI::App&)` registers it; its run function lives in its file.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace hs::cli {
+
+void setup_info(CLI::App& app);
+void setup_tokenize(CLI::App& app);
+void setup_generate(CLI::App& app);
+void setup_logits(CLI::App& app);
+
+}  // namespace hs::cli

@@ -1,0 +1,133 @@
+#include "common.h"
+
+#include "errors.h"
+#include "progress.h"
+#include "system.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+namespace hs::cli {
+
+static std::string g_cmdline;
+static int g_exit = 0;
+
+void set_command_line(int argc, char** argv) {
+    g_cmdline.clear();
+    for (int i = 0; i < argc; ++i) {
+        std::string a = argv[i];
+        bool quote = a.find_first_of(" \t\"'") != std::string::npos || a.empty();
+        g_cmdline += (i ? " " : "") + (quote ? "'" + a + "'" : a);
+    }
+}
+const std::string& command_line() { return g_cmdline; }
+void set_exit_code(int code) { g_exit = code; }
+int exit_code() { return g_exit; }
+
+void add_model_args(CLI::App* app, ModelArgs& a) {
+    app->add_option("model", a.model, "checkpoint folder (config.json + safetensors) or llama2.c .bin")->required();
+    app->add_option("--tokenizer", a.tokenizer, "tokenizer.json, vocab.json+merges.txt folder or llama2.c tok.bin "
+                                                "(default: found next to the model)");
+    app->add_option("--dtype", a.dtype, "compute dtype")
+        ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+        ->capture_default_str();
+    app->add_option("--device", a.device, "cpu, cuda or cuda:N")->capture_default_str();
+    app->add_option("--threads", a.threads, "intra-op threads (default: every core)");
+}
+
+void add_output_args(CLI::App* app, OutputArgs& o, bool required, const std::string& what) {
+    auto* opt = app->add_option("-o,--out", o.out, what);
+    if (required) opt->required();
+    app->add_flag("--force", o.force, "replace an existing output file");
+    app->add_flag("--append", o.append, "add results to an existing HDF5 file of the same model");
+}
+
+LoadOptions load_options(const ModelArgs& a) {
+    LoadOptions o;
+    o.dtype = a.dtype == "bfloat16" ? c10::kBFloat16 : a.dtype == "float16" ? c10::kHalf : c10::kFloat;
+    try {
+        o.device = c10::Device(a.device);
+    } catch (const std::exception&) {
+        throw UsageError(fmt::format("--device '{}': expected cpu, cuda or cuda:N", a.device));
+    }
+    if (o.device.is_cuda() && !torch::cuda::is_available())
+        throw UsageError(fmt::format("--device {}: this libtorch build or machine has no CUDA", a.device));
+    return o;
+}
+
+WriteMode write_mode(const OutputArgs& o) {
+    if (o.force && o.append) throw UsageError("--force and --append exclude each other");
+    return o.append ? WriteMode::kAppend : o.force ? WriteMode::kForce : WriteMode::kCreate;
+}
+
+Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
+    int n = set_threads(a.threads);
+    auto sys = system_info();
+    if (sys.blas_slow) log_warn("libtorch is using the reference BLAS: " + sys.blas_kind);
+    log_verbose(fmt::format("threads {}, BLAS {}", n, sys.blas_kind));
+    Loaded l;
+    l.model = load_model(a.model, load_options(a));
+    if (!a.tokenizer.empty())
+        l.tokenizer = load_tokenizer(a.tokenizer, l.model->config.vocab_size);
+    else
+        l.tokenizer = find_tokenizer_for_model(a.model, l.model->config.vocab_size);
+    if (require_tokenizer && !l.tokenizer)
+        throw DataError(fmt::format("{}: no tokenizer found next to the model (pass --tokenizer)", a.model));
+    if (l.tokenizer && l.tokenizer->vocab_size() > l.model->config.vocab_size)
+        throw DataError(fmt::format("{}: tokenizer has {} tokens but the model only {}", l.tokenizer->source_path(),
+                                    l.tokenizer->vocab_size(), l.model->config.vocab_size));
+    return l;
+}
+
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
+    std::vector<int64_t> out;
+    for (const auto& part : split(s, ',')) {
+        auto t = trim(part);
+        if (t.empty()) continue;
+        size_t used = 0;
+        long long v = 0;
+        try {
+            v = std::stoll(t, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != t.size()) throw DataError(fmt::format("{}: '{}' is not a token id", what, t));
+        out.push_back(v);
+    }
+    if (out.empty()) throw DataError(fmt::format("{}: no token ids", what));
+    return out;
+}
+
+void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
+    const auto& c = m.config;
+    Attrs a;
+    a["tool"] = std::string("headscope");
+    a["tool_version"] = std::string(HS_VERSION);
+    a["git_commit"] = std::string(HS_GIT_COMMIT);
+    a["command_line"] = command_line();
+    a["utc_time"] = utc_now_iso8601();
+    a["model_path"] = m.path;
+    a["weights_sha256"] = m.weights_sha256();
+    a["architecture"] = c.architecture;
+    a["family"] = family_name(c.family);
+    a["n_layers"] = static_cast<int64_t>(c.n_layers);
+    a["n_heads"] = static_cast<int64_t>(c.n_heads);
+    a["n_kv_heads"] = static_cast<int64_t>(c.n_kv_heads);
+    a["d_model"] = static_cast<int64_t>(c.d_model);
+    a["d_head"] = static_cast<int64_t>(c.d_head);
+    a["vocab_size"] = static_cast<int64_t>(c.vocab_size);
+    a["dtype"] = std::string(c10::toString(m.options.dtype));
+    a["device"] = m.options.device.str();
+    a["threads"] = static_cast<int64_t>(torch::get_num_threads());
+    a["seed"] = seed;
+    w.set_attrs("/meta", a);
+}
+
+void check_same_model(ResultWriter& w, const Model& m) {
+    std::string sha = w.read_attr_string("/meta", "weights_sha256");
+    if (!sha.empty() && sha != m.weights_sha256())
+        throw StorageError(fmt::format("{}: holds results of another model ({}); refusing to mix", w.path(),
+                                       w.read_attr_string("/meta", "model_path")));
+}
+
+}  // namespace hs::cli

@@ -1,0 +1,60 @@
+// Option groups shared by every subcommand (model, device, dtype, threads, output), defined once.
+#pragma once
+
+#include "model.h"
+#include "store.h"
+#include "tokenizer.h"
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hs::cli {
+
+struct ModelArgs {
+    std::string model;
+    std::string tokenizer;
+    std::string dtype = "float32";
+    std::string device = "cpu";
+    int threads = 0;
+};
+
+struct OutputArgs {
+    std::string out;
+    bool force = false;
+    bool append = false;
+};
+
+// MODEL positional plus --tokenizer, --dtype, --device, --threads.
+void add_model_args(CLI::App* app, ModelArgs& a);
+void add_output_args(CLI::App* app, OutputArgs& o, bool required, const std::string& what = "HDF5 result file");
+
+struct Loaded {
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tokenizer;  // may be null when not required
+};
+
+// Sets threads, loads the model (and its tokenizer: required -> error when none is found).
+Loaded open_model(const ModelArgs& a, bool require_tokenizer);
+LoadOptions load_options(const ModelArgs& a);
+WriteMode write_mode(const OutputArgs& o);
+
+// "1,2,3" -> ids (DataError naming `what` on a bad entry).
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
+
+// /meta attributes every result file carries (docs/hdf5-schema.md).
+void write_meta(ResultWriter& w, const Model& m, int64_t seed);
+// Refuses to --append results of another model into a file (StorageError naming both).
+void check_same_model(ResultWriter& w, const Model& m);
+
+// The command line as typed, for /meta.
+void set_command_line(int argc, char** argv);
+const std::string& command_line();
+
+// Records the exit code a subcommand's run function returned.
+void set_exit_code(int code);
+int exit_code();
+
+}  // namespace hs::cli

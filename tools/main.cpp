@@ -1,0 +1,50 @@
+// headscope front end: parses the command line, runs one subcommand, and turns every error into
+// one line on stderr and a documented exit code (README.md, "Exit codes").
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "progress.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstdio>
+
+int main(int argc, char** argv) {
+    using namespace hs;
+    CLI::App app{"headscope: find out what each attention head of a language model does.\n"
+                 "Example: headscope detect models/toy-induction --probe induction,previous-token --out scores.h5"};
+    app.set_help_all_flag("--help-all", "help for every subcommand");
+    app.require_subcommand(1);
+    int verbose = 0;
+    bool quiet = false;
+    app.add_flag("-v,--verbose", verbose, "more log lines on stderr (repeatable)");
+    app.add_flag("-q,--quiet", quiet, "no log lines or progress on stderr");
+    app.add_flag_callback("--version", [] {
+        std::printf("headscope %s (%s)\n", HS_VERSION, HS_GIT_COMMIT);
+        throw CLI::Success();
+    }, "print the version and exit");
+    app.parse_complete_callback([&] { set_verbosity(quiet ? 0 : 1 + verbose); });
+    cli::setup_info(app);
+    cli::setup_tokenize(app);
+    cli::setup_generate(app);
+    cli::setup_logits(app);
+    cli::set_command_line(argc, argv);
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::Success& e) {
+        return app.exit(e);
+    } catch (const CLI::ParseError& e) {
+        app.exit(e);  // prints the message (and help on --help)
+        return static_cast<int>(ExitCode::kUsage);
+    } catch (const hs::Error& e) {
+        std::fprintf(stderr, "headscope: error: %s\n", e.what());
+        return static_cast<int>(e.code());
+    } catch (const c10::Error& e) {
+        std::fprintf(stderr, "headscope: error: %s\n", e.what_without_backtrace());
+        return static_cast<int>(ExitCode::kFailure);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "headscope: error: %s\n", e.what());
+        return static_cast<int>(ExitCode::kFailure);
+    }
+    return cli::exit_code();
+}
