@@ -31,7 +31,10 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
         throw ConfigError(fmt::format("stop_after_layer {} >= n_layers {}", opts.stop_after_layer, config.n_layers));
     switch (config.family) {
         case Family::kLlama: return forward_llama(*this, tokens, hooks, cache, opts);
-        default: break;
+        case Family::kGpt2: return forward_gpt2(*this, tokens, hooks, cache, opts);
+        case Family::kGptNeoX: return forward_gpt_neox(*this, tokens, hooks, cache, opts);
+        case Family::kGemma: return forward_gemma(*this, tokens, hooks, cache, opts);
+        case Family::kOlmo2: return forward_olmo2(*this, tokens, hooks, cache, opts);
     }
     throw ConfigError(fmt::format("family '{}' has no forward in this build", family_name(config.family)));
 }

@@ -9,5 +9,9 @@ void setup_info(CLI::App& app);
 void setup_tokenize(CLI::App& app);
 void setup_generate(CLI::App& app);
 void setup_logits(CLI::App& app);
+void setup_bench(CLI::App& app);
+void setup_detect(CLI::App& app);
+void setup_export(CLI::App& app);
+void setup_top(CLI::App& app);
 
 }  // namespace hs::cli

@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
     cli::setup_tokenize(app);
     cli::setup_generate(app);
     cli::setup_logits(app);
+    cli::setup_bench(app);
+    cli::setup_detect(app);
+    cli::setup_export(app);
+    cli::setup_top(app);
     cli::set_command_line(argc, argv);
     try {
         app.parse(argc, argv);

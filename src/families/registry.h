@@ -30,4 +30,22 @@ void parse_qwen2_config(const nlohmann::json& j, const std::string& where, Model
 void parse_qwen3_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
 void load_llama_weights(const WeightSource& src, Model& m);
 
+// GPT-2 (gpt2_load.cpp).
+void parse_gpt2_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void load_gpt2_weights(const WeightSource& src, Model& m);
+
+// GPT-NeoX / Pythia (gpt_neox_load.cpp).
+void parse_gpt_neox_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void load_gpt_neox_weights(const WeightSource& src, Model& m);
+
+// Gemma, Gemma 2, Gemma 3 text (gemma_load.cpp): one weight loader, flags from the config.
+void parse_gemma_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void parse_gemma2_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void parse_gemma3_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void load_gemma_weights(const WeightSource& src, Model& m);
+
+// OLMo-2 (olmo2_load.cpp).
+void parse_olmo2_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
+void load_olmo2_weights(const WeightSource& src, Model& m);
+
 }  // namespace hs

@@ -1,0 +1,247 @@
+#include "attention_detectors.h"
+
+#include "errors.h"
+#include "hooks.h"
+#include "progress.h"
+#include "tokenizer.h"
+#include "util.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+
+namespace hs {
+
+using namespace torch::indexing;
+
+const std::vector<std::string>& detector_probe_names() {
+    static const std::vector<std::string> names = {"induction", "previous-token", "duplicate-token",
+                                                   "attention-sink", "induction-loss"};
+    return names;
+}
+
+std::string stripe_name(StripeKind k) {
+    switch (k) {
+        case StripeKind::kInduction: return "induction";
+        case StripeKind::kPreviousToken: return "previous-token";
+        case StripeKind::kDuplicateToken: return "duplicate-token";
+        case StripeKind::kAttentionSink: return "attention-sink";
+    }
+    return "?";
+}
+
+StripeKind parse_stripe_kind(const std::string& name) {
+    for (auto k : {StripeKind::kInduction, StripeKind::kPreviousToken, StripeKind::kDuplicateToken,
+                   StripeKind::kAttentionSink})
+        if (stripe_name(k) == name) return k;
+    throw UsageError(fmt::format("unknown probe '{}' (valid: {})", name, fmt::join(detector_probe_names(), ", ")));
+}
+
+DetectorKind detector_kind_for(StripeKind k) {
+    switch (k) {
+        case StripeKind::kInduction: return DetectorKind::kInduction;
+        case StripeKind::kPreviousToken: return DetectorKind::kPreviousToken;
+        case StripeKind::kDuplicateToken: return DetectorKind::kDuplicateToken;
+        case StripeKind::kAttentionSink: break;
+    }
+    throw UsageError("attention-sink has no detection pattern");
+}
+
+// A[q, q - back] for q in [q_lo, q_hi], averaged over q. diagonal(-back) element i is A[i + back, i].
+static at::Tensor stripe_mean(const at::Tensor& p, int64_t q_lo, int64_t q_hi, int64_t back) {
+    auto d = p.diagonal(-back, -2, -1);  // [B, H, T - back]
+    return d.narrow(-1, q_lo - back, q_hi - q_lo + 1).to(torch::kFloat).mean(-1);  // [B, H]
+}
+
+at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n) {
+    if (pattern.dim() != 4 || pattern.size(-1) != 2 * n + 1 || pattern.size(-2) != 2 * n + 1)
+        throw DataError(fmt::format("stripe scores: pattern {} is not [B, H, {}, {}] for n = {}",
+                                    shape_str(pattern.sizes().vec()), 2 * n + 1, 2 * n + 1, n));
+    if (n < 2) throw UsageError(fmt::format("stripe scores: sequence length {} < 2", n));
+    switch (kind) {
+        case StripeKind::kInduction: return stripe_mean(pattern, n + 1, 2 * n, n - 1);
+        case StripeKind::kPreviousToken: return stripe_mean(pattern, 1, 2 * n, 1);
+        case StripeKind::kDuplicateToken: return stripe_mean(pattern, n + 1, 2 * n, n);
+        case StripeKind::kAttentionSink:
+            return pattern.select(-1, 0).narrow(-1, 1, 2 * n).to(torch::kFloat).mean(-1);  // [B, H]
+    }
+    return {};
+}
+
+at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind) {
+    const int64_t T = tokens.size(0);
+    auto t = tokens.to(torch::kCPU, torch::kLong).reshape({T});
+    if (kind == DetectorKind::kPreviousToken) {
+        auto d = torch::zeros({T, T});  // [T, T]
+        if (T > 1) d.index_put_({Slice(1, None), Slice(None, -1)}, torch::eye(T - 1));
+        return d;
+    }
+    // dup[i, j] = 1 where tok_i == tok_j and j < i.
+    auto dup = t.unsqueeze(1).eq(t.unsqueeze(0)).to(torch::kFloat).tril(-1);  // [T, T]
+    if (kind == DetectorKind::kDuplicateToken) return dup;
+    // Induction: D[i, j] = dup[i, j - 1] (the token after an earlier copy), column 0 empty, then
+    // tril as TransformerLens does (which keeps D[i, i] = dup[i, i - 1]).
+    auto d = torch::zeros({T, T});
+    if (T > 1) d.index_put_({Slice(), Slice(1, None)}, dup.index({Slice(), Slice(None, -1)}));
+    return d.tril();
+}
+
+at::Tensor detector_scores_layer(const at::Tensor& pattern, const at::Tensor& detection,
+                                 const DetectorOptions& opts) {
+    const int64_t T = pattern.size(-1);
+    if (pattern.dim() != 4 || pattern.size(-2) != T || detection.sizes() != at::IntArrayRef({T, T}))
+        throw DataError(fmt::format("detector scores: pattern {} and detection pattern {} disagree",
+                                    shape_str(pattern.sizes().vec()), shape_str(detection.sizes().vec())));
+    auto a = pattern.to(torch::kFloat);  // [B, H, T, T]
+    auto d = detection.to(a.device(), torch::kFloat);
+    // The exclusions act through a mask: the caller's pattern is never written to (TL's in-place bug).
+    auto keep = torch::ones({T, T}, a.options());  // [T, T]
+    if (opts.exclude_bos) keep.index_put_({Slice(), 0}, 0.0);
+    if (opts.exclude_current_token) keep.fill_diagonal_(0.0);
+    if (opts.measure == ErrorMeasure::kMul) {
+        auto ak = a * keep;
+        return (ak * d).sum({-2, -1}) / ak.sum({-2, -1});  // [B, H]
+    }
+    // 1 - mean over rows of the row's L1 distance = 1 - sum |A - D| / T.
+    return 1.0 - ((a - d).abs() * keep).sum({-2, -1}) / static_cast<double>(T);  // [B, H]
+}
+
+std::pair<int64_t, int64_t> token_range(const Model& m, const StripeInput& in) {
+    const int64_t V = m.config.vocab_size;
+    const int64_t lo = in.token_lo < 0 ? 0 : in.token_lo, hi = in.token_hi < 0 ? V : in.token_hi;
+    if (lo >= hi || hi > V)
+        throw UsageError(fmt::format("--token-range {},{}: need 0 <= lo < hi <= vocab size {}", lo, hi, V));
+    return {lo, hi};
+}
+
+at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const Tokenizer* tok) {
+    if (in.seq_len < 2) throw UsageError(fmt::format("--seq-len {}: need at least 2", in.seq_len));
+    if (in.batch < 1) throw UsageError(fmt::format("--batch {}: need at least 1", in.batch));
+    if (2 * in.seq_len + 1 > m.config.max_seq_len)
+        throw DataError(fmt::format("--seq-len {}: [BOS, R, R] has {} tokens, more than the model's context of {}",
+                                    in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len));
+    int64_t bos = m.config.bos_id;
+    if (bos < 0 && tok && tok->bos_id()) bos = *tok->bos_id();
+    if (bos < 0) throw ConfigError(fmt::format("{}: no BOS token id known (config or tokenizer)", m.path));
+    auto [lo, hi] = token_range(m, in);
+    std::vector<int64_t> allowed;
+    for (int64_t id = lo; id < hi; ++id) {
+        if (id == bos || id == m.config.eos_id) continue;
+        if (tok && id < tok->vocab_size() && tok->is_special(static_cast<int32_t>(id))) continue;
+        allowed.push_back(id);
+    }
+    if (allowed.empty()) throw UsageError(fmt::format("--token-range {},{} holds only special tokens", lo, hi));
+    // A CPU generator: the same seed gives the same tokens on every device.
+    auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(in.seed));
+    auto idx = at::randint(static_cast<int64_t>(allowed.size()), {in.batch, in.seq_len}, gen,
+                           torch::TensorOptions().dtype(torch::kLong));
+    auto r = torch::tensor(allowed, torch::kLong).index({idx});  // [B, n]
+    return torch::cat({torch::full({in.batch, 1}, bos, torch::kLong), r, r}, 1);  // [B, 1 + 2n]
+}
+
+CaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
+                         int64_t row0) {
+    // Each layer's [b, H, T, T] pattern is reduced here and dropped when the callback returns.
+    return [kinds, n, &samples, row0](int l, const at::Tensor& p) {
+        for (size_t k = 0; k < kinds.size(); ++k)
+            samples[k].narrow(0, row0, p.size(0)).select(1, l).copy_(stripe_scores_layer(p, kinds[k], n).cpu());
+    };
+}
+
+static std::vector<LayerHeadScores> finish(const std::vector<StripeKind>& kinds, std::vector<at::Tensor>& samples) {
+    std::vector<LayerHeadScores> out;
+    for (size_t k = 0; k < kinds.size(); ++k) out.push_back({stripe_name(kinds[k]), samples[k].mean(0), samples[k]});
+    return out;
+}
+
+std::vector<LayerHeadScores> stripe_scores(const Model& m, const at::Tensor& tokens, int64_t n,
+                                           const std::vector<StripeKind>& kinds, int64_t max_rows) {
+    const int64_t B = tokens.size(0), L = m.config.n_layers, H = m.config.n_heads;
+    std::vector<at::Tensor> samples;
+    for (size_t k = 0; k < kinds.size(); ++k) samples.push_back(torch::zeros({B, L, H}));  // [N, L, H]
+    torch::NoGradGuard ng;
+    ForwardOptions fo;
+    fo.compute_logits = false;
+    const int64_t step = std::max<int64_t>(1, max_rows);
+    Progress prog("stripe scores", (B + step - 1) / step);
+    for (int64_t r0 = 0; r0 < B; r0 += step) {
+        const int64_t rows = std::min(step, B - r0);
+        Hooks hooks;
+        hooks.capture(Point::kAttnPattern, stripe_capture(kinds, n, samples, r0));
+        m.forward(tokens.narrow(0, r0, rows), &hooks, nullptr, fo);
+        prog.tick();
+    }
+    prog.finish();
+    return finish(kinds, samples);
+}
+
+std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<std::vector<int64_t>>& seqs,
+                                             const std::vector<StripeKind>& kinds, const DetectorOptions& opts) {
+    const int64_t N = static_cast<int64_t>(seqs.size()), L = m.config.n_layers, H = m.config.n_heads;
+    if (N == 0) throw DataError("detector scores: no sequences");
+    std::vector<at::Tensor> samples;
+    for (size_t k = 0; k < kinds.size(); ++k) samples.push_back(torch::zeros({N, L, H}));  // [N, L, H]
+    torch::NoGradGuard ng;
+    ForwardOptions fo;
+    fo.compute_logits = false;
+    Progress prog("detector scores", N);
+    for (int64_t s = 0; s < N; ++s) {
+        auto t = torch::tensor(seqs[s], torch::kLong);  // [T]
+        const int64_t T = t.size(0);
+        std::vector<at::Tensor> det(kinds.size());
+        for (size_t k = 0; k < kinds.size(); ++k)
+            if (kinds[k] != StripeKind::kAttentionSink) det[k] = detection_pattern(t, detector_kind_for(kinds[k]));
+        Hooks hooks;
+        hooks.capture(Point::kAttnPattern, [&](int l, const at::Tensor& p) {  // p [1, H, T, T]
+            for (size_t k = 0; k < kinds.size(); ++k) {
+                auto v = det[k].defined() ? detector_scores_layer(p, det[k], opts)
+                         : T > 1          ? p.select(-1, 0).narrow(-1, 1, T - 1).to(torch::kFloat).mean(-1)
+                                          : torch::ones({1, H});
+                samples[k][s][l].copy_(v[0].cpu());
+            }
+        });
+        m.forward(t.unsqueeze(0), &hooks, nullptr, fo);
+        prog.tick();
+    }
+    prog.finish();
+    return finish(kinds, samples);
+}
+
+at::Tensor induction_loss_rows(const at::Tensor& logits, const at::Tensor& tokens, int64_t n) {
+    if (n < 2 || tokens.size(1) != 2 * n + 1)
+        throw DataError(fmt::format("induction loss: tokens {} are not [B, 2n+1] for n = {}", shape_str(tokens.sizes().vec()), n));
+    // Position p predicts token p + 1; p in [n+1, 2n-1] -> targets n+2..2n.
+    auto lp = torch::log_softmax(logits.narrow(1, n + 1, n - 1).to(torch::kFloat), -1);  // [B, n-1, V]
+    auto tgt = tokens.narrow(1, n + 2, n - 1).to(lp.device(), torch::kLong).unsqueeze(-1);  // [B, n-1, 1]
+    return -lp.gather(-1, tgt).squeeze(-1).mean(1).cpu();  // [B]
+}
+
+InductionLoss induction_loss(const Model& m, const at::Tensor& tokens, int64_t n, int64_t max_rows) {
+    const int64_t B = tokens.size(0), L = m.config.n_layers, H = m.config.n_heads;
+    torch::NoGradGuard ng;
+    InductionLoss out;
+    out.baseline_rows = induction_loss_rows(m.forward(tokens), tokens, n);  // [B]
+    out.baseline = out.baseline_rows.mean().item<double>();
+    out.samples = torch::zeros({B, L, H});
+    // Row j*B + r of a forward is row r of the batch with head h0 + j ablated.
+    const int64_t per_fwd = std::max<int64_t>(1, max_rows / B);
+    Progress prog("induction-loss ablations", L * H);
+    for (int64_t h0 = 0; h0 < L * H; h0 += per_fwd) {
+        const int64_t hc = std::min(per_fwd, L * H - h0);
+        Hooks hooks;
+        for (int64_t j = 0; j < hc; ++j)
+            for (int64_t r = 0; r < B; ++r)
+                hooks.intervene_z({static_cast<int>((h0 + j) / H), static_cast<int>((h0 + j) % H), j * B + r,
+                                   HeadOp::kZero, 0.0, {}});
+        auto batch = tokens.repeat({hc, 1});  // [hc * B, T]
+        auto rows = induction_loss_rows(m.forward(batch, &hooks), batch, n).view({hc, B});
+        for (int64_t j = 0; j < hc; ++j) out.samples.select(1, (h0 + j) / H).select(1, (h0 + j) % H).copy_(rows[j]);
+        prog.update(h0 + hc);
+    }
+    prog.finish();
+    out.ablated = out.samples.mean(0);  // [L, H]
+    return out;
+}
+
+}  // namespace hs

@@ -1,0 +1,114 @@
+// Pattern-based head detectors (induction, previous-token, duplicate-token, attention sink) and
+// the causal companion, induction loss with per-head zero ablation. Methods: Olsson et al. 2022
+// and TransformerLens head_detector.py / evals.induction_loss (methods-reference.md, section 2).
+//
+// Two conventions:
+//  - stripe: tokens [BOS, R, R], R uniform random of length n; a head's score is the mean of
+//    one diagonal stripe of its pattern over the repeated half (see StripeKind).
+//  - detector: given sequences; a detection pattern D [T, T] per sequence and an error measure
+//    (mul or abs), averaged over sequences (TransformerLens head_detector semantics).
+// Patterns are reduced layer by layer inside the attn.pattern capture: only one layer's
+// [B, H, T, T] is alive at a time. The reduction functions are public so tests can feed them
+// hand-made patterns.
+#pragma once
+
+#include "model.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+class Tokenizer;
+
+enum class StripeKind {
+    kInduction,       // mean over q in [n+1, 2n] of A[q, q-n+1]
+    kPreviousToken,   // mean over q in [1, 2n]   of A[q, q-1]  (q = 1 attends to BOS)
+    kDuplicateToken,  // mean over q in [n+1, 2n] of A[q, q-n]
+    kAttentionSink,   // mean over q in [1, 2n]   of A[q, 0]    (q = 0 has no choice)
+};
+enum class DetectorKind { kPreviousToken, kDuplicateToken, kInduction };
+enum class ErrorMeasure { kMul, kAbs };
+
+// Probe names as the CLI and the HDF5 file spell them.
+const std::vector<std::string>& detector_probe_names();  // induction, previous-token, ...
+std::string stripe_name(StripeKind k);
+StripeKind parse_stripe_kind(const std::string& name);  // throws UsageError listing valid names
+DetectorKind detector_kind_for(StripeKind k);           // throws UsageError for attention-sink
+
+// ---- Per-layer reductions (one layer at a time by construction) ----
+
+// pattern [B, H, T, T] for tokens [BOS, R, R] (T = 2n+1) -> per-row scores [B, H] float32.
+at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n);
+
+// tokens [T] int64 -> D [T, T] float32, lower triangular (TransformerLens detection patterns).
+at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind);
+
+struct DetectorOptions {
+    ErrorMeasure measure = ErrorMeasure::kMul;
+    bool exclude_bos = false;            // zero column 0 (of A for mul, of |A - D| for abs)
+    bool exclude_current_token = false;  // zero the diagonal likewise
+};
+// pattern [B, H, T, T] (one layer), D [T, T] -> [B, H] float32. The pattern is never modified.
+//   mul: sum(A' * D) / sum(A')        abs: 1 - mean_i ||A_i - D_i||_1 (after the exclusions)
+// (TransformerLens rounds abs scores to 3 decimals; we do not.)
+at::Tensor detector_scores_layer(const at::Tensor& pattern, const at::Tensor& detection,
+                                 const DetectorOptions& opts);
+
+// ---- Inputs ----
+
+struct StripeInput {
+    int64_t seq_len = 50;  // n
+    int64_t batch = 10;    // rows
+    int64_t seed = 0;
+    int64_t token_lo = -1;  // [lo, hi); -1 = 0 and vocab_size
+    int64_t token_hi = -1;
+};
+// [batch, 1 + 2n] int64: BOS then R twice. R is drawn uniformly from the ids in [lo, hi) that are
+// not special (the model's BOS/EOS and, with a tokenizer, every id it calls special), by a CPU
+// generator seeded with `seed`, so runs are reproducible across devices. Throws UsageError on an
+// empty or out-of-vocabulary range, ConfigError when no BOS id is known.
+at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const Tokenizer* tok = nullptr);
+// The effective [lo, hi) after defaults.
+std::pair<int64_t, int64_t> token_range(const Model& m, const StripeInput& in);
+
+// ---- Whole-model runs ----
+
+struct LayerHeadScores {
+    std::string probe;
+    at::Tensor score;    // [L, H] float32, CPU
+    at::Tensor samples;  // [N, L, H] float32, CPU: per sequence / batch row
+};
+
+// The attn.pattern capture behind stripe_scores: reduces layer l's pattern [b, H, T, T] to [b, H]
+// and writes it to samples[k][row0 : row0 + b, l] ([N, L, H] each); it keeps no reference to the
+// pattern, so one layer's pattern is alive at a time.
+CaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
+                         int64_t row0);
+
+// tokens [B, 1+2n]: one forward (rows in chunks of max_rows), every requested stripe at once.
+std::vector<LayerHeadScores> stripe_scores(const Model& m, const at::Tensor& tokens, int64_t n,
+                                           const std::vector<StripeKind>& kinds, int64_t max_rows = 64);
+// Sequences of any lengths, run one at a time (no padding to get wrong). attention-sink is scored
+// with its stripe formula (mean A[q, 0] over q >= 1); the other kinds by detection pattern.
+std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<std::vector<int64_t>>& seqs,
+                                             const std::vector<StripeKind>& kinds, const DetectorOptions& opts);
+
+// Induction loss (TransformerLens evals.induction_loss): per-token cross-entropy of predicting
+// token p+1 from position p, averaged over p in [n+1, 2n-1] (tokens n+2..2n, the part of the
+// repeated half an induction head can predict), over every row. tokens [B, 1+2n].
+struct InductionLoss {
+    double baseline = 0;  // no ablation
+    at::Tensor ablated;   // [L, H]: loss with head (l, h)'s z zeroed
+    at::Tensor samples;   // [B, L, H]: per row
+    at::Tensor baseline_rows;  // [B]
+};
+// Heads are ablated through per-row z interventions, so up to max_rows / B heads share a forward.
+InductionLoss induction_loss(const Model& m, const at::Tensor& tokens, int64_t n, int64_t max_rows = 64);
+// Per-row mean loss over the positions above: logits [B, T, V], tokens [B, T] -> [B].
+at::Tensor induction_loss_rows(const at::Tensor& logits, const at::Tensor& tokens, int64_t n);
+
+}  // namespace hs

@@ -1,0 +1,279 @@
+// headscope detect: pattern-based head scores (induction, previous-token, duplicate-token,
+// attention-sink) and the causal induction-loss ablation, written to HDF5 (docs/hdf5-schema.md).
+#include "attention_detectors.h"
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "progress.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+
+namespace hs::cli {
+
+struct DetectOptions {
+    ModelArgs model;
+    OutputArgs out;
+    std::string probes = "induction,previous-token,duplicate-token,attention-sink";
+    int64_t seq_len = 50;
+    int64_t batch = 10;
+    int64_t seed = 0;
+    std::string token_range;
+    std::string tokens_file, text_file;
+    std::string error_measure = "mul";
+    bool exclude_bos = false;
+    bool exclude_current_token = false;
+    bool samples = false;
+    int64_t max_rows = 64;
+};
+
+static std::vector<std::string> parse_probes(const std::string& s) {
+    std::vector<std::string> out;
+    const auto& valid = detector_probe_names();
+    for (const auto& part : split(s, ',')) {
+        auto p = trim(part);
+        if (p.empty()) continue;
+        if (std::find(valid.begin(), valid.end(), p) == valid.end())
+            throw UsageError(fmt::format("--probe: unknown probe '{}' (valid: {})", p, fmt::join(valid, ", ")));
+        if (std::find(out.begin(), out.end(), p) == out.end()) out.push_back(p);
+    }
+    if (out.empty()) throw UsageError(fmt::format("--probe: no probe named (valid: {})", fmt::join(valid, ", ")));
+    return out;
+}
+
+// One sequence a line: comma-separated ids, or text encoded with the model's tokenizer (BOS added
+// as the tokenizer says). Blank lines are skipped; every id and length is checked here so that
+// bad input fails before any forward pass, naming the file and line.
+static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, const Loaded& l) {
+    const bool text = !o.text_file.empty();
+    const std::string& file = text ? o.text_file : o.tokens_file;
+    const auto& cfg = l.model->config;
+    std::vector<std::vector<int64_t>> seqs;
+    int line_no = 0;
+    for (const auto& raw : split(read_text_file(file), '\n')) {
+        ++line_no;
+        auto line = trim(raw);
+        if (line.empty()) continue;
+        const std::string where = fmt::format("{}:{}", file, line_no);
+        std::vector<int64_t> ids;
+        if (text)
+            for (auto id : l.tokenizer->encode(line, true)) ids.push_back(id);
+        else
+            ids = parse_token_list(line, where);
+        for (auto id : ids)
+            if (id < 0 || id >= cfg.vocab_size)
+                throw DataError(fmt::format("{}: token id {} out of range [0, {})", where, id, cfg.vocab_size));
+        if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
+            throw DataError(fmt::format("{}: sequence of {} tokens exceeds the model's context of {}", where,
+                                        ids.size(), cfg.max_seq_len));
+        seqs.push_back(std::move(ids));
+    }
+    if (seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", file));
+    return seqs;
+}
+
+// [N, T] int32, -1 past each sequence's end.
+static std::vector<int32_t> padded(const std::vector<std::vector<int64_t>>& seqs, int64_t T) {
+    std::vector<int32_t> out(seqs.size() * T, -1);
+    for (size_t i = 0; i < seqs.size(); ++i)
+        std::copy(seqs[i].begin(), seqs[i].end(), out.begin() + i * T);
+    return out;
+}
+
+static std::vector<float> to_vec(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+static std::string describe(const std::string& probe, bool stripe) {
+    if (probe == "induction-loss")
+        return "mean cross-entropy on the repeated half of [BOS, R, R] (predicting tokens n+2..2n) with head "
+               "(layer, head)'s z zeroed; compare with attribute baseline_loss";
+    if (probe == "attention-sink") return "mean attention to position 0 over query positions q >= 1";
+    if (stripe) {
+        if (probe == "induction") return "stripe: mean over q in [n+1, 2n] of A[q, q-n+1] on [BOS, R, R]";
+        if (probe == "previous-token") return "stripe: mean over q in [1, 2n] of A[q, q-1] on [BOS, R, R]";
+        return "stripe: mean over q in [n+1, 2n] of A[q, q-n] on [BOS, R, R]";
+    }
+    return "detector: TransformerLens head_detector score against the " + probe +
+           " detection pattern, averaged over sequences";
+}
+
+struct Result {
+    std::string probe;
+    at::Tensor score, samples;  // [L, H], [N, L, H]
+    Attrs attrs;
+};
+
+static void print_top(const Result& r, int k) {
+    auto flat = r.score.flatten();
+    const int64_t H = r.score.size(1), n = std::min<int64_t>(k, flat.numel());
+    auto order = flat.argsort(0, true);
+    std::string line = fmt::format("{:<16}", r.probe);
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t j = order[i].item<int64_t>();
+        line += fmt::format(" L{}H{} {:.4f}", j / H, j % H, flat[j].item<double>());
+    }
+    if (r.probe == "induction-loss") line += fmt::format("  (baseline {:.4f})", std::get<double>(r.attrs.at("baseline_loss")));
+    std::printf("%s\n", line.c_str());
+}
+
+static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const std::vector<Result>& results,
+                          const std::vector<int32_t>& tokens, int64_t N, int64_t T, bool ragged) {
+    if (w.exists("/meta")) check_same_model(w, m);
+    write_meta(w, m, o.seed);
+    const int64_t L = m.config.n_layers, H = m.config.n_heads;
+    for (const auto& r : results) {
+        const std::string g = "/scores/" + r.probe;
+        w.remove(g);
+        w.remove("/inputs/" + r.probe);
+        w.write(g + "/score", to_vec(r.score), {L, H});
+        w.set_attrs(g, r.attrs);
+        if (o.samples) w.write(g + "/samples", to_vec(r.samples), {r.samples.size(0), L, H});
+        if (r.attrs.count("baseline_loss"))
+            w.write(g + "/baseline", std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {1});
+        w.write("/inputs/" + r.probe + "/tokens", tokens, {N, T});
+        w.set_attrs("/inputs/" + r.probe, {{"padding", std::string(ragged ? "ragged: -1 past each sequence's end"
+                                                                           : "none")},
+                                           {"pad_value", int64_t(-1)}});
+    }
+    w.commit();
+}
+
+static StripeInput stripe_input(const DetectOptions& o) {
+    StripeInput in;
+    in.seq_len = o.seq_len, in.batch = o.batch, in.seed = o.seed;
+    if (o.token_range.empty()) return in;
+    auto r = split(o.token_range, ',');
+    try {
+        if (r.size() != 2) throw std::invalid_argument("");
+        in.token_lo = std::stoll(trim(r[0])), in.token_hi = std::stoll(trim(r[1]));
+    } catch (const std::exception&) {
+        throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
+    }
+    if (in.token_lo < 0) throw UsageError(fmt::format("--token-range '{}': lo must be >= 0", o.token_range));
+    return in;
+}
+
+// Attributes every score group of this run shares (docs/hdf5-schema.md).
+static Attrs common_attrs(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe, int64_t n_seqs) {
+    Attrs a = {{"convention", std::string(stripe ? "stripe" : "detector")}};
+    if (stripe) {
+        auto [lo, hi] = token_range(m, in);
+        a.insert({{"seq_len", in.seq_len}, {"batch", in.batch}, {"seed", in.seed}, {"token_lo", lo}, {"token_hi", hi}});
+    } else {
+        a.insert({{"n_sequences", n_seqs}, {"source_file", o.tokens_file.empty() ? o.text_file : o.tokens_file}});
+    }
+    return a;
+}
+
+static std::vector<Result> compute(const DetectOptions& o, const Model& m, const std::vector<std::string>& probes,
+                                   const StripeInput& in, const at::Tensor& stripe_tokens,
+                                   const std::vector<std::vector<int64_t>>& seqs) {
+    const bool stripe = stripe_tokens.defined();
+    const Attrs common = common_attrs(o, m, in, stripe, static_cast<int64_t>(seqs.size()));
+    const DetectorOptions dopt{o.error_measure == "abs" ? ErrorMeasure::kAbs : ErrorMeasure::kMul, o.exclude_bos,
+                               o.exclude_current_token};
+    std::vector<StripeKind> kinds;
+    for (const auto& p : probes)
+        if (p != "induction-loss") kinds.push_back(parse_stripe_kind(p));
+    std::vector<Result> results;
+    if (!kinds.empty()) {
+        auto scores = stripe ? stripe_scores(m, stripe_tokens, in.seq_len, kinds, o.max_rows)
+                             : detector_scores(m, seqs, kinds, dopt);
+        for (auto& s : scores) {
+            Attrs a = common;
+            a["probe"] = s.probe;
+            a["description"] = describe(s.probe, stripe);
+            if (!stripe && s.probe != "attention-sink") {
+                a["error_measure"] = o.error_measure;
+                a["exclude_bos"] = int64_t(o.exclude_bos);
+                a["exclude_current_token"] = int64_t(o.exclude_current_token);
+            }
+            results.push_back({s.probe, s.score, s.samples, a});
+        }
+    }
+    if (std::count(probes.begin(), probes.end(), "induction-loss")) {
+        auto il = induction_loss(m, stripe_tokens, in.seq_len, o.max_rows);
+        Attrs a = common;
+        a["probe"] = std::string("induction-loss");
+        a["description"] = describe("induction-loss", true);
+        a["baseline_loss"] = il.baseline;
+        a["ablation"] = std::string("zero z of one head (all positions)");
+        results.push_back({"induction-loss", il.ablated, il.samples, a});
+    }
+    return results;
+}
+
+int run_detect(const DetectOptions& o) {
+    const auto probes = parse_probes(o.probes);
+    const WriteMode mode = write_mode(o.out);
+    if (!o.tokens_file.empty() && !o.text_file.empty()) throw UsageError("give at most one of --tokens-file and --text-file");
+    const bool stripe = o.tokens_file.empty() && o.text_file.empty();
+    if (!stripe && std::count(probes.begin(), probes.end(), "induction-loss"))
+        throw UsageError("--probe induction-loss needs the stripe convention (no --tokens-file/--text-file)");
+    if (o.error_measure != "mul" && o.error_measure != "abs")
+        throw UsageError(fmt::format("--error-measure '{}': expected mul or abs", o.error_measure));
+    const StripeInput in = stripe_input(o);
+    auto l = open_model(o.model, !o.text_file.empty());
+    const Model& m = *l.model;
+    std::vector<std::vector<int64_t>> seqs;
+    at::Tensor stripe_tokens;  // [B, 1 + 2n]; undefined in the detector convention
+    if (stripe) {
+        stripe_tokens = repeated_random_tokens(m, in, l.tokenizer.get());
+        for (int64_t b = 0; b < in.batch; ++b) {
+            auto row = stripe_tokens[b].contiguous();
+            seqs.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());
+        }
+    } else {
+        seqs = read_sequences(o, l);
+    }
+    ResultWriter w(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
+    auto results = compute(o, m, probes, in, stripe_tokens, seqs);
+    int64_t T = 0;
+    for (const auto& s : seqs) T = std::max<int64_t>(T, s.size());
+    const bool ragged = std::any_of(seqs.begin(), seqs.end(), [&](const auto& s) { return int64_t(s.size()) != T; });
+    write_results(w, m, o, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
+    for (const auto& r : results) print_top(r, 5);
+    log_info(fmt::format("wrote {} ({} probes)", o.out.out, results.size()));
+    return 0;
+}
+
+void setup_detect(CLI::App& app) {
+    auto o = std::make_shared<DetectOptions>();
+    auto* sub = app.add_subcommand(
+        "detect",
+        "score every head as induction, previous-token, duplicate-token or attention-sink head, and by the\n"
+        "induction loss when it is zero-ablated (causal). Two conventions:\n"
+        "  stripe (default): tokens [BOS, R, R], R uniform random ids of length n (--seq-len) from\n"
+        "    --token-range minus special tokens, --batch rows, --seed. induction = mean over q in [n+1,2n]\n"
+        "    of A[q,q-n+1]; previous-token = mean over q in [1,2n] of A[q,q-1]; duplicate-token = mean over\n"
+        "    q in [n+1,2n] of A[q,q-n]; attention-sink = mean over q >= 1 of A[q,0]. induction-loss = mean\n"
+        "    cross-entropy on tokens n+2..2n with one head's z zeroed (attribute baseline_loss: none).\n"
+        "  detector (--tokens-file or --text-file, one sequence a line): TransformerLens head_detector\n"
+        "    scores against a detection pattern D, --error-measure mul = sum(A*D)/sum(A) or\n"
+        "    abs = 1 - mean_i |A_i - D_i|_1, averaged over sequences; --exclude-bos / --exclude-current-token\n"
+        "    zero column 0 / the diagonal first. Top 5 heads per probe go to stdout (L5H1 = layer 5, head 1).\n"
+        "Example: headscope detect ../shared/testdata/stories260K/stories260K.bin "
+        "--probe induction,previous-token,induction-loss --out scores.h5");
+    add_model_args(sub, o->model);
+    add_output_args(sub, o->out, true);
+    sub->add_option("--probe", o->probes, "comma-separated: " + fmt::format("{}", fmt::join(detector_probe_names(), ",")))
+        ->capture_default_str();
+    sub->add_option("--seq-len", o->seq_len, "stripe: length n of the random sequence R")->capture_default_str();
+    sub->add_option("--batch", o->batch, "stripe: rows of [BOS, R, R]")->capture_default_str();
+    sub->add_option("--seed", o->seed, "stripe: seed of the token generator")->capture_default_str();
+    sub->add_option("--token-range", o->token_range, "stripe: ids lo,hi to draw R from, [lo, hi) (default: whole vocabulary)");
+    sub->add_option("--tokens-file", o->tokens_file, "detector: one sequence of comma-separated token ids a line");
+    sub->add_option("--text-file", o->text_file, "detector: one text a line, encoded with the model's tokenizer");
+    sub->add_option("--error-measure", o->error_measure, "detector: mul or abs")->capture_default_str();
+    sub->add_flag("--exclude-bos", o->exclude_bos, "detector: ignore attention to position 0");
+    sub->add_flag("--exclude-current-token", o->exclude_current_token, "detector: ignore attention to the query itself");
+    sub->add_flag("--samples", o->samples, "also write per-sequence scores /scores/<probe>/samples [N, L, H]");
+    sub->add_option("--max-rows", o->max_rows, "batch rows per forward pass (memory)")->capture_default_str();
+    sub->callback([o] { set_exit_code(run_detect(*o)); });
+}
+
+}  // namespace hs::cli

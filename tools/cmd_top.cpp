@@ -1,0 +1,60 @@
+// headscope top: the k highest (or lowest) scoring heads of one probe in a result file.
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "store.h"
+#include "util.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+namespace hs::cli {
+
+struct TopOptions {
+    std::string file;
+    std::string probe;
+    int k = 10;
+    bool ascending = false;
+};
+
+int run_top(const TopOptions& o) {
+    if (o.k < 1) throw UsageError(fmt::format("-k {}: need at least 1", o.k));
+    ResultReader r(o.file);
+    const std::string ds = "/scores/" + o.probe + "/score";
+    if (!r.exists(ds)) {
+        std::vector<std::string> have = r.is_group("/scores") ? r.children("/scores") : std::vector<std::string>{};
+        throw UsageError(fmt::format("{}: no probe '{}' (the file has: {})", o.file, o.probe,
+                                     have.empty() ? std::string("none") : fmt::format("{}", fmt::join(have, ", "))));
+    }
+    auto d = r.read(ds);
+    if (d.shape.size() != 2 || d.is_string)
+        throw StorageError(fmt::format("{}: {} is {}, expected numeric [layers, heads]", o.file, ds, shape_str(d.shape)));
+    const int64_t H = d.shape[1];
+    std::vector<int64_t> idx(d.values.size());
+    std::iota(idx.begin(), idx.end(), 0);
+    // Stable: ties keep (layer, head) order.
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+        return o.ascending ? d.values[a] < d.values[b] : d.values[a] > d.values[b];
+    });
+    const size_t n = std::min<size_t>(o.k, idx.size());
+    std::printf("%-5s %-8s %s\n", "rank", "head", "score");
+    for (size_t i = 0; i < n; ++i) {
+        const auto head = fmt::format("L{}H{}", idx[i] / H, idx[i] % H);
+        std::printf("%-5zu %-8s %.6f\n", i + 1, head.c_str(), d.values[idx[i]]);
+    }
+    return 0;
+}
+
+void setup_top(CLI::App& app) {
+    auto o = std::make_shared<TopOptions>();
+    auto* sub = app.add_subcommand("top", "print the top-k heads of one probe (L5H1 = layer 5, head 1; 0-based)\n"
+                                          "Example: headscope top scores.h5 --probe induction -k 10");
+    sub->add_option("file", o->file, "HDF5 result file")->required();
+    sub->add_option("--probe", o->probe, "score group under /scores, e.g. induction")->required();
+    sub->add_option("-k", o->k, "how many heads")->capture_default_str();
+    sub->add_flag("--ascending", o->ascending, "lowest scores first");
+    sub->callback([o] { set_exit_code(run_top(*o)); });
+}
+
+}  // namespace hs::cli
