@@ -1,0 +1,115 @@
+// MAPS (Elhelo & Geva 2024; code amitelhelo/MAPS; methods-reference.md section 4): how strongly a
+// head's OV circuit maps a relation's source tokens to its target tokens, from raw weights
+// (static) and from the head's output on short templates (dynamic).
+//
+// This header also holds the weight-circuit helpers the three weight probes share (MAPS, copy
+// suppression, DLA): per-head W_V / W_O / W_Q / W_K factors in the row-vector convention
+// (a residual row x [D] maps to x W), the layer-0 MLP source representation, and the blocked
+// rank count that never materialises a [V, V] matrix.
+#pragma once
+
+#include "model.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+class Tokenizer;
+
+// ---- Shared weight circuits (float32, on the model's device) ----
+
+// Per-head factors: the OV circuit of head (l, h) is v_in(l, h) @ o_out(l, h), rank d.
+at::Tensor head_v_in(const Model& m, int layer, int head);   // [D, d]  W_V^{l, h/g} transposed
+at::Tensor head_o_out(const Model& m, int layer, int head);  // [d, D]  W_O^{l, h} transposed
+at::Tensor head_q_in(const Model& m, int layer, int head);   // [D, d]
+at::Tensor head_k_in(const Model& m, int layer, int head);   // [D, d]  W_K^{l, h/g}
+// W_E[ids] times the family's embedding scale (no positions), float32 [N, D].
+at::Tensor embed_rows(const Model& m, const at::Tensor& ids);
+// What layer `l`'s attention / MLP reads from a residual row: the pre-norm, or x itself for
+// post-norm-only families. [N, D] -> [N, D].
+at::Tensor attn_input(const Model& m, int layer, const at::Tensor& x);
+at::Tensor mlp_input(const Model& m, int layer, const at::Tensor& x);
+// MLP_l(norm2_l(x)) including any post-MLP norm of the family, [N, D] -> [N, D].
+at::Tensor mlp_output(const Model& m, int layer, const at::Tensor& x);
+
+// Final norm as a linear map at fixed scale: inv_scale(resid) [..] is the per-position factor
+// (RMSNorm: rsqrt(mean x^2 + eps); LayerNorm: rsqrt(var x + eps), after centring), and
+// fold_final_norm(u) [.., D] multiplies by the norm weight (1 + w for Gemma) and, for LayerNorm,
+// centres over D, so that logit_j ~ inv_scale * x . fold(W_U[j]) up to per-position constants.
+at::Tensor final_norm_inv_scale(const Model& m, const at::Tensor& resid);
+at::Tensor fold_final_norm(const Model& m, const at::Tensor& u);
+
+// For each row i: #{j != t_i : S[i, j] >= S[i, t_i]} (descending) or #{j != t_i : S[i, j] <=
+// S[i, t_i]} (ascending; ties count against the target), where S = left @ right^T, left [N, r], right [V, r], targets [N] int64.
+// S is formed `row_block` rows at a time ([row_block, V] alive at once) and t_i's value is
+// read from the same GEMM that produced the row, so rank 0 is exact for the best entry.
+// Returns {descending ranks, ascending ranks}, each [N] int64 on the CPU; a side not asked for
+// (each is a full pass over the [N, V] scores) stays undefined.
+enum class RankSide { kDescending, kAscending, kBoth };
+std::pair<at::Tensor, at::Tensor> blocked_target_ranks(const at::Tensor& left, const at::Tensor& right,
+                                                       const at::Tensor& targets, int64_t row_block,
+                                                       RankSide side = RankSide::kBoth);
+
+// The token id a word gets as a whole word after a space (" " + word for byte-level BPE, the
+// tokenizer's own dummy-prefix space for SentencePiece / llama2.c), or -1 when that is not
+// exactly one token. No special tokens are added.
+int32_t word_token(const Tokenizer& tok, const std::string& word);
+
+// ---- MAPS ----
+
+struct Relation {
+    std::string name;      // file stem unless the object form names it
+    std::string category;  // algorithmic | knowledge | linguistic | translation | unknown
+    int k = 0;             // 0: the default for the relation (1 for copying relations, else 10)
+    std::vector<std::pair<std::string, std::string>> pairs;
+    std::string source;    // file it came from
+};
+
+// Reads a JSON list of [source, target] pairs, or {"name", "category", "k", "pairs": [...]}.
+// Throws DataError naming the file and the first bad entry.
+Relation read_relation(const std::string& path);
+// "a.json,b.json" or a folder (every *.json in it, sorted).
+std::vector<Relation> read_relations(const std::string& spec);
+// Default k as the paper: 1 for copying relations (copying, name_copying), else 10.
+int default_k(const Relation& r);
+
+struct TokenizedRelation {
+    Relation rel;
+    std::vector<int64_t> src, dst;  // kept pairs (both sides one token)
+    int64_t n_total = 0;
+};
+TokenizedRelation tokenize_relation(const Relation& r, const Tokenizer& tok);
+
+struct MapsOptions {
+    int k = 0;                 // 0: per relation (default_k or the file's "k")
+    int64_t block_size = 2048;
+    bool suppression = false;  // also score -P
+};
+
+struct MapsScores {
+    at::Tensor score;        // [L, H] float32: fraction of pairs with target in top-k(P_s)
+    at::Tensor suppression;  // [L, H] with -P (undefined unless asked)
+    at::Tensor target_rank;  // [L, H, N] int64: #{j != dst : P_sj >= P_s,dst} per pair
+    int k = 0;
+};
+
+// Static MAPS: E_s = MLP0(norm2_0(W_E[s])) (the MLP output only; raw W_E[s] for layer-0 heads),
+// P = E_s W_V^{l,h/g} W_O^{l,h} W_U^T, raw weights, no biases, no final norm.
+MapsScores maps_static(const Model& m, const TokenizedRelation& r, const MapsOptions& o);
+
+// The published-style dynamic templates, "<X>" replaced by the source token.
+const std::vector<std::string>& maps_templates();
+
+// Dynamic MAPS: each template with the source token appended as its last token (BOS as the
+// tokenizer adds it), the model run, head (l,h)'s z at the last position projected:
+// P = z W_O^{l,h} W_U^T, the same top-k criterion, averaged over templates. [L, H] float32.
+at::Tensor maps_dynamic(const Model& m, const Tokenizer& tok, const TokenizedRelation& r, int k);
+
+// Pearson correlation of two equally shaped tensors (NaN when either is constant).
+double pearson(const at::Tensor& a, const at::Tensor& b);
+
+}  // namespace hs

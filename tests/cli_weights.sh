@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Command-line behaviour of the weight probes (maps, copy-suppression, dla): bad relation and
+# prompt files get one clear line naming the file, exit code 5 (data), no stack trace and no
+# output file left behind; short relations are reported, never skipped silently.
+# Usage: cli_weights.sh path/to/headscope
+set -u
+HS="$1"
+TD="${HEADSCOPE_TESTDATA:-}"
+for c in shared/testdata ../shared/testdata; do [ -z "$TD" ] && [ -d "$c" ] && TD="$c"; done
+TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
+pass=0; fail=0
+
+# expect NAME CODE PATTERN -- command...: exit code CODE, a stderr line matching PATTERN.
+expect() {
+  local name="$1" code="$2" pat="$3"; shift 4
+  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
+  if [ "$rc" -eq "$code" ] && grep -qE -- "$pat" "$TMP/err" && ! grep -q "frame #" "$TMP/err"; then
+    pass=$((pass+1))
+  else
+    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $code), stderr:"; head -5 "$TMP/err"
+  fi
+}
+ok() {  # ok NAME -- command...: exit 0
+  local name="$1"; shift 2
+  if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name:"; head -5 "$TMP/err"; fi
+}
+no_file() { if [ -e "$1" ] || ls "$1".tmp-* >/dev/null 2>&1; then fail=$((fail+1)); echo "FAIL: $1 left behind"; else pass=$((pass+1)); fi; }
+
+for cmd in maps copy-suppression dla; do
+  "$HS" "$cmd" --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL $cmd --help has no example"; }
+done
+
+if [ -n "$TD" ]; then
+  M="$TD/tinystories-656k"
+  S="$TD/stories260K/stories260K.bin"
+  printf '{"a": 1}' >"$TMP/obj.json"
+  expect "relation not a list" 5 "obj.json: object form needs a \"pairs\" list" -- "$HS" maps "$M" --relations "$TMP/obj.json" --out "$TMP/m.h5"
+  no_file "$TMP/m.h5"
+  printf '[["cat", "dog"], ["one", 2]]' >"$TMP/badpair.json"
+  expect "pair not strings" 5 "badpair.json: entry 1 is not a \[source, target\] string pair" -- "$HS" maps "$M" --relations "$TMP/badpair.json" --out "$TMP/m.h5"
+  printf 'not json' >"$TMP/nojson.json"
+  expect "relation not json" 5 "nojson.json: not valid JSON" -- "$HS" maps "$M" --relations "$TMP/nojson.json" --out "$TMP/m.h5"
+  # stories260K's 512-token vocabulary: these words are single tokens, "qwzxvbnmkj" is not.
+  printf '[["the", "the"], ["and", "and"], ["qwzxvbnmkj", "qwzxvbnmkj"]]' >"$TMP/short.json"
+  expect "too few pairs" 5 "relation 'short' .*short.json.*: 2 of 3 pairs are single tokens, need 30" -- "$HS" maps "$S" --relations "$TMP/short.json" --out "$TMP/m.h5"
+  no_file "$TMP/m.h5"
+  printf '[["the","a"],["and","with"],["was","said"],["he","she"],["she","he"],["it","you"],["to","on"],["day","day"],["big","big"],["his","her"],["her","his"],["they","you"],["play","play"],["on","in"],["in","on"],["so","so"]]' >"$TMP/words.json"
+  # One short relation next to a usable one: the usable one is scored, the short one counted in a warning.
+  expect "short relation reported" 0 "warning: relation 'short'.*2 of 3.*skipped" -- "$HS" maps "$S" --relations "$TMP/short.json,$TMP/words.json" --min-pairs 10 --out "$TMP/m.h5" --dynamic --suppression
+  printf '[{"prompt": "Once upon a time there was a", "correct": "big", "incorrect": "qwzxvbnmkjhgf"}]' >"$TMP/p.json"
+  expect "answer not one token" 5 "p.json: prompt 0: answer 'qwzxvbnmkjhgf' is not a single token" -- "$HS" dla "$S" --prompts "$TMP/p.json" --out "$TMP/d.h5"
+  no_file "$TMP/d.h5"
+  printf '[{"prompt": "x"}]' >"$TMP/p2.json"
+  expect "prompt missing keys" 5 "p2.json: entry 0 has no string \"correct\"" -- "$HS" dla "$S" --prompts "$TMP/p2.json" --out "$TMP/d.h5"
+  printf '[{"prompt": "Once upon a time there was a", "correct": "big", "incorrect": "day"}, {"prompt": "Tom and Sue went to", "correct": "the", "incorrect": "a"}]' >"$TMP/ok.json"
+  ok "dla" -- "$HS" dla "$S" --prompts "$TMP/ok.json" --out "$TMP/d.h5" --per-position
+  ok "copy-suppression" -- "$HS" copy-suppression "$S" --out "$TMP/c.h5" --block-size 100
+  printf 'Tom had a ball. Tom gave the ball to Sue. Sue said thank you to Tom and they played with the ball.' >"$TMP/t.txt"
+  ok "copy-suppression dynamic" -- "$HS" copy-suppression "$S" --out "$TMP/c2.h5" --n-tokens 50 --text-file "$TMP/t.txt"
+  expect "bad n-tokens" 2 "--n-tokens 99999 outside" -- "$HS" copy-suppression "$S" --out "$TMP/c3.h5" --n-tokens 99999
+else
+  echo "skipped the test-data checks: ../shared/testdata not found"
+fi
+echo "cli-weights: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]

@@ -1,0 +1,136 @@
+// headscope copy-suppression: per-head OV and QK copy-suppression ranks from weights (folded and
+// centred, effective embedding), and on request the dynamic score on a text file.
+// Method: probes/copy_suppression.h, docs/methods-weights.md.
+#include "commands.h"
+#include "common.h"
+#include "copy_suppression.h"
+#include "errors.h"
+#include "progress.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+namespace hs::cli {
+
+struct CopySuppressionCliOptions {
+    ModelArgs model;
+    OutputArgs out;
+    int64_t block_size = 2048;
+    int64_t n_tokens = 0;
+    int64_t seed = 0;
+    std::string text_file;
+    int64_t window = 256;
+    int64_t max_tokens = 4096;
+    double threshold = 0.1;
+};
+
+static std::vector<float> floats(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+
+// The text as windows of at most `window` tokens (BOS first when the tokenizer has one).
+static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOptions& o, const Tokenizer& tok,
+                                                      int64_t context) {
+    auto ids = tok.encode(read_text_file(o.text_file), false, false);
+    if (ids.size() < 2) throw DataError(fmt::format("{}: fewer than 2 tokens of text", o.text_file));
+    if (static_cast<int64_t>(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
+    const auto bos = tok.bos_id();
+    const int64_t body = std::min(o.window, context) - (bos ? 1 : 0);
+    if (body < 2) throw UsageError(fmt::format("--window {} is too short", o.window));
+    std::vector<std::vector<int64_t>> out;
+    for (size_t a = 0; a < ids.size(); a += body) {
+        std::vector<int64_t> w;
+        if (bos) w.push_back(*bos);
+        for (size_t i = a; i < std::min(ids.size(), a + body); ++i) w.push_back(ids[i]);
+        out.push_back(std::move(w));
+    }
+    return out;
+}
+
+static void write_stats(ResultWriter& w, const std::string& g, const std::string& circuit, const RankStats& s,
+                        const Attrs& base, int64_t L, int64_t H) {
+    auto put = [&](const std::string& name, const at::Tensor& t, const std::string& desc) {
+        w.write(g + "/" + circuit + "_" + name, floats(t), {L, H});
+        Attrs a = base;
+        a["description"] = desc;
+        w.set_attrs(g + "/" + circuit + "_" + name, a);
+    };
+    put("median_rank", s.median, circuit + " circuit: median rank of the source token (lower median)");
+    put("frac_rank0", s.frac_rank0, circuit + " circuit: fraction of scored tokens at rank 0");
+    put("frac_rank_lt10", s.frac_lt10, circuit + " circuit: fraction of scored tokens at rank < 10");
+    put("log_rank_summary", s.summary, circuit + " circuit: mean log(rank + 1) - (log V - 1)");
+}
+
+int run_copy_suppression(const CopySuppressionCliOptions& o) {
+    const WriteMode mode = write_mode(o.out);
+    auto l = open_model(o.model, !o.text_file.empty());
+    const Model& m = *l.model;
+    const int64_t L = m.config.n_layers, H = m.config.n_heads;
+    std::vector<std::vector<int64_t>> windows;
+    if (!o.text_file.empty()) windows = text_windows(o, *l.tokenizer, m.config.max_seq_len);
+    auto s = copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed});
+    ResultWriter w(o.out.out, mode);
+    if (mode == WriteMode::kAppend) check_same_model(w, m);
+    const std::string g = "/scores/copy-suppression";
+    if (w.exists(g)) w.remove(g);
+    write_meta(w, m, o.seed);
+    Attrs base{{"probe", std::string("copy-suppression")},
+               {"block_size", o.block_size},
+               {"n_tokens", static_cast<int64_t>(s.tokens.size(0))},
+               {"seed", o.seed},
+               {"weight_processing", std::string("folded+centered")},
+               {"embedding", std::string("effective: W_E + layer-0 self-attention OV + MLP0")},
+               {"qk_position", std::string("weights-only QK uses unrotated q and k: RoPE position ignored")}};
+    w.write(g + "/score", floats(s.ov.frac_rank0), {L, H});
+    Attrs sa = base;
+    sa["description"] = std::string("OV circuit: fraction of scored tokens whose own logit is the most suppressed "
+                                    "(rank 0); = ov_frac_rank0");
+    w.set_attrs(g + "/score", sa);
+    write_stats(w, g, "ov", s.ov, base, L, H);
+    write_stats(w, g, "qk", s.qk, base, L, H);
+    auto tk = s.tokens.to(torch::kInt).contiguous();
+    w.write(g + "/scored_tokens", std::vector<int32_t>(tk.data_ptr<int32_t>(), tk.data_ptr<int32_t>() + tk.numel()),
+            {tk.numel()});
+    if (!windows.empty()) {
+        auto d = copy_suppression_dynamic(m, windows, o.threshold);
+        Attrs da = base;
+        da["text_file"] = o.text_file;
+        da["threshold"] = o.threshold;
+        da["n_windows"] = static_cast<int64_t>(windows.size());
+        for (auto [name, t, desc] : {std::tuple{"dynamic_frac_rank0", d.frac_rank0, "fraction of (q,k) pairs with A > "
+                                                "threshold, k != 0, whose source token is the most suppressed (NaN: none)"},
+                                     {"dynamic_n_pairs", d.n_pairs, "qualifying (q,k) pairs"},
+                                     {"dynamic_mean_effect", d.mean_effect, "mean A[q,k] (v_k W_O) . W_U_f[token_k] / "
+                                                                           "scale[q] over qualifying pairs"}}) {
+            w.write(g + "/" + name, floats(t), {L, H});
+            da["description"] = std::string(desc);
+            w.set_attrs(g + "/" + name, da);
+        }
+    }
+    w.set_attrs(g, base);
+    w.commit();
+    log_info(fmt::format("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0)));
+    return 0;
+}
+
+void setup_copy_suppression(CLI::App& app) {
+    auto o = std::make_shared<CopySuppressionCliOptions>();
+    auto* sub = app.add_subcommand(
+        "copy-suppression", "copy suppression per head: OV/QK ranks of each token from weights, optionally on text\n"
+                            "Example: headscope copy-suppression ../shared/testdata/stories260K/stories260K.bin "
+                            "--out cs.h5 --text-file story.txt");
+    add_model_args(sub, o->model);
+    add_output_args(sub, o->out, true);
+    sub->add_option("--block-size", o->block_size, "rows of the [V, V] circuit formed at once")->capture_default_str();
+    sub->add_option("--n-tokens", o->n_tokens, "score this many random source tokens (0 = every token)")
+        ->capture_default_str();
+    sub->add_option("--seed", o->seed, "seed for the random tokens")->capture_default_str();
+    sub->add_option("--text-file", o->text_file, "also compute the dynamic score on this text");
+    sub->add_option("--window", o->window, "tokens per forward pass for --text-file")->capture_default_str();
+    sub->add_option("--max-tokens", o->max_tokens, "text tokens used at most")->capture_default_str();
+    sub->add_option("--threshold", o->threshold, "attention weight a (q,k) pair needs")->capture_default_str();
+    sub->callback([o] { set_exit_code(run_copy_suppression(*o)); });
+}
+
+}  // namespace hs::cli
