@@ -32,6 +32,7 @@ int main(int argc, char** argv) {
     cli::setup_detect(app);
     cli::setup_export(app);
     cli::setup_top(app);
+    cli::setup_train_toy(app);
     cli::setup_maps(app);
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);

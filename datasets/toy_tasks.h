@@ -1,0 +1,66 @@
+// Synthetic tasks for the ground-truth toy models: a single-character vocabulary, its
+// tokenizer.json, and seeded batch generators for induction and associative recall.
+//
+// Vocabulary (68 tokens, one character each, so text and ids map one to one):
+//   0 <unk>, 1 <s> (BOS), 2 '?', 3 '=', 4 '.', 5 ';', 6-15 '0'-'9', 16-41 'a'-'z', 42-67 'A'-'Z'.
+// Induction draws random tokens from the 62 alphanumerics. Recall writes pairs "k V" (key a
+// lowercase letter, value an uppercase letter) among filler (digits and '.'), then "?k" and asks
+// for V.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+namespace hs::toy {
+
+constexpr int kVocabSize = 68;
+constexpr int64_t kUnk = 0, kBos = 1, kQuery = 2, kFillerDot = 4;
+constexpr int64_t kDigit0 = 6, kLower0 = 16, kUpper0 = 42;
+constexpr int64_t kFirstAlnum = kDigit0;  // 62 alphanumerics: ids 6..67
+
+// The text of token id (e.g. "a", "<s>").
+std::string token_text(int64_t id);
+// tokenizer.json for this vocabulary: BPE, single-character vocab, no merges, BOS prepended by a
+// TemplateProcessing post-processor.
+std::string tokenizer_json();
+
+// A batch of next-token examples. logits[b, t] predict targets[b, t] (= tokens[b, t + 1] where
+// scored); mask marks the scored positions.
+struct Batch {
+    at::Tensor tokens;   // [B, T] int64
+    at::Tensor targets;  // [B, T] int64 (0 where not scored)
+    at::Tensor mask;     // [B, T] float32, 1 = scored
+};
+
+using Rng = std::mt19937_64;
+
+// Training rows of length T: half are [BOS, prefix, R, R, random tail] with |R| in 4..30 and a
+// random prefix of 0..10 tokens; the other half are random tokens holding one to three repeated
+// segments (length 4..30, random source start, random gap), so no fixed offset or position works. Every next-token position is scored (random tokens carry log 62 nats of
+// irreducible loss; repeats are what can be learned).
+Batch induction_train_batch(Rng& rng, int64_t B, int64_t T);
+// Evaluation rows [BOS, R, R] with |R| = n: scored positions q in [n+1, 2n-1] (the second copy,
+// whose next token is predictable by induction) and, separately, first_mask q in [1, n-1].
+struct InductionEval {
+    Batch batch;            // mask = repeated half
+    at::Tensor first_mask;  // [B, T] float32: first occurrence
+    int64_t n = 0;
+};
+InductionEval induction_eval_batch(Rng& rng, int64_t B, int64_t n);
+
+// Recall rows of length T: BOS, then 1..12 pairs "k V" (distinct keys) with filler spread between
+// pairs, then queries "? k V". Training rows end with 1..3 queries (all scored at the query key,
+// target V); evaluation rows (n_queries = 1) end with "? k" and score only the last position.
+// value_pos[b] = position of the queried V in the body (for attention ground truth).
+struct RecallBatch {
+    Batch batch;
+    std::vector<int64_t> value_pos;  // [B] position of the queried pair's value (first query)
+    std::vector<int64_t> query_pos;  // [B] position of the (first) query key
+};
+RecallBatch recall_batch(Rng& rng, int64_t B, int64_t T, bool eval);
+
+}  // namespace hs::toy

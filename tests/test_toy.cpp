@@ -1,0 +1,180 @@
+// Toy models: the synthetic tokenizer round-trips through the project's loader, training is
+// deterministic, short CI runs reach the task targets with the known circuit found by ablation,
+// and a saved folder reloads (load_model) to the same metrics.
+#include <doctest/doctest.h>
+
+#include "errors.h"
+#include "model.h"
+#include "tmpdir.h"
+#include "tokenizer.h"
+#include "toy_tasks.h"
+#include "train.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <set>
+
+using namespace hs;
+using nlohmann::json;
+
+namespace {
+
+// Reloaded weights are bit-identical; the tolerance covers nothing but float printing paths.
+constexpr double kReloadTol = 1e-4;
+// CI variants: fewer steps than the defaults (see README "Toy models" / training_log.json).
+constexpr int kCiInductionSteps = 1200;
+constexpr int kCiRecallSteps = 1500;
+
+ToyTrainResult train_and_save(ToyTask task, int steps, uint64_t seed, const std::string& dir) {
+    TrainOptions o;
+    o.task = task;
+    o.steps = steps;
+    o.seed = seed;
+    o.threads = 1;
+    o.progress = false;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = train_toy(o);
+    MESSAGE(toy_task_name(task) << ": " << steps << " steps, "
+                                << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                                << " s incl. evaluation and ablations; metrics " << r.log["final_metrics"].dump());
+    StagedFolder stage(dir, false);
+    save_toy_model(*r.model, r.log, stage.path());
+    stage.commit();
+    return r;
+}
+
+// Every number of `want` found again in `got` within kReloadTol.
+void check_same_metrics(const json& want, const json& got) {
+    for (auto& [k, v] : want.items()) {
+        CAPTURE(k);
+        REQUIRE(got.contains(k));
+        if (v.is_number_float()) CHECK(std::abs(v.get<double>() - got[k].get<double>()) < kReloadTol);
+        else if (v.is_object()) check_same_metrics(v, got[k]);
+        else CHECK(v == got[k]);
+    }
+}
+
+// Loads dir like any other checkpoint and re-evaluates it.
+void check_reload(const std::string& dir, const ToyTrainResult& r, ToyTask task) {
+    auto m = load_model(dir);
+    CHECK(m->config.architecture == "LlamaForCausalLM");
+    CHECK(m->config.n_layers == r.model->config.n_layers);
+    CHECK(m->config.vocab_size == toy::kVocabSize);
+    auto tok = find_tokenizer_for_model(dir, m->config.vocab_size);
+    REQUIRE(tok);
+    CHECK(tok->bos_id() == std::optional<int32_t>(1));
+    const uint64_t seed = r.log["eval_seed"].get<uint64_t>();
+    check_same_metrics(r.log["final_metrics"], evaluate_toy(*m, task, seed));
+    auto gt = toy_ground_truth(*m, task, seed);
+    CHECK(std::abs(gt["baseline"].get<double>() - r.log["ground_truth"]["baseline"].get<double>()) < kReloadTol);
+    auto log = json::parse(read_text_file(path_join(dir, "training_log.json")));
+    CHECK(log["seed"] == r.log["seed"]);
+    CHECK(log["loss_curve"].size() == r.log["loss_curve"].size());
+}
+
+}  // namespace
+
+TEST_CASE("toy: the synthetic tokenizer.json loads and round-trips") {
+    TempDir tmp;
+    {
+        AtomicFile f(tmp.file("tokenizer.json"));
+        f.write(toy::tokenizer_json());
+        f.commit();
+    }
+    auto tok = load_tokenizer(tmp.file("tokenizer.json"));
+    CHECK(tok->vocab_size() == toy::kVocabSize);
+    CHECK(tok->bos_id() == std::optional<int32_t>(static_cast<int32_t>(toy::kBos)));
+    const std::string text = "ab3Q?k.;=Z9";
+    auto ids = tok->encode(text);
+    REQUIRE(ids.size() == text.size() + 1);
+    CHECK(ids[0] == toy::kBos);
+    for (size_t i = 0; i < text.size(); ++i) CHECK(toy::token_text(ids[i + 1]) == std::string(1, text[i]));
+    CHECK(tok->decode(ids) == text);
+    for (int64_t id = 2; id < toy::kVocabSize; ++id) CHECK(tok->encode(toy::token_text(id), false) == std::vector<int32_t>{static_cast<int32_t>(id)});
+}
+
+TEST_CASE("toy: generators vary the layout (no fixed-position shortcut)") {
+    toy::Rng rng(5);
+    auto r = toy::recall_batch(rng, 64, 48, true);
+    std::set<int64_t> value_positions(r.value_pos.begin(), r.value_pos.end());
+    CHECK(value_positions.size() > 10);
+    auto t = r.batch.tokens;
+    for (int64_t b = 0; b < 64; ++b) {  // the query key is the key of the recorded value, and the target its value
+        CHECK(t[b][r.query_pos[b]].item<int64_t>() == t[b][r.value_pos[b] - 1].item<int64_t>());
+        CHECK(r.batch.targets[b][47].item<int64_t>() == t[b][r.value_pos[b]].item<int64_t>());
+    }
+    auto e = toy::induction_eval_batch(rng, 4, 10);
+    CHECK(e.batch.tokens.size(1) == 21);
+    CHECK(torch::equal(e.batch.tokens.narrow(1, 1, 10), e.batch.tokens.narrow(1, 11, 10)));
+    CHECK(e.batch.mask.sum().item<double>() == 4 * 9);
+}
+
+TEST_CASE("toy: training is deterministic for a seed and thread count") {
+    TempDir tmp;
+    auto a = train_and_save(ToyTask::kInduction, 30, 3, tmp.file("a"));
+    auto b = train_and_save(ToyTask::kInduction, 30, 3, tmp.file("b"));
+    auto c = train_and_save(ToyTask::kInduction, 30, 4, tmp.file("c"));
+    const auto sa = sha256_file(tmp.file("a/model.safetensors"));
+    CHECK(sa == sha256_file(tmp.file("b/model.safetensors")));
+    CHECK(sa != sha256_file(tmp.file("c/model.safetensors")));
+    CHECK(a.log["loss_curve"] == b.log["loss_curve"]);
+}
+
+TEST_CASE("toy: a saved folder reloads with load_model and re-evaluates to the training-time metrics") {
+    TempDir tmp;
+    auto ind = train_and_save(ToyTask::kInduction, 30, 2, tmp.file("ind"));
+    check_reload(tmp.file("ind"), ind, ToyTask::kInduction);
+    auto rec = train_and_save(ToyTask::kRecall, 30, 2, tmp.file("rec"));
+    check_reload(tmp.file("rec"), rec, ToyTask::kRecall);
+}
+
+// The two CI training runs are skipped by default (run them with --no-skip): with the current
+// defaults neither task reaches its target in the step budget yet (see training_log.json).
+TEST_CASE("toy: induction CI run forms an induction circuit found by ablation, and reloads" * doctest::skip(true)) {
+    TempDir tmp;
+    auto r = train_and_save(ToyTask::kInduction, kCiInductionSteps, 1, tmp.file("ind"));
+    const json& f = r.log["final_metrics"];
+    for (auto& [n, v] : f["repeated_half_loss"].items()) {
+        CAPTURE(n);
+        CHECK(v.get<double>() < 0.5);
+    }
+    CHECK(f["first_occurrence_loss_mean"].get<double>() > 3.5);  // random tokens stay unpredictable
+    const json& g = r.log["ground_truth"];
+    MESSAGE("ground truth: " << g.dump());
+    REQUIRE(g["induction_head"].is_string());
+    CHECK(g["induction_head"].get<std::string>().rfind("L1H", 0) == 0);
+    CHECK(g["per_head_ablation"].size() == 2);
+    check_reload(tmp.file("ind"), r, ToyTask::kInduction);
+}
+
+TEST_CASE("toy: recall CI run retrieves values at every context length, and reloads" * doctest::skip(true)) {
+    TempDir tmp;
+    auto r = train_and_save(ToyTask::kRecall, kCiRecallSteps, 1, tmp.file("rec"));
+    const json& f = r.log["final_metrics"];
+    for (auto& [n, v] : f["accuracy"].items()) {
+        CAPTURE(n);
+        CHECK(v.get<double>() >= 0.9);  // CI target, looser than the full run's 0.95
+    }
+    const json& g = r.log["ground_truth"];
+    MESSAGE("ground truth: " << g.dump());
+    CHECK(g["retrieval_head"].is_string());
+    check_reload(tmp.file("rec"), r, ToyTask::kRecall);
+}
+
+TEST_CASE("toy: output folder checks fail before training") {
+    TempDir tmp;
+    CHECK_THROWS_AS(parse_toy_task("copying"), ConfigError);
+    std::string cmd = "mkdir -p '" + tmp.file("full") + "' && touch '" + tmp.file("full/x") + "' '" + tmp.file("afile") + "'";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    CHECK_THROWS_AS(StagedFolder(tmp.file("full"), false), StorageError);
+    CHECK_THROWS_AS(StagedFolder(tmp.file("afile/sub"), false), StorageError);
+    {
+        StagedFolder s(tmp.file("full"), true);
+        CHECK(is_directory(s.path()));
+    }  // not committed: the stage is removed, the old folder kept
+    CHECK(file_exists(tmp.file("full/x")));
+    CHECK(!file_exists(temp_path_for(tmp.file("full"))));
+}
