@@ -92,7 +92,12 @@ Batch induction_train_batch(Rng& rng, int64_t B, int64_t T) {
     for (int64_t b = 0; b < B; ++b) {
         int64_t* row = r.row(b);
         for (int64_t t = 1; t < T; ++t) row[t] = random_alnum(rng);
-        if (uniform(rng, 0, 1) == 0) {  // [BOS, prefix, R, R, tail]: varied |R| and start
+        const int64_t kind = uniform(rng, 0, 3);
+        if (kind <= 1) {  // [BOS, filler, R, R, R, ...]: most tokens predictable only by induction
+            const int64_t n = uniform(rng, 4, 30);
+            const int64_t start = uniform(rng, 1, 11);
+            for (int64_t t = start + n; t < T; ++t) row[t] = row[t - n];
+        } else if (kind == 2) {  // [BOS, prefix, R, R, tail]: varied |R| and start
             const int64_t n = uniform(rng, 4, std::min<int64_t>(30, (T - 1) / 2));
             const int64_t start = uniform(rng, 1, std::min<int64_t>(11, T - 2 * n));
             std::copy(row + start, row + start + n, row + start + n);
