@@ -9,8 +9,8 @@ B=${2:-8}; T=${3:-256}; THREADS=$(nproc)
 PY=$(bash scripts/find_python.sh torch numpy)
 HS=build/headscope
 [ -x "$HS" ] || { echo "build first: bash scripts/build.sh" >&2; exit 1; }
-hs_json=$("$HS" -q bench "$MODEL" --batch "$B" --seq "$T" --reps 7 --threads "$THREADS" --json)
-py_json=$("$PY" scripts/bench_eager.py "$MODEL" --batch "$B" --seq "$T" --reps 7 --threads "$THREADS")
+hs_json=$("$HS" -q bench "$MODEL" --batch "$B" --seq "$T" --reps 21 --threads "$THREADS" --json)
+py_json=$("$PY" scripts/bench_eager.py "$MODEL" --batch "$B" --seq "$T" --reps 21 --threads "$THREADS")
 "$PY" - "$hs_json" "$py_json" <<'PYEOF'
 import json, sys
 h, p = json.loads(sys.argv[1]), json.loads(sys.argv[2])
