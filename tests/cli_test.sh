@@ -3,27 +3,7 @@
 # no stack trace, and no output file left behind. Usage: cli_test.sh path/to/headscope
 set -u
 HS="$1"
-TD="${HEADSCOPE_TESTDATA:-}"
-for c in shared/testdata ../shared/testdata; do [ -z "$TD" ] && [ -d "$c" ] && TD="$c"; done
-TMP=$(mktemp -d); trap 'rm -rf "$TMP"' EXIT
-pass=0; fail=0
-
-# expect NAME CODE PATTERN -- command...: exit code CODE, one stderr line matching PATTERN.
-expect() {
-  local name="$1" code="$2" pat="$3"; shift 4
-  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
-  local lines; lines=$(wc -l <"$TMP/err")
-  if [ "$rc" -eq "$code" ] && grep -qE -- "$pat" "$TMP/err" && [ "$lines" -le 2 ] && ! grep -q "frame #" "$TMP/err"; then
-    pass=$((pass+1))
-  else
-    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $code), stderr:"; head -5 "$TMP/err"
-  fi
-}
-ok() {  # ok NAME -- command...: exit 0
-  local name="$1"; shift 2
-  if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name:"; head -5 "$TMP/err"; fi
-}
-no_file() { if [ -e "$1" ] || ls "$1".tmp-* >/dev/null 2>&1; then fail=$((fail+1)); echo "FAIL: $1 left behind"; else pass=$((pass+1)); fi; }
+source "$(dirname "$0")/lib_cli.sh"
 
 expect "no subcommand" 2 "subcommand" -- "$HS"
 expect "unknown option" 2 "unknown|extras|not expected" -- "$HS" info --bogus

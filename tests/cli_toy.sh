@@ -4,28 +4,7 @@
 # Usage: cli_toy.sh path/to/headscope
 set -u
 HS="$1"
-TMP=$(mktemp -d); trap 'chmod -R u+w "$TMP" 2>/dev/null; rm -rf "$TMP"' EXIT
-pass=0; fail=0
-
-# expect NAME CODE PATTERN -- command...: exit code CODE, one stderr line matching PATTERN.
-expect() {
-  local name="$1" code="$2" pat="$3"; shift 4
-  "$@" >"$TMP/out" 2>"$TMP/err"; local rc=$?
-  local lines; lines=$(wc -l <"$TMP/err")
-  if [ "$rc" -eq "$code" ] && grep -qE -- "$pat" "$TMP/err" && [ "$lines" -le 2 ] && ! grep -q "frame #" "$TMP/err"; then
-    pass=$((pass+1))
-  else
-    fail=$((fail+1)); echo "FAIL $name: rc=$rc (want $code), stderr:"; head -5 "$TMP/err"
-  fi
-}
-ok() {  # ok NAME -- command...: exit 0
-  local name="$1"; shift 2
-  if "$@" >"$TMP/out" 2>"$TMP/err"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name:"; head -5 "$TMP/err"; fi
-}
-check() {  # check NAME -- test...: a shell condition
-  local name="$1"; shift 2
-  if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name"; fi
-}
+source "$(dirname "$0")/lib_cli.sh"
 no_stage() { ! ls -d "$1".tmp-* >/dev/null 2>&1; }
 
 "$HS" train-toy --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL train-toy --help has no example"; }
