@@ -2,6 +2,7 @@
 
 #include "blocks.h"
 #include "errors.h"
+#include "progress.h"
 #include "maps.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -120,11 +121,14 @@ CopySuppressionScores copy_suppression_weights(const Model& m, const CopySuppres
     }
     auto w_ee = effective_embedding(m, o.block_size);  // [V, D]
     auto u_f = folded_unembed(m);                      // [V, D]
+    Progress bar("copy-suppression (layers)", c.n_layers);  // drawn only when stderr is a terminal
     for (int l = 0; l < c.n_layers; ++l) {
         auto r = copy_suppression_layer_ranks(m, l, w_ee, u_f, s.tokens, o.block_size);
         fill_stats(s.ov, l, r.ov, V);
         fill_stats(s.qk, l, r.qk, V);
+        bar.update(l + 1);
     }
+    bar.finish();
     return s;
 }
 

@@ -49,10 +49,13 @@ at::Tensor fold_final_norm(const Model& m, const at::Tensor& u);
 // read from the same GEMM that produced the row, so rank 0 is exact for the best entry.
 // Returns {descending ranks, ascending ranks}, each [N] int64 on the CPU; a side not asked for
 // (each is a full pass over the [N, V] scores) stays undefined.
+// On the CPU in float32 the count is fused: one reused cache-sized buffer, filled by a GEMM and
+// counted in place; `fused = false` forces the plain tensor-op path (what other devices use),
+// kept for the equality test and the benchmark's ratio.
 enum class RankSide { kDescending, kAscending, kBoth };
 std::pair<at::Tensor, at::Tensor> blocked_target_ranks(const at::Tensor& left, const at::Tensor& right,
                                                        const at::Tensor& targets, int64_t row_block,
-                                                       RankSide side = RankSide::kBoth);
+                                                       RankSide side = RankSide::kBoth, bool fused = true);
 
 // The token id a word gets as a whole word after a space (" " + word for byte-level BPE, the
 // tokenizer's own dummy-prefix space for SentencePiece / llama2.c), or -1 when that is not

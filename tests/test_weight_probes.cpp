@@ -14,6 +14,8 @@
 
 #include <torch/torch.h>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -180,6 +182,26 @@ TEST_CASE("copy suppression: planted -I head ranks every token 0 in OV; Wq = Wk 
     CHECK(d.frac_rank0[1][1].item<float>() == 0.0f);
 }
 
+TEST_CASE("ranks: the fused CPU count equals the tensor-op path, ties included") {
+    torch::manual_seed(3);
+    // Integer-valued factors make many exact ties in S = left @ right^T.
+    auto left = torch::randint(-2, 3, {70, 4}).to(torch::kFloat), right = torch::randint(-2, 3, {53, 4}).to(torch::kFloat);
+    auto tgt = torch::randint(0, 53, {70}, torch::kLong);
+    auto s = left.matmul(right.t());
+    auto tv = s.gather(1, tgt.unsqueeze(1));
+    CHECK(((s == tv).sum(1) > 1).sum().item<int64_t>() > 30);  // the data really has ties
+    for (int64_t block : {1, 7, 70}) {
+        CAPTURE(block);
+        auto [d1, a1] = blocked_target_ranks(left, right, tgt, block, RankSide::kBoth, true);
+        auto [d0, a0] = blocked_target_ranks(left, right, tgt, block, RankSide::kBoth, false);
+        CHECK(torch::equal(d1, d0));
+        CHECK(torch::equal(a1, a0));
+        CHECK(torch::equal(d1, (s >= tv).sum(1) - 1));
+        CHECK(torch::equal(a1, (s <= tv).sum(1) - 1));
+    }
+    CHECK_THROWS_AS(blocked_target_ranks(left, right, tgt + 53, 7), UsageError);
+}
+
 TEST_CASE("copy suppression: blocked ranks equal a dense [V, V] reference") {
     auto m = planted_model(4);
     for (int l = 0; l < 2; ++l)
@@ -327,6 +349,22 @@ TEST_CASE("benchmark: copy suppression and MAPS per head at V = 50257" * doctest
     auto t3 = std::chrono::steady_clock::now();
     auto secs = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
     const double per_head = secs(t1, t2) / 12 * (50257.0 / n);
+    struct rusage ru {};
+    getrusage(RUSAGE_SELF, &ru);
+    const double model_mb = static_cast<double>(m->n_params()) * 4 / 1048576.0;
+    MESSAGE("peak RSS after W_EE, copy suppression and MAPS: " << ru.ru_maxrss / 1024.0 << " MiB (model weights "
+            << model_mb << " MiB)");
+    // The rank count alone, fused vs tensor ops, same inputs ([n, 64] x [V, 64], one side).
+    auto left = torch::randn({n, 64}), right = torch::randn({50257, 64});
+    auto tgt = torch::randint(0, 50257, {n}, torch::kLong);
+    auto t4 = std::chrono::steady_clock::now();
+    auto fused = blocked_target_ranks(left, right, tgt, 2048, RankSide::kAscending, true).second;
+    auto t5 = std::chrono::steady_clock::now();
+    auto plain = blocked_target_ranks(left, right, tgt, 2048, RankSide::kAscending, false).second;
+    auto t6 = std::chrono::steady_clock::now();
+    CHECK(torch::equal(fused, plain));
+    MESSAGE("rank count [" << n << " x 50257]: fused " << secs(t4, t5) << " s, tensor ops " << secs(t5, t6)
+            << " s (ratio " << secs(t5, t6) / secs(t4, t5) << ")");
     MESSAGE("W_EE + W_U_f: " << secs(t0, t1) << " s once; copy suppression OV + QK over all 50257 tokens: "
             << per_head << " s/head (extrapolated from " << n << " tokens); MAPS (100 pairs): " << secs(t2, t3) / 12
             << " s/head; threads " << torch::get_num_threads());
