@@ -35,14 +35,6 @@ int64_t uniform(Rng& rng, int64_t lo, int64_t hi) {  // inclusive
 
 int64_t random_alnum(Rng& rng) { return uniform(rng, kFirstAlnum, kVocabSize - 1); }
 
-// Copies a random segment of row[1..T) onto a later stretch: length 4..30, random gap.
-void plant_repeat(Rng& rng, int64_t* row, int64_t T) {
-    const int64_t len = uniform(rng, 4, std::min<int64_t>(30, (T - 1) / 2));
-    const int64_t src = uniform(rng, 1, T - 2 * len);
-    const int64_t dst = uniform(rng, src + len, T - len);
-    std::copy(row + src, row + src + len, row + dst);
-}
-
 }  // namespace
 
 std::string token_text(int64_t id) {
@@ -92,18 +84,16 @@ Batch induction_train_batch(Rng& rng, int64_t B, int64_t T) {
     for (int64_t b = 0; b < B; ++b) {
         int64_t* row = r.row(b);
         for (int64_t t = 1; t < T; ++t) row[t] = random_alnum(rng);
-        const int64_t kind = uniform(rng, 0, 3);
-        if (kind <= 1) {  // [BOS, filler, R, R, R, ...]: most tokens predictable only by induction
-            const int64_t n = uniform(rng, 4, 30);
+        if (uniform(rng, 0, 1) == 0) {
+            // [BOS, filler, R, R, R, ...] with a short period (3..9): only an offset-1 circuit
+            // predicts these, which rules out the displaced circuit (layer-0 heads at offsets -9/-10
+            // feeding a layer-1 head) that long repeats alone let a RoPE model settle into.
+            const int64_t n = uniform(rng, 3, 9);
             const int64_t start = uniform(rng, 1, 11);
             for (int64_t t = start + n; t < T; ++t) row[t] = row[t - n];
-        } else if (kind == 2) {  // [BOS, prefix, R, R, tail]: varied |R| and start
+        } else {  // [BOS, R, R, random tail], |R| = 4..30: the evaluation's shape at varied lengths
             const int64_t n = uniform(rng, 4, std::min<int64_t>(30, (T - 1) / 2));
-            const int64_t start = uniform(rng, 1, std::min<int64_t>(11, T - 2 * n));
-            std::copy(row + start, row + start + n, row + start + n);
-        } else {
-            const int64_t repeats = uniform(rng, 1, 3);
-            for (int64_t k = 0; k < repeats; ++k) plant_repeat(rng, row, T);
+            std::copy(row + 1, row + 1 + n, row + 1 + n);
         }
         for (int64_t t = 0; t + 1 < T; ++t) r.score(b, t);
     }
@@ -137,7 +127,7 @@ RecallBatch recall_batch(Rng& rng, int64_t B, int64_t T, bool eval) {
     std::vector<int64_t> keys(26);
     for (int64_t b = 0; b < B; ++b) {
         int64_t* row = r.row(b);
-        const int64_t n_queries = eval ? 1 : uniform(rng, 1, 3);
+        const int64_t n_queries = eval ? 1 : uniform(rng, 1, std::max<int64_t>(1, std::min<int64_t>(8, (T - 3) / 5)));
         const int64_t body = T - 1 - (eval ? 2 : 3 * n_queries);  // tokens between BOS and the queries
         const int64_t n_pairs = uniform(rng, 1, std::min<int64_t>(12, body / 2));
         for (int64_t i = 0; i < 26; ++i) keys[i] = kLower0 + i;

@@ -38,10 +38,10 @@ struct Batch {
 
 using Rng = std::mt19937_64;
 
-// Training rows of length T: half are [BOS, prefix, R, R, random tail] with |R| in 4..30 and a
-// random prefix of 0..10 tokens; the other half are random tokens holding one to three repeated
-// segments (length 4..30, random source start, random gap), so no fixed offset or position works. Every next-token position is scored (random tokens carry log 62 nats of
-// irreducible loss; repeats are what can be learned).
+// Training rows of length T: half are [BOS, filler, R, R, R, ...] with a short period |R| = 3..9
+// and 1..11 leading tokens; half are [BOS, R, R, random tail] with |R| = 4..30. Every next-token
+// position is scored (random tokens carry log 62 nats of irreducible loss; repeats are what can be
+// learned). Why this mix: docs/methods.md, "Toy models".
 Batch induction_train_batch(Rng& rng, int64_t B, int64_t T);
 // Evaluation rows [BOS, R, R] with |R| = n: scored positions q in [n+1, 2n-1] (the second copy,
 // whose next token is predictable by induction) and, separately, first_mask q in [1, n-1].
@@ -53,7 +53,7 @@ struct InductionEval {
 InductionEval induction_eval_batch(Rng& rng, int64_t B, int64_t n);
 
 // Recall rows of length T: BOS, then 1..12 pairs "k V" (distinct keys) with filler spread between
-// pairs, then queries "? k V". Training rows end with 1..3 queries (all scored at the query key,
+// pairs, then queries "? k V". Training rows end with 1..8 queries (at most (T - 3) / 5) (all scored at the query key,
 // target V); evaluation rows (n_queries = 1) end with "? k" and score only the last position.
 // value_pos[b] = position of the queried V in the body (for attention ground truth).
 struct RecallBatch {

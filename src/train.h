@@ -25,14 +25,17 @@ struct TrainOptions {
     int batch = 0;        // 0: the task's default
     double lr = 0.0;      // peak AdamW learning rate; 0: the task's default
     int log_every = 50;   // loss curve resolution (steps)
+    bool with_mlp = false; // train the MLPs too; by default they stay exactly zero (attention-only)
     bool progress = true; // progress bar on stderr (when it is a terminal)
 };
 
 // Defaults per task (steps, batch, lr) and the model shape.
 int default_steps(ToyTask t);
 ModelConfig toy_config(ToyTask t);
-// Random initialisation from `seed`: N(0, 0.02) matrices, unit norm weights.
-std::unique_ptr<Model> init_toy_model(const ModelConfig& cfg, uint64_t seed);
+// Random initialisation from `seed`: N(0, 0.02) matrices, unit norm weights. attention_only: the
+// MLP matrices are zero (the block's MLP then adds exactly 0, so the saved folder is a plain Llama
+// checkpoint that computes an attention-only transformer).
+std::unique_ptr<Model> init_toy_model(const ModelConfig& cfg, uint64_t seed, bool attention_only = true);
 
 // Task metrics on a held-out evaluation set drawn from eval_seed (independent of training data).
 // induction: repeated-half and first-occurrence loss (nats/token) on [BOS, R, R] for |R| in

@@ -20,6 +20,7 @@ struct TrainToyOptions {
     double lr = 0.0;
     int log_every = 50;
     bool force = false;
+    bool with_mlp = false;
 };
 
 namespace {
@@ -61,16 +62,32 @@ void print_ground_truth(const json& log) {
     const std::string key = ind ? "induction_head" : "retrieval_head";
     const char* what = ind ? "repeated-half loss" : "recall accuracy";
     const double base = g["baseline"].get<double>();
+    const json& set = g[key + "s"];
+    const json& attn = g[ind ? "induction_attention" : "retrieval_attention"];
     if (g[key].is_null()) {
-        fmt::print("  no single head in layer >= 1 is causal ({} harm >= {})\n", what, g["thresholds"]["causal_harm"].get<double>());
-    } else {
+        fmt::print("  no head or set of heads in layers >= 1 is causal ({} harm >= {})\n", what,
+                   g["thresholds"]["causal_harm"].get<double>());
+    } else if (set.size() == 1) {
         const auto [l, h] = parse_head(g[key].get<std::string>());
         fmt::print("  {} is the {} head: {} attention {:.2f}; ablating it changes {} from {:.3f} to {:.3f} "
                    "(other layer-{} heads: harm at most {:.3f})\n",
                    g[key].get<std::string>(), ind ? "induction" : "retrieval", ind ? "induction" : "query-to-value",
-                   g[ind ? "induction_attention" : "retrieval_attention"][l][h].get<double>(), what, base,
-                   g["per_head_ablation"][l][h].get<double>(), l, other_max(g["per_head_harm"], l, h));
+                   attn[l][h].get<double>(), what, base, g["per_head_ablation"][l][h].get<double>(), l,
+                   other_max(g["per_head_harm"], l, h));
+    } else {
+        std::string each;
+        for (const auto& n : set) {
+            const auto [l, h] = parse_head(n.get<std::string>());
+            each += fmt::format("{}{} (attention {:.2f}, alone {:.3f})", each.empty() ? "" : ", ", n.get<std::string>(),
+                                attn[l][h].get<double>(), g["per_head_ablation"][l][h].get<double>());
+        }
+        fmt::print("  {} heads share the {} circuit: {}; ablating them together changes {} from {:.3f} to {:.3f} "
+                   "(the other layer >= 1 heads together: {:.3f})\n",
+                   set.size(), ind ? "induction" : "retrieval", each, what, base,
+                   g[key + "s_joint_ablation"].get<double>(), g["other_late_heads_joint_ablation"].get<double>());
     }
+    fmt::print("  the largest harm from ablating one head outside the circuit: {:.3f}\n",
+               g["max_harm_outside_circuit"].get<double>());
     if (!g["previous_token_head"].is_null()) {
         const auto [l, h] = parse_head(g["previous_token_head"].get<std::string>());
         fmt::print("  {} is the previous-token head: previous-token attention {:.2f}; ablating it changes {} "
@@ -78,7 +95,8 @@ void print_ground_truth(const json& log) {
                    g["previous_token_head"].get<std::string>(), g["previous_token_attention"][l][h].get<double>(), what,
                    base, g["per_head_ablation"][l][h].get<double>());
     }
-    for (const auto& n : g["notes"]) fmt::print("  note: {}\n", n.get<std::string>());
+    for (const auto& n : g["notes"])
+        if (n.get<std::string>().rfind("the ", 0) != 0) fmt::print("  note: {}\n", n.get<std::string>());  // the set is printed above
 }
 
 }  // namespace
@@ -92,6 +110,7 @@ int run_train_toy(const TrainToyOptions& o) {
     t.batch = o.batch;
     t.lr = o.lr;
     t.log_every = o.log_every;
+    t.with_mlp = o.with_mlp;
     if (o.steps < 0 || o.batch < 0 || o.lr < 0 || o.log_every <= 0)
         throw UsageError("--steps, --batch, --lr must be >= 0 and --log-every > 0");
     StagedFolder stage(o.out, o.force);  // fails now, not after training, when --out is unusable
@@ -126,6 +145,8 @@ void setup_train_toy(CLI::App& app) {
     sub->add_option("--lr", o->lr, "peak learning rate (0: the task's default)")->capture_default_str();
     sub->add_option("--log-every", o->log_every, "loss curve resolution in steps")->capture_default_str();
     sub->add_flag("--force", o->force, "replace an existing non-empty output folder");
+    sub->add_flag("--with-mlp", o->with_mlp,
+                  "train the MLP blocks too (default: attention-only; the MLP weights are saved as zeros)");
     sub->callback([o] { set_exit_code(run_train_toy(*o)); });
 }
 
