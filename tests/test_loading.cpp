@@ -179,11 +179,17 @@ TEST_CASE("bf16 and fp16 compute stay close to fp32") {
     o.dtype = c10::kBFloat16;
     auto m16 = load_model(td + "/stories260K/stories260K.bin", o);
     torch::NoGradGuard ng;
+    torch::manual_seed(11);  // own seed: tokens must not depend on which tests ran before
     auto tokens = torch::randint(3, 512, {1, 16}, torch::kLong);
     auto a = m32->forward(tokens), b = m16->forward(tokens).to(torch::kFloat);
     CHECK((b.scalar_type() == torch::kFloat));
     // bf16 keeps 8 bits of mantissa: logits of magnitude ~10 agree to a few tenths.
-    CHECK((a - b).abs().max().item<double>() < 0.5);
-    CHECK(torch::equal(a.argmax(-1).index({0, torch::indexing::Slice(-4, torch::indexing::None)}),
-                       b.argmax(-1).index({0, torch::indexing::Slice(-4, torch::indexing::None)})));
+    const double err = (a - b).abs().max().item<double>();
+    CHECK(err < 0.5);
+    // The top token agrees wherever fp32's top-2 gap exceeds twice the worst error (a smaller gap
+    // may flip honestly).
+    auto top2 = std::get<0>(a.topk(2, -1));  // [1, T, 2]
+    auto clear = (top2.select(-1, 0) - top2.select(-1, 1)) > 2 * err;
+    CHECK(clear.sum().item<int64_t>() >= 4);
+    CHECK(torch::equal(a.argmax(-1).masked_select(clear), b.argmax(-1).masked_select(clear)));
 }
