@@ -98,7 +98,7 @@ void parse_gemma3_config(const nlohmann::json& j_top, const std::string& where, 
 
 void load_gemma_weights(const WeightSource& src, Model& m) {
     const ModelConfig& c = m.config;
-    const int64_t D = c.d_model, V = c.vocab_size, F = c.d_ff, Q = c.d_q(), KV = c.d_kv();
+    const int64_t D = c.d_model, V = c.vocab_size;
     // Multimodal Gemma 3 checkpoints keep the text model under language_model.
     const std::string pre = !src.has("model.embed_tokens.weight") && src.has("language_model.model.embed_tokens.weight")
                                 ? "language_model.model." : "model.";
@@ -111,16 +111,7 @@ void load_gemma_weights(const WeightSource& src, Model& m) {
         auto& lw = w.layers[l];
         const std::string p = fmt::format("{}layers.{}.", pre, l);
         lw.attn_norm_w = src.take(p + "input_layernorm.weight", {D});
-        lw.wq = src.take(p + "self_attn.q_proj.weight", {Q, D});
-        lw.wk = src.take(p + "self_attn.k_proj.weight", {KV, D});
-        lw.wv = src.take(p + "self_attn.v_proj.weight", {KV, D});
-        lw.wo = src.take(p + "self_attn.o_proj.weight", {D, Q});
-        if (c.attention_bias) {
-            lw.bq = src.take(p + "self_attn.q_proj.bias", {Q});
-            lw.bk = src.take(p + "self_attn.k_proj.bias", {KV});
-            lw.bv = src.take(p + "self_attn.v_proj.bias", {KV});
-            lw.bo = src.take(p + "self_attn.o_proj.bias", {D});
-        }
+        take_llama_attention(src, p, c, lw);
         if (c.qk_norm) {
             lw.q_norm_w = src.take(p + "self_attn.q_norm.weight", {c.d_head});
             lw.k_norm_w = src.take(p + "self_attn.k_norm.weight", {c.d_head});
@@ -132,9 +123,7 @@ void load_gemma_weights(const WeightSource& src, Model& m) {
         } else {                // Gemma 1: post_attention_layernorm is the pre-MLP norm
             lw.mlp_norm_w = src.take(p + "post_attention_layernorm.weight", {D});
         }
-        lw.w_gate = src.take(p + "mlp.gate_proj.weight", {F, D});
-        lw.w_up = src.take(p + "mlp.up_proj.weight", {F, D});
-        lw.w_down = src.take(p + "mlp.down_proj.weight", {D, F});
+        take_gated_mlp(src, p, c, lw);
     }
 }
 

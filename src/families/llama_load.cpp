@@ -86,9 +86,35 @@ void parse_qwen3_config(const nlohmann::json& j, const std::string& where, Model
     cfg.qk_norm = true;
 }
 
+void take_llama_attention(const WeightSource& src, const std::string& p, const ModelConfig& c, LayerWeights& lw) {
+    const int64_t D = c.d_model, Q = c.d_q(), KV = c.d_kv();
+    lw.wq = src.take(p + "self_attn.q_proj.weight", {Q, D});
+    lw.wk = src.take(p + "self_attn.k_proj.weight", {KV, D});
+    lw.wv = src.take(p + "self_attn.v_proj.weight", {KV, D});
+    lw.wo = src.take(p + "self_attn.o_proj.weight", {D, Q});
+    if (c.attention_bias) {
+        lw.bq = src.take(p + "self_attn.q_proj.bias", {Q});
+        lw.bk = src.take(p + "self_attn.k_proj.bias", {KV});
+        lw.bv = src.take(p + "self_attn.v_proj.bias", {KV});
+    }
+    if (c.attn_out_bias) lw.bo = src.take(p + "self_attn.o_proj.bias", {D});
+}
+
+void take_gated_mlp(const WeightSource& src, const std::string& p, const ModelConfig& c, LayerWeights& lw) {
+    const int64_t D = c.d_model, F = c.d_ff;
+    lw.w_gate = src.take(p + "mlp.gate_proj.weight", {F, D});
+    lw.w_up = src.take(p + "mlp.up_proj.weight", {F, D});
+    lw.w_down = src.take(p + "mlp.down_proj.weight", {D, F});
+    if (c.mlp_bias) {
+        lw.b_gate = src.take(p + "mlp.gate_proj.bias", {F});
+        lw.b_up = src.take(p + "mlp.up_proj.bias", {F});
+        lw.b_down = src.take(p + "mlp.down_proj.bias", {D});
+    }
+}
+
 void load_llama_weights(const WeightSource& src, Model& m) {
     const ModelConfig& c = m.config;
-    const int64_t D = c.d_model, V = c.vocab_size, F = c.d_ff, Q = c.d_q(), KV = c.d_kv();
+    const int64_t D = c.d_model, V = c.vocab_size;
     auto& w = m.weights;
     // Tied checkpoints may store either name (tinystories-656k stores only lm_head.weight).
     const bool has_embed = src.has("model.embed_tokens.weight");
@@ -108,29 +134,13 @@ void load_llama_weights(const WeightSource& src, Model& m) {
         auto& lw = w.layers[l];
         const std::string p = fmt::format("model.layers.{}.", l);
         lw.attn_norm_w = src.take(p + "input_layernorm.weight", {D});
-        lw.wq = src.take(p + "self_attn.q_proj.weight", {Q, D});
-        lw.wk = src.take(p + "self_attn.k_proj.weight", {KV, D});
-        lw.wv = src.take(p + "self_attn.v_proj.weight", {KV, D});
-        lw.wo = src.take(p + "self_attn.o_proj.weight", {D, Q});
-        if (c.attention_bias) {
-            lw.bq = src.take(p + "self_attn.q_proj.bias", {Q});
-            lw.bk = src.take(p + "self_attn.k_proj.bias", {KV});
-            lw.bv = src.take(p + "self_attn.v_proj.bias", {KV});
-        }
-        if (c.attn_out_bias) lw.bo = src.take(p + "self_attn.o_proj.bias", {D});
+        take_llama_attention(src, p, c, lw);
         if (c.qk_norm) {
             lw.q_norm_w = src.take(p + "self_attn.q_norm.weight", {c.d_head});
             lw.k_norm_w = src.take(p + "self_attn.k_norm.weight", {c.d_head});
         }
         lw.mlp_norm_w = src.take(p + "post_attention_layernorm.weight", {D});
-        lw.w_gate = src.take(p + "mlp.gate_proj.weight", {F, D});
-        lw.w_up = src.take(p + "mlp.up_proj.weight", {F, D});
-        lw.w_down = src.take(p + "mlp.down_proj.weight", {D, F});
-        if (c.mlp_bias) {
-            lw.b_gate = src.take(p + "mlp.gate_proj.bias", {F});
-            lw.b_up = src.take(p + "mlp.up_proj.bias", {F});
-            lw.b_down = src.take(p + "mlp.down_proj.bias", {D});
-        }
+        take_gated_mlp(src, p, c, lw);
     }
 }
 

@@ -18,7 +18,7 @@ void parse_olmo2_config(const nlohmann::json& j, const std::string& where, Model
 
 void load_olmo2_weights(const WeightSource& src, Model& m) {
     const ModelConfig& c = m.config;
-    const int64_t D = c.d_model, V = c.vocab_size, F = c.d_ff, Q = c.d_q(), KV = c.d_kv();
+    const int64_t D = c.d_model, V = c.vocab_size, Q = c.d_q(), KV = c.d_kv();
     auto& w = m.weights;
     w.embed = src.take("model.embed_tokens.weight", {V, D});
     w.unembed = c.tie_embeddings && !src.has("lm_head.weight") ? w.embed : src.take("lm_head.weight", {V, D});
@@ -27,28 +27,12 @@ void load_olmo2_weights(const WeightSource& src, Model& m) {
     for (int l = 0; l < c.n_layers; ++l) {
         auto& lw = w.layers[l];
         const std::string p = fmt::format("model.layers.{}.", l);
-        lw.wq = src.take(p + "self_attn.q_proj.weight", {Q, D});
-        lw.wk = src.take(p + "self_attn.k_proj.weight", {KV, D});
-        lw.wv = src.take(p + "self_attn.v_proj.weight", {KV, D});
-        lw.wo = src.take(p + "self_attn.o_proj.weight", {D, Q});
-        if (c.attention_bias) {
-            lw.bq = src.take(p + "self_attn.q_proj.bias", {Q});
-            lw.bk = src.take(p + "self_attn.k_proj.bias", {KV});
-            lw.bv = src.take(p + "self_attn.v_proj.bias", {KV});
-            lw.bo = src.take(p + "self_attn.o_proj.bias", {D});
-        }
+        take_llama_attention(src, p, c, lw);
         lw.q_norm_w = src.take(p + "self_attn.q_norm.weight", {Q});   // over all heads together
         lw.k_norm_w = src.take(p + "self_attn.k_norm.weight", {KV});
         lw.post_attn_norm_w = src.take(p + "post_attention_layernorm.weight", {D});
         lw.post_mlp_norm_w = src.take(p + "post_feedforward_layernorm.weight", {D});
-        lw.w_gate = src.take(p + "mlp.gate_proj.weight", {F, D});
-        lw.w_up = src.take(p + "mlp.up_proj.weight", {F, D});
-        lw.w_down = src.take(p + "mlp.down_proj.weight", {D, F});
-        if (c.mlp_bias) {
-            lw.b_gate = src.take(p + "mlp.gate_proj.bias", {F});
-            lw.b_up = src.take(p + "mlp.up_proj.bias", {F});
-            lw.b_down = src.take(p + "mlp.down_proj.bias", {D});
-        }
+        take_gated_mlp(src, p, c, lw);
     }
 }
 

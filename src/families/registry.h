@@ -29,6 +29,11 @@ void parse_mistral_config(const nlohmann::json& j, const std::string& where, Mod
 void parse_qwen2_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
 void parse_qwen3_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
 void load_llama_weights(const WeightSource& src, Model& m);
+// Llama-style per-layer tensors under prefix p ("model.layers.3."), shared by the Llama, Gemma
+// and OLMo-2 loaders: q/k/v/o_proj with the biases the config asks for (attention_bias: q, k, v;
+// attn_out_bias: o), and the gated MLP's gate/up/down_proj (with mlp_bias).
+void take_llama_attention(const WeightSource& src, const std::string& p, const ModelConfig& c, LayerWeights& lw);
+void take_gated_mlp(const WeightSource& src, const std::string& p, const ModelConfig& c, LayerWeights& lw);
 
 // GPT-2 (gpt2_load.cpp).
 void parse_gpt2_config(const nlohmann::json& j, const std::string& where, ModelConfig& cfg);
