@@ -6,7 +6,8 @@
 #   bash scripts/quickstart.sh            # everything
 #   THREADS=2 SEED=1 bash scripts/quickstart.sh
 # Models land in models/toy-induction and models/toy-recall, scores in out/toy-induction.h5.
-# A model is retrained only when its training_log.json is missing or has other steps or seed.
+# A model is retrained only when its training_log.json is missing or has other steps, seed or
+# recipe version (src/train.cpp kRecipeVersion).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,13 +20,15 @@ bash scripts/install_deps.sh
 bash scripts/build.sh
 HS=build/headscope
 
-# cached DIR STEPS: true when DIR/training_log.json records these steps and this seed.
+RECIPE=2  # = kRecipeVersion in src/train.cpp
+# cached DIR STEPS: true when DIR/training_log.json records these steps, this seed and recipe.
 cached() {
   [ -f "$1/training_log.json" ] || return 1
-  python3 - "$1/training_log.json" "$2" "$SEED" <<'EOF'
+  python3 - "$1/training_log.json" "$2" "$SEED" "$RECIPE" <<'EOF'
 import json, sys
 log = json.load(open(sys.argv[1]))
-sys.exit(0 if log.get("steps") == int(sys.argv[2]) and log.get("seed") == int(sys.argv[3]) else 1)
+want = (int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]))
+sys.exit(0 if (log.get("steps"), log.get("seed"), log.get("recipe_version")) == want else 1)
 EOF
 }
 

@@ -40,6 +40,8 @@ int default_steps(ToyTask t) { return t == ToyTask::kInduction ? 2000 : 3000; }
 static int default_batch(ToyTask) { return 64; }
 static double default_lr(ToyTask) { return 1e-3; }
 static constexpr int64_t kInductionTrainLen = 64;
+// Bumped whenever data, model or schedule change, so cached models (scripts/quickstart.sh) retrain.
+static constexpr int kRecipeVersion = 2;
 
 ModelConfig toy_config(ToyTask t) {
     ModelConfig c;
@@ -464,6 +466,7 @@ ToyTrainResult train_toy(const TrainOptions& o) {
     json& log = r.log;
     log["task"] = toy_task_name(o.task);
     log["seed"] = o.seed;
+    log["recipe_version"] = kRecipeVersion;
     log["eval_seed"] = eval_seed;
     log["threads"] = threads;
     log["steps"] = steps;
