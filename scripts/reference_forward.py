@@ -452,14 +452,8 @@ def make_gpt2(seed):
     return c, g.sd, forward_gpt2
 
 
-def make_neox(seed):
-    c = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": VOCAB,
-         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
-         "max_position_embeddings": 64, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
-         "hidden_act": "gelu", "use_parallel_residual": True, "tie_word_embeddings": False,
-         "attention_bias": True, "torch_dtype": "float16"}
-    g = Gen(seed)
-    D, H, F = 64, 4, 96
+def neox_weights(g, D, F):
+    """Two GPT-NeoX layers with biases everywhere (shared by the parallel and sequential fixtures)."""
     g.add("gpt_neox.embed_in.weight", [VOCAB, D], std=1.0)
     for l in range(2):
         p = "gpt_neox.layers.%d." % l
@@ -477,6 +471,16 @@ def make_neox(seed):
     g.add("gpt_neox.final_layer_norm.weight", [D], 0.1, 1.0)
     g.add("gpt_neox.final_layer_norm.bias", [D], 0.1)
     g.add("embed_out.weight", [VOCAB, D])
+
+
+def make_neox(seed):
+    c = {"architectures": ["GPTNeoXForCausalLM"], "model_type": "gpt_neox", "vocab_size": VOCAB,
+         "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 96,
+         "max_position_embeddings": 64, "rotary_pct": 0.25, "rotary_emb_base": 10000, "layer_norm_eps": 1e-5,
+         "hidden_act": "gelu", "use_parallel_residual": True, "tie_word_embeddings": False,
+         "attention_bias": True, "torch_dtype": "float16"}
+    g = Gen(seed)
+    neox_weights(g, 64, 96)
     return c, g.sd, forward_neox
 
 
@@ -488,24 +492,7 @@ def make_neox_sequential(seed):
          "hidden_act": "gelu", "use_parallel_residual": False, "tie_word_embeddings": False,
          "torch_dtype": "float16"}
     g = Gen(seed)
-    D, F = 32, 64
-    g.add("gpt_neox.embed_in.weight", [VOCAB, D], std=1.0)
-    for l in range(2):
-        p = "gpt_neox.layers.%d." % l
-        for ln in ("input_layernorm", "post_attention_layernorm"):
-            g.add(p + ln + ".weight", [D], 0.1, 1.0)
-            g.add(p + ln + ".bias", [D], 0.1)
-        g.add(p + "attention.query_key_value.weight", [3 * D, D], 2.0 / math.sqrt(D))
-        g.add(p + "attention.query_key_value.bias", [3 * D], 0.3)
-        g.add(p + "attention.dense.weight", [D, D])
-        g.add(p + "attention.dense.bias", [D], 0.1)
-        g.add(p + "mlp.dense_h_to_4h.weight", [F, D])
-        g.add(p + "mlp.dense_h_to_4h.bias", [F], 0.1)
-        g.add(p + "mlp.dense_4h_to_h.weight", [D, F])
-        g.add(p + "mlp.dense_4h_to_h.bias", [D], 0.1)
-    g.add("gpt_neox.final_layer_norm.weight", [D], 0.1, 1.0)
-    g.add("gpt_neox.final_layer_norm.bias", [D], 0.1)
-    g.add("embed_out.weight", [VOCAB, D])
+    neox_weights(g, 32, 64)
     return c, g.sd, forward_neox
 
 
