@@ -27,3 +27,7 @@ check() {  # check NAME -- test-command...
   if "$@"; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $name"; fi
 }
 no_file() { if [ -e "$1" ] || ls "$1".tmp-* >/dev/null 2>&1; then fail=$((fail+1)); echo "FAIL: $1 left behind"; else pass=$((pass+1)); fi; }
+
+# ci_toy TASK: the folder of the CI toy model for TASK (induction|recall), trained once per build
+# tree by tests/ci_toy.sh and reused (needs HS, the headscope binary).
+ci_toy() { bash "$(dirname "${BASH_SOURCE[0]}")/ci_toy.sh" "$1" "$HS"; }

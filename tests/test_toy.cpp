@@ -4,6 +4,7 @@
 #include <doctest/doctest.h>
 
 #include "attention_detectors.h"
+#include "ci_toy.h"
 #include "errors.h"
 #include "model.h"
 #include "tmpdir.h"
@@ -60,21 +61,21 @@ void check_same_metrics(const json& want, const json& got) {
 }
 
 // Loads dir like any other checkpoint and re-evaluates it.
-void check_reload(const std::string& dir, const ToyTrainResult& r, ToyTask task) {
+void check_reload(const std::string& dir, const json& train_log, ToyTask task) {
     auto m = load_model(dir);
     CHECK(m->config.architecture == "LlamaForCausalLM");
-    CHECK(m->config.n_layers == r.model->config.n_layers);
+    CHECK(m->config.n_layers == train_log["sizes"]["n_layers"].get<int>());
     CHECK(m->config.vocab_size == toy::kVocabSize);
     auto tok = find_tokenizer_for_model(dir, m->config.vocab_size);
     REQUIRE(tok);
     CHECK(tok->bos_id() == std::optional<int32_t>(1));
-    const uint64_t seed = r.log["eval_seed"].get<uint64_t>();
-    check_same_metrics(r.log["final_metrics"], evaluate_toy(*m, task, seed));
+    const uint64_t seed = train_log["eval_seed"].get<uint64_t>();
+    check_same_metrics(train_log["final_metrics"], evaluate_toy(*m, task, seed));
     auto gt = toy_ground_truth(*m, task, seed);
-    CHECK(std::abs(gt["baseline"].get<double>() - r.log["ground_truth"]["baseline"].get<double>()) < kReloadTol);
+    CHECK(std::abs(gt["baseline"].get<double>() - train_log["ground_truth"]["baseline"].get<double>()) < kReloadTol);
     auto log = json::parse(read_text_file(path_join(dir, "training_log.json")));
-    CHECK(log["seed"] == r.log["seed"]);
-    CHECK(log["loss_curve"].size() == r.log["loss_curve"].size());
+    CHECK(log["seed"] == train_log["seed"]);
+    CHECK(log["loss_curve"].size() == train_log["loss_curve"].size());
 }
 
 // "L1H2" -> layer * H + head
@@ -169,21 +170,22 @@ TEST_CASE("toy: training is deterministic for a seed and thread count") {
 TEST_CASE("toy: a saved folder reloads with load_model and re-evaluates to the training-time metrics") {
     TempDir tmp;
     auto ind = train_and_save(ToyTask::kInduction, 30, 2, tmp.file("ind"));
-    check_reload(tmp.file("ind"), ind, ToyTask::kInduction);
+    check_reload(tmp.file("ind"), ind.log, ToyTask::kInduction);
     auto rec = train_and_save(ToyTask::kRecall, 30, 2, tmp.file("rec"));
-    check_reload(tmp.file("rec"), rec, ToyTask::kRecall);
+    check_reload(tmp.file("rec"), rec.log, ToyTask::kRecall);
 }
 
 TEST_CASE("toy: induction CI run forms a previous-token head and induction heads that detect finds, and reloads") {
-    TempDir tmp;
-    auto r = train_and_save(ToyTask::kInduction, kCiInductionSteps, 1, tmp.file("ind"));
-    const json& f = r.log["final_metrics"];
+    const std::string dir = ci_toy_model("induction");  // 1500 steps, seed 1, one thread
+    const json log = json::parse(read_text_file(path_join(dir, "training_log.json")));
+    REQUIRE(log["steps"].get<int>() == kCiInductionSteps);
+    const json& f = log["final_metrics"];
     for (auto& [n, v] : f["repeated_half_loss"].items()) {
         CAPTURE(n);
         CHECK(v.get<double>() < 0.5);
     }
     CHECK(f["first_occurrence_loss_mean"].get<double>() > 3.5);  // random tokens stay unpredictable
-    const json& g = r.log["ground_truth"];
+    const json& g = log["ground_truth"];
     MESSAGE("ground truth: " << g.dump());
     REQUIRE(g["induction_head"].is_string());
     for (const auto& n : g["induction_heads"]) CHECK(n.get<std::string>().rfind("L1H", 0) == 0);
@@ -195,8 +197,8 @@ TEST_CASE("toy: induction CI run forms a previous-token head and induction heads
     const double joint_harm = g["induction_heads_joint_ablation"].get<double>() - g["baseline"].get<double>();
     CHECK(joint_harm >= 1.0);
     CHECK(g["max_harm_outside_circuit"].get<double>() < 0.5 * joint_harm);
-    check_reload(tmp.file("ind"), r, ToyTask::kInduction);
-    check_detect_finds_ground_truth(tmp.file("ind"));
+    check_reload(dir, log, ToyTask::kInduction);
+    check_detect_finds_ground_truth(dir);
 }
 
 TEST_CASE("toy: a trained induction model named by HEADSCOPE_TOY_INDUCTION passes the detect check") {
@@ -209,17 +211,18 @@ TEST_CASE("toy: a trained induction model named by HEADSCOPE_TOY_INDUCTION passe
 }
 
 TEST_CASE("toy: recall CI run retrieves values at every context length, and reloads") {
-    TempDir tmp;
-    auto r = train_and_save(ToyTask::kRecall, kCiRecallSteps, 1, tmp.file("rec"));
-    const json& f = r.log["final_metrics"];
+    const std::string dir = ci_toy_model("recall");  // 3000 steps, seed 1, one thread
+    const json log = json::parse(read_text_file(path_join(dir, "training_log.json")));
+    REQUIRE(log["steps"].get<int>() == kCiRecallSteps);
+    const json& f = log["final_metrics"];
     for (auto& [n, v] : f["accuracy"].items()) {
         CAPTURE(n);
         CHECK(v.get<double>() >= 0.9);  // CI target, looser than the full run's 0.95
     }
-    const json& g = r.log["ground_truth"];
+    const json& g = log["ground_truth"];
     MESSAGE("ground truth: " << g.dump());
     CHECK(g["retrieval_head"].is_string());
-    check_reload(tmp.file("rec"), r, ToyTask::kRecall);
+    check_reload(dir, log, ToyTask::kRecall);
 }
 
 TEST_CASE("toy: output folder checks fail before training") {
