@@ -48,25 +48,13 @@ DetectorKind detector_kind_for(StripeKind k) {
     throw UsageError("attention-sink has no detection pattern");
 }
 
-// A[q, q - back] for q in [q_lo, q_hi], averaged over q. diagonal(-back) element i is A[i + back, i].
-static at::Tensor stripe_mean(const at::Tensor& p, int64_t q_lo, int64_t q_hi, int64_t back) {
-    auto d = p.diagonal(-back, -2, -1);  // [B, H, T - back]
-    return d.narrow(-1, q_lo - back, q_hi - q_lo + 1).to(torch::kFloat).mean(-1);  // [B, H]
-}
-
 at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n) {
     if (pattern.dim() != 4 || pattern.size(-1) != 2 * n + 1 || pattern.size(-2) != 2 * n + 1)
         throw DataError(fmt::format("stripe scores: pattern {} is not [B, H, {}, {}] for n = {}",
                                     shape_str(pattern.sizes().vec()), 2 * n + 1, 2 * n + 1, n));
     if (n < 2) throw UsageError(fmt::format("stripe scores: sequence length {} < 2", n));
-    switch (kind) {
-        case StripeKind::kInduction: return stripe_mean(pattern, n + 1, 2 * n, n - 1);
-        case StripeKind::kPreviousToken: return stripe_mean(pattern, 1, 2 * n, 1);
-        case StripeKind::kDuplicateToken: return stripe_mean(pattern, n + 1, 2 * n, n);
-        case StripeKind::kAttentionSink:
-            return pattern.select(-1, 0).narrow(-1, 1, 2 * n).to(torch::kFloat).mean(-1);  // [B, H]
-    }
-    return {};
+    const StripeSpec spec = stripe_spec(kind, n);
+    return stripe_sum_rows(pattern, 0, spec) / static_cast<double>(spec.count());
 }
 
 at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind) {
@@ -87,24 +75,38 @@ at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind) {
     return d.tril();
 }
 
+at::Tensor detector_sums_rows(const at::Tensor& rows, int64_t q0, const at::Tensor& detection,
+                              const DetectorOptions& opts) {
+    const int64_t T = rows.size(-1), n = rows.size(-2);
+    if (rows.dim() != 4 || detection.sizes() != at::IntArrayRef({T, T}) || q0 < 0 || q0 + n > T)
+        throw DataError(fmt::format("detector scores: pattern rows {} at {} and detection pattern {} disagree",
+                                    shape_str(rows.sizes().vec()), q0, shape_str(detection.sizes().vec())));
+    auto a = rows.to(torch::kFloat);  // [B, H, n, T]
+    auto d = detection.to(a.device(), torch::kFloat).narrow(0, q0, n);  // [n, T]
+    // The exclusions act through a mask: the caller's pattern is never written to (TL's in-place bug).
+    auto keep = torch::ones({n, T}, a.options());  // [n, T]
+    if (opts.exclude_bos) keep.index_put_({Slice(), 0}, 0.0);
+    if (opts.exclude_current_token) keep.diagonal(q0).fill_(0.0);  // keep[i, q0 + i]
+    if (opts.measure == ErrorMeasure::kMul) {
+        auto ak = a * keep;
+        return torch::stack({(ak * d).sum({-2, -1}), ak.sum({-2, -1})});  // [2, B, H]
+    }
+    auto e = ((a - d).abs() * keep).sum({-2, -1});
+    return torch::stack({e, torch::zeros_like(e)});
+}
+
+at::Tensor detector_score_finish(const at::Tensor& sums, int64_t T, const DetectorOptions& opts) {
+    if (opts.measure == ErrorMeasure::kMul) return sums[0] / sums[1];  // sum(A' * D) / sum(A')
+    return 1.0 - sums[0] / static_cast<double>(T);  // 1 - mean over rows of the row's L1 distance
+}
+
 at::Tensor detector_scores_layer(const at::Tensor& pattern, const at::Tensor& detection,
                                  const DetectorOptions& opts) {
     const int64_t T = pattern.size(-1);
     if (pattern.dim() != 4 || pattern.size(-2) != T || detection.sizes() != at::IntArrayRef({T, T}))
         throw DataError(fmt::format("detector scores: pattern {} and detection pattern {} disagree",
                                     shape_str(pattern.sizes().vec()), shape_str(detection.sizes().vec())));
-    auto a = pattern.to(torch::kFloat);  // [B, H, T, T]
-    auto d = detection.to(a.device(), torch::kFloat);
-    // The exclusions act through a mask: the caller's pattern is never written to (TL's in-place bug).
-    auto keep = torch::ones({T, T}, a.options());  // [T, T]
-    if (opts.exclude_bos) keep.index_put_({Slice(), 0}, 0.0);
-    if (opts.exclude_current_token) keep.fill_diagonal_(0.0);
-    if (opts.measure == ErrorMeasure::kMul) {
-        auto ak = a * keep;
-        return (ak * d).sum({-2, -1}) / ak.sum({-2, -1});  // [B, H]
-    }
-    // 1 - mean over rows of the row's L1 distance = 1 - sum |A - D| / T.
-    return 1.0 - ((a - d).abs() * keep).sum({-2, -1}) / static_cast<double>(T);  // [B, H]
+    return detector_score_finish(detector_sums_rows(pattern, 0, detection, opts), T, opts);
 }
 
 std::pair<int64_t, int64_t> token_range(const Model& m, const StripeInput& in) {
@@ -140,12 +142,18 @@ at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const T
     return torch::cat({torch::full({in.batch, 1}, bos, torch::kLong), r, r}, 1);  // [B, 1 + 2n]
 }
 
-CaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
-                         int64_t row0) {
-    // Each layer's [b, H, T, T] pattern is reduced here and dropped when the callback returns.
-    return [kinds, n, &samples, row0](int l, const at::Tensor& p) {
-        for (size_t k = 0; k < kinds.size(); ++k)
-            samples[k].narrow(0, row0, p.size(0)).select(1, l).copy_(stripe_scores_layer(p, kinds[k], n).cpu());
+RowCaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
+                            int64_t row0) {
+    if (n < 2) throw UsageError(fmt::format("stripe scores: sequence length {} < 2", n));
+    // Each block's share of the stripe means, added up over the layer's query blocks.
+    return [kinds, n, &samples, row0](int l, int64_t q0, const at::Tensor& p) {
+        if (p.size(-1) != 2 * n + 1)
+            throw DataError(fmt::format("stripe scores: pattern over {} keys, want {} for n = {}", p.size(-1), 2 * n + 1, n));
+        for (size_t k = 0; k < kinds.size(); ++k) {
+            const StripeSpec spec = stripe_spec(kinds[k], n);
+            samples[k].narrow(0, row0, p.size(0)).select(1, l).add_(
+                (stripe_sum_rows(p, q0, spec) / static_cast<double>(spec.count())).cpu());
+        }
     };
 }
 
@@ -168,7 +176,7 @@ std::vector<LayerHeadScores> stripe_scores(const Model& m, const at::Tensor& tok
     for (int64_t r0 = 0; r0 < B; r0 += step) {
         const int64_t rows = std::min(step, B - r0);
         Hooks hooks;
-        hooks.capture(Point::kAttnPattern, stripe_capture(kinds, n, samples, r0));
+        hooks.capture_rows(Point::kAttnPattern, stripe_capture(kinds, n, samples, r0));
         m.forward(tokens.narrow(0, r0, rows), &hooks, nullptr, fo);
         prog.tick();
     }
@@ -192,16 +200,25 @@ std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<s
         std::vector<at::Tensor> det(kinds.size());
         for (size_t k = 0; k < kinds.size(); ++k)
             if (kinds[k] != StripeKind::kAttentionSink) det[k] = detection_pattern(t, detector_kind_for(kinds[k]));
+        // Partial sums per kind and layer, [2, 1, H] (detection patterns) or [1, H] (sink), added
+        // over the query blocks of each layer's pattern.
+        std::vector<std::vector<at::Tensor>> acc(kinds.size(), std::vector<at::Tensor>(L));
         Hooks hooks;
-        hooks.capture(Point::kAttnPattern, [&](int l, const at::Tensor& p) {  // p [1, H, T, T]
+        hooks.capture_rows(Point::kAttnPattern, [&](int l, int64_t q0, const at::Tensor& p) {  // p [1, H, n, T]
             for (size_t k = 0; k < kinds.size(); ++k) {
-                auto v = det[k].defined() ? detector_scores_layer(p, det[k], opts)
-                         : T > 1          ? p.select(-1, 0).narrow(-1, 1, T - 1).to(torch::kFloat).mean(-1)
-                                          : torch::ones({1, H});
-                samples[k][s][l].copy_(v[0].cpu());
+                auto part = det[k].defined() ? detector_sums_rows(p, q0, det[k], opts)
+                                             : column_sum_rows(p, q0, 1, T - 1, 0);
+                acc[k][l] = acc[k][l].defined() ? acc[k][l] + part : part;
             }
         });
         m.forward(t.unsqueeze(0), &hooks, nullptr, fo);
+        for (size_t k = 0; k < kinds.size(); ++k)
+            for (int64_t l = 0; l < L; ++l) {
+                auto v = det[k].defined() ? detector_score_finish(acc[k][l], T, opts)
+                         : T > 1          ? acc[k][l] / static_cast<double>(T - 1)
+                                          : torch::ones({1, H});
+                samples[k][s][l].copy_(v[0].cpu());
+            }
         prog.tick();
     }
     prog.finish();

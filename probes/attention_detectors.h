@@ -13,6 +13,7 @@
 #pragma once
 
 #include "model.h"
+#include "patterns.h"  // StripeKind and the row-block reductions
 
 #include <ATen/core/Tensor.h>
 
@@ -24,12 +25,6 @@ namespace hs {
 
 class Tokenizer;
 
-enum class StripeKind {
-    kInduction,       // mean over q in [n+1, 2n] of A[q, q-n+1]
-    kPreviousToken,   // mean over q in [1, 2n]   of A[q, q-1]  (q = 1 attends to BOS)
-    kDuplicateToken,  // mean over q in [n+1, 2n] of A[q, q-n]
-    kAttentionSink,   // mean over q in [1, 2n]   of A[q, 0]    (q = 0 has no choice)
-};
 enum class DetectorKind { kPreviousToken, kDuplicateToken, kInduction };
 enum class ErrorMeasure { kMul, kAbs };
 
@@ -42,6 +37,8 @@ DetectorKind detector_kind_for(StripeKind k);           // throws UsageError for
 // ---- Per-layer reductions (one layer at a time by construction) ----
 
 // pattern [B, H, T, T] for tokens [BOS, R, R] (T = 2n+1) -> per-row scores [B, H] float32.
+// (The whole-pattern form of stripe_sum_rows in src/patterns.h, for tests and callers that have
+// a whole pattern.)
 at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n);
 
 // tokens [T] int64 -> D [T, T] float32, lower triangular (TransformerLens detection patterns).
@@ -57,6 +54,12 @@ struct DetectorOptions {
 // (TransformerLens rounds abs scores to 3 decimals; we do not.)
 at::Tensor detector_scores_layer(const at::Tensor& pattern, const at::Tensor& detection,
                                  const DetectorOptions& opts);
+// The same from row blocks: rows [B, H, n, T] holding queries [q0, q0 + n) -> partial sums
+// [2, B, H] (mul: numerator, denominator; abs: sum of |A - D|, unused); detector_score_finish
+// turns the total into the score.
+at::Tensor detector_sums_rows(const at::Tensor& rows, int64_t q0, const at::Tensor& detection,
+                              const DetectorOptions& opts);
+at::Tensor detector_score_finish(const at::Tensor& sums, int64_t T, const DetectorOptions& opts);
 
 // ---- Inputs ----
 
@@ -83,10 +86,11 @@ struct LayerHeadScores {
     at::Tensor samples;  // [N, L, H] float32, CPU: per sequence / batch row
 };
 
-// The attn.pattern capture behind stripe_scores: reduces layer l's pattern [b, H, T, T] to [b, H]
-// and writes it to samples[k][row0 : row0 + b, l] ([N, L, H] each); it keeps no reference to the
-// pattern, so one layer's pattern is alive at a time.
-CaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
+// The attn.pattern row-block capture behind stripe_scores (register it with Hooks::capture_rows):
+// adds each block's share of layer l's stripe means to samples[k][row0 : row0 + b, l] ([N, L, H]
+// each, zero at the start); it keeps no reference to the pattern, so attention runs in query
+// blocks and no [b, H, T, T] tensor is formed.
+RowCaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std::vector<at::Tensor>& samples,
                          int64_t row0);
 
 // tokens [B, 1+2n]: one forward (rows in chunks of max_rows), every requested stripe at once.

@@ -56,8 +56,10 @@ def forward(w, c, tokens, patterns=None):
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         k, v = k.repeat_interleave(H // K, 1), v.repeat_interleave(H // K, 1)
         a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + mask, -1)
-        if patterns is not None:
-            patterns.append(a[..., 0].mean(-1))
+        if patterns is not None:  # the three detector stripes (induction, previous, duplicate)
+            n = max(2, (T - 1) // 2)
+            for back in (n - 1, 1, n):
+                patterns.append(torch.diagonal(a, -back, -2, -1).sum(-1))
         z = (a @ v).transpose(1, 2).reshape(B, T, D)
         x = x + z @ w[p + "self_attn.o_proj.weight"].T
         h = rms(x, w[p + "post_attention_layernorm.weight"], eps)
@@ -93,7 +95,9 @@ def main():
     with torch.inference_mode():
         plain = timed(lambda: forward(w, c, tokens))
         capture = timed(lambda: forward(w, c, tokens, []))
-    print(json.dumps({"forward_s": plain, "forward_pattern_capture_s": capture, "torch": torch.__version__}))
+        probe = forward(w, c, tokens)[0, -1, :16].double().tolist()
+    print(json.dumps({"forward_s": plain, "forward_pattern_capture_s": capture, "logits_probe": probe,
+                      "torch": torch.__version__}))
 
 
 if __name__ == "__main__":

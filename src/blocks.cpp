@@ -28,16 +28,24 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
     return x;
 }
 
+namespace {
+thread_local ForwardContext t_ctx;
+}
+
+const ForwardContext& forward_context() { return t_ctx; }
+ForwardScope::ForwardScope(const ForwardContext& c) : saved_(t_ctx) { t_ctx = c; }
+ForwardScope::~ForwardScope() { t_ctx = saved_; }
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-    // One GEMM per batch row: BLAS picks kernels by matrix size, so folding rows into one GEMM
-    // would make a row's numbers depend on what else is in the batch. This way a batched
-    // ablation row equals its unbatched run bit for bit.
-    at::Tensor y;
-    if (x.dim() == 3 && x.size(0) > 1)
-        y = torch::bmm(x, w.t().unsqueeze(0).expand({x.size(0), w.size(1), w.size(0)}));
-    else
-        y = torch::matmul(x, w.t());
-    return b.defined() ? y + b : y;
+    if (x.dim() == 3 && x.size(0) > 1 && t_ctx.per_row_gemm) {
+        // One GEMM per batch row: BLAS picks kernels by matrix size, so in a folded GEMM a row's
+        // last bits depend on what else is in the batch. This way a row of a batch whose other
+        // rows carry interventions equals its unbatched run bit for bit.
+        auto y = torch::bmm(x, w.t().unsqueeze(0).expand({x.size(0), w.size(1), w.size(0)}));
+        return b.defined() ? y + b : y;
+    }
+    // Folded: [B*T, D] x [D, N] in one GEMM (addmm with the bias).
+    return b.defined() ? at::linear(x, w, b) : torch::matmul(x, w.t());
 }
 
 at::Tensor activation(Activation a, const at::Tensor& x) {
@@ -116,6 +124,14 @@ static at::Tensor visible_mask(int64_t T, int64_t S, int64_t past, int window, c
     return vis;
 }
 
+int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T, int64_t S) {
+    if (requested > 0) return std::min(requested, std::max<int64_t>(T, 1));
+    // About 32 MiB of fp32 scores per block (2^23 elements); at least 16 rows, at most T.
+    constexpr int64_t kBudget = int64_t{1} << 23;
+    const int64_t per_row = std::max<int64_t>(1, B * H * S);
+    return std::max<int64_t>(1, std::min(T, std::max<int64_t>(16, kBudget / per_row)));
+}
+
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache) {
     const ModelConfig& cfg = m.config;
@@ -150,21 +166,39 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         vh = vh.unsqueeze(2).expand({B, K, g, S, d}).reshape({B, H, S, d});
     }
     auto qh = q.permute({0, 2, 1, 3});  // [B, H, T, d]
+    auto kt = kh.transpose(-1, -2);     // [B, H, d, S]
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
-    auto scores = torch::matmul(qh, kh.transpose(-1, -2)) * scale;  // [B, H, T, S]
-    if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
-    auto vis = visible_mask(T, S, past, cfg.is_sliding(layer) ? cfg.sliding_window : 0, q.device());
-    scores = scores.masked_fill(vis.logical_not(), -std::numeric_limits<float>::infinity());
-    scores = hook(hooks, Point::kAttnScores, layer, scores);
-    auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
-    pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
-    auto z = torch::matmul(pattern, vh).permute({0, 2, 1, 3});  // [B, T, H, d]
+    const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+    // Whole [B, H, T, S] scores only when someone needs them whole; otherwise query blocks, each
+    // [B, H, rows, S]: row i of a block is row q0 + i of the whole, computed the same way.
+    const bool whole = hooks && (hooks->needs_whole(Point::kAttnScores, layer) ||
+                                 hooks->needs_whole(Point::kAttnPattern, layer));
+    const int64_t rows = whole ? T : attention_block_rows(forward_context().attn_block, B, H, T, S);
+    std::vector<at::Tensor> zs;
+    for (int64_t q0 = 0; q0 < T; q0 += rows) {
+        const int64_t n = std::min(rows, T - q0);
+        auto qb = n == T ? qh : qh.narrow(2, q0, n);
+        auto scores = torch::matmul(qb, kt) * scale;  // [B, H, n, S]
+        if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
+        auto vis = visible_mask(n, S, past + q0, window, q.device());
+        scores = scores.masked_fill(vis.logical_not(), -std::numeric_limits<float>::infinity());
+        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores);
+        else if (hooks && hooks->wants(Point::kAttnScores, layer)) hooks->run_rows(Point::kAttnScores, layer, q0, scores);
+        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, n, S]
+        scores = at::Tensor();
+        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
+        else if (hooks && hooks->wants(Point::kAttnPattern, layer)) hooks->run_rows(Point::kAttnPattern, layer, q0, pattern);
+        zs.push_back(torch::matmul(pattern, vh));  // [B, H, n, d]
+    }
+    auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
+                 .permute({0, 2, 1, 3});  // [B, T, H, d]
+    zs.clear();
     if (hooks && hooks->has_z_interventions(layer)) z = hooks->apply_z(layer, z);
     z = hook(hooks, Point::kAttnZ, layer, z);
 
     at::Tensor out;
     if (hooks && hooks->wants(Point::kAttnHeadOut, layer)) {
-        // Per (row, head) GEMMs [T, d] x [d, D], batch-independent like linear().
+        // Per (row, head) GEMMs [T, d] x [d, D], batch-independent like per-row linear().
         auto wo_h = lw.wo.view({cfg.d_model, H, d}).permute({1, 2, 0});     // [H, d, D]
         auto zb = z.permute({0, 2, 1, 3}).reshape({B * H, T, d});
         auto head_out = torch::bmm(zb, wo_h.unsqueeze(0).expand({B, H, d, cfg.d_model}).reshape({B * H, d, cfg.d_model}))

@@ -8,6 +8,26 @@
 
 namespace hs::blocks {
 
+// What the current Model::forward call asked of the blocks (set by Model::forward for its
+// thread, restored on return): the GEMM mode after resolving kAuto, and the attention block size.
+struct ForwardContext {
+    bool per_row_gemm = false;
+    int64_t attn_block = 0;
+};
+const ForwardContext& forward_context();
+class ForwardScope {
+public:
+    explicit ForwardScope(const ForwardContext& c);
+    ~ForwardScope();
+    ForwardScope(const ForwardScope&) = delete;
+    ForwardScope& operator=(const ForwardScope&) = delete;
+
+private:
+    ForwardContext saved_;
+};
+// Query rows per attention block for B x H heads over S keys (requested 0 = automatic).
+int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T, int64_t S);
+
 // Normalisation by config.norm, computed in float32 and cast back (as Hugging Face does).
 at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool plus_one);

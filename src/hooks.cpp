@@ -25,11 +25,17 @@ Point parse_point(const std::string& name) {
 }
 
 void Hooks::capture(Point p, CaptureFn fn, int layer) {
-    entries_[static_cast<int>(p)].push_back({layer, std::move(fn), nullptr});
+    entries_[static_cast<int>(p)].push_back({layer, std::move(fn), nullptr, nullptr});
+}
+
+void Hooks::capture_rows(Point p, RowCaptureFn fn, int layer) {
+    if (p != Point::kAttnScores && p != Point::kAttnPattern)
+        throw ConfigError(fmt::format("row-block capture is for attn.scores and attn.pattern, not {}", point_name(p)));
+    entries_[static_cast<int>(p)].push_back({layer, nullptr, nullptr, std::move(fn)});
 }
 
 void Hooks::edit(Point p, EditFn fn, int layer) {
-    entries_[static_cast<int>(p)].push_back({layer, nullptr, std::move(fn)});
+    entries_[static_cast<int>(p)].push_back({layer, nullptr, std::move(fn), nullptr});
 }
 
 void Hooks::intervene_z(const HeadIntervention& iv) { z_ivs_.push_back(iv); }
@@ -44,6 +50,19 @@ void Hooks::clear() {
 bool Hooks::wants(Point p, int layer) const {
     for (const auto& e : entries_[static_cast<int>(p)])
         if (e.layer < 0 || e.layer == layer) return true;
+    return false;
+}
+
+bool Hooks::needs_whole(Point p, int layer) const {
+    for (const auto& e : entries_[static_cast<int>(p)])
+        if ((e.layer < 0 || e.layer == layer) && !e.rows) return true;
+    return false;
+}
+
+bool Hooks::has_row_specific_interventions() const {
+    for (const auto* v : {&z_ivs_, &q_ivs_})
+        for (const auto& iv : *v)
+            if (iv.row >= 0) return true;
     return false;
 }
 
@@ -66,11 +85,18 @@ at::Tensor Hooks::run(Point p, int layer, at::Tensor x) const {
                     throw ConfigError(fmt::format("edit at {} layer {} changed the shape", point_name(p), layer));
                 x = r->to(x.dtype());
             }
+        } else if (e.rows) {
+            e.rows(layer, 0, x);
         } else {
             e.capture(layer, x);
         }
     }
     return x;
+}
+
+void Hooks::run_rows(Point p, int layer, int64_t q0, const at::Tensor& rows) const {
+    for (const auto& e : entries_[static_cast<int>(p)])
+        if ((e.layer < 0 || e.layer == layer) && e.rows) e.rows(layer, q0, rows);
 }
 
 // x [B, T, H, d]; returns a modified copy with every intervention for `layer` applied in order.

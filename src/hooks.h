@@ -52,12 +52,20 @@ struct HeadIntervention {
 // Observer: sees the tensor, may keep a reduction. Editor: returns a replacement or nullopt.
 using CaptureFn = std::function<void(int layer, const at::Tensor& x)>;
 using EditFn = std::function<std::optional<at::Tensor>(int layer, const at::Tensor& x)>;
+// Row-block observer for attn.scores and attn.pattern: sees query rows [q0, q0 + x.size(2)) of the
+// layer's [B, H, T, S] tensor (q0 counts from the first query of this forward call, not from any
+// cache). While a layer's scores and pattern have only row-block observers (no whole-tensor
+// capture, no edit), attention runs in query blocks and the [B, H, T, S] tensor is never formed:
+// scratch memory is O(block x S) per head (docs/forward.md, "Attention in query blocks").
+using RowCaptureFn = std::function<void(int layer, int64_t q0, const at::Tensor& rows)>;
 
 class Hooks {
 public:
     // layer -1 subscribes to every layer.
     void capture(Point p, CaptureFn fn, int layer = -1);
     void edit(Point p, EditFn fn, int layer = -1);
+    // Only attn.scores and attn.pattern (ConfigError otherwise).
+    void capture_rows(Point p, RowCaptureFn fn, int layer = -1);
     // Head-level interventions on z (before W_O) and on the query (after RoPE). A zeroed query
     // gives uniform attention over the visible prefix: the retrieval-head masking convention.
     void intervene_z(const HeadIntervention& iv);
@@ -65,10 +73,18 @@ public:
     void clear();
 
     bool wants(Point p, int layer) const;
+    // A whole-tensor capture or an edit is subscribed at (p, layer): the tensor must be formed whole.
+    bool needs_whole(Point p, int layer) const;
+    // Any head intervention aimed at one batch row (row >= 0): rows then differ, and the forward
+    // keeps one GEMM per row so that the other rows stay bit-identical to their unbatched runs.
+    bool has_row_specific_interventions() const;
     bool has_z_interventions(int layer) const;
     bool has_q_interventions(int layer) const;
     // Applies edits (in subscription order) then captures; returns the possibly replaced tensor.
+    // Row-block observers see the whole tensor here with q0 = 0.
     at::Tensor run(Point p, int layer, at::Tensor x) const;
+    // Row-block observers of (p, layer) see rows [q0, q0 + rows.size(2)).
+    void run_rows(Point p, int layer, int64_t q0, const at::Tensor& rows) const;
     // z [B,T,H,d] / q [B,T,H,d] with this layer's head interventions applied (out of place).
     at::Tensor apply_z(int layer, const at::Tensor& z) const;
     at::Tensor apply_q(int layer, const at::Tensor& q) const;
@@ -78,6 +94,7 @@ private:
         int layer;
         CaptureFn capture;
         EditFn edit;
+        RowCaptureFn rows;
     };
     std::array<std::vector<Entry>, kNumPoints> entries_;
     std::vector<HeadIntervention> z_ivs_, q_ivs_;

@@ -29,6 +29,11 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
                                     config.max_seq_len));
     if (opts.stop_after_layer >= config.n_layers)
         throw ConfigError(fmt::format("stop_after_layer {} >= n_layers {}", opts.stop_after_layer, config.n_layers));
+    blocks::ForwardContext ctx;
+    ctx.per_row_gemm = opts.gemm == GemmMode::kPerRow ||
+                       (opts.gemm == GemmMode::kAuto && hooks && hooks->has_row_specific_interventions());
+    ctx.attn_block = opts.attn_block;
+    blocks::ForwardScope scope(ctx);
     switch (config.family) {
         case Family::kLlama: return forward_llama(*this, tokens, hooks, cache, opts);
         case Family::kGpt2: return forward_gpt2(*this, tokens, hooks, cache, opts);

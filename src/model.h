@@ -50,9 +50,20 @@ struct KVCache {
     void clear() { k.clear(); v.clear(); }
 };
 
+// How linear layers treat the batch (docs/forward.md, "Batch rows and GEMMs").
+enum class GemmMode {
+    kAuto,    // per-row GEMMs when a row-specific head intervention is present, folded otherwise
+    kFolded,  // one [B*T, D] x [D, N] GEMM: fastest; a row's last bits may depend on the batch
+    kPerRow,  // one GEMM per batch row: every row bit-identical to its unbatched run
+};
+
 struct ForwardOptions {
     bool compute_logits = true;  // false: stop after the last layer (probes that need no logits)
     int stop_after_layer = -1;   // >= 0: run layers 0..stop_after_layer only (implies no logits)
+    GemmMode gemm = GemmMode::kAuto;
+    // Query rows per attention block when no one needs the whole [B, H, T, S] scores/pattern;
+    // 0 = automatic (blocks of about 32 MiB of fp32 scores), >= T = one block.
+    int64_t attn_block = 0;
 };
 
 class Model {

@@ -59,9 +59,20 @@ SystemInfo system_info() {
     return s;
 }
 
-double measure_gemm_gflops(int n, int reps) {
+bool cpu_gemm_supported(c10::ScalarType dtype) {
+    try {
+        torch::NoGradGuard ng;
+        auto a = torch::ones({4, 4}, torch::TensorOptions().dtype(dtype));
+        auto c = torch::matmul(a, a);
+        return c.size(0) == 4;
+    } catch (const std::exception&) {
+        return false;
+    }
+}
+
+double measure_gemm_gflops(int n, int reps, c10::ScalarType dtype) {
     torch::NoGradGuard ng;
-    auto a = torch::randn({n, n}), b = torch::randn({n, n});
+    auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
     auto c = torch::matmul(a, b);  // warm-up
     double best = 1e30;
     for (int i = 0; i < reps; ++i) {

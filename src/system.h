@@ -1,6 +1,8 @@
 // Host facts every run reports: threads, which BLAS serves libtorch's fp32 matmuls, versions.
 #pragma once
 
+#include <c10/core/ScalarType.h>
+
 #include <string>
 
 namespace hs {
@@ -18,7 +20,10 @@ struct SystemInfo {
 // Sets libtorch's intra-op threads (n <= 0: every available core) and returns the count set.
 int set_threads(int n);
 SystemInfo system_info();
-// Measured fp32 GEMM rate (GFLOP/s) on an n x n product, best of `reps`.
-double measure_gemm_gflops(int n = 512, int reps = 5);
+// Measured GEMM rate (GFLOP/s) on an n x n product in `dtype` on the CPU, best of `reps`.
+double measure_gemm_gflops(int n = 512, int reps = 5, c10::ScalarType dtype = c10::kFloat);
+// Whether this build can multiply matrices of `dtype` on the CPU at all (libtorch 1.13 has no CPU
+// float16 product, for one).
+bool cpu_gemm_supported(c10::ScalarType dtype);
 
 }  // namespace hs

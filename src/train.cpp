@@ -1,5 +1,7 @@
 #include "train.h"
 
+#include "patterns.h"
+
 #include "errors.h"
 #include "progress.h"
 #include "safetensors.h"
@@ -211,22 +213,25 @@ AttnStats attention_stats(const Model& m, const EvalSets& s) {
     auto prev = torch::zeros({L, H}, torch::kDouble), circ = torch::zeros({L, H}, torch::kDouble);
     const size_t n_sets = s.ind.size() + s.rec.size();
     for (size_t i = 0; i < n_sets; ++i) {
+        const auto& tokens = i < s.ind.size() ? s.ind[i].batch.tokens : s.rec[i - s.ind.size()].batch.tokens;
+        const int64_t T = tokens.size(1);
+        const double w = 1.0 / static_cast<double>(n_sets);
         Hooks hooks;
-        hooks.capture(Point::kAttnPattern, [&](int l, const at::Tensor& a) {  // a [B, H, T, T]
-            auto pa = a.to(torch::kDouble);
-            prev[l].add_(pa.diagonal(-1, 2, 3).mean(at::IntArrayRef{0, 2}) / static_cast<double>(n_sets));
+        // Row blocks of each layer's pattern (src/patterns.h), the reductions the detectors use.
+        hooks.capture_rows(Point::kAttnPattern, [&](int l, int64_t q0, const at::Tensor& a) {  // a [B, H, n, T]
+            const double rows = static_cast<double>(a.size(0));
+            prev[l].add_(diagonal_sum_rows(a, q0, 1, T - 1, 1).to(torch::kDouble).sum(0) * (w / (rows * (T - 1))));
             if (s.task == ToyTask::kInduction) {
-                const int64_t n = s.ind[i].n;  // A[q, q-(n-1)] for q in [n+1, 2n]: offsets 2.. of that diagonal
-                circ[l].add_(pa.diagonal(-(n - 1), 2, 3).index({Slice(), Slice(), Slice(2, None)}).mean(at::IntArrayRef{0, 2}) /
-                             static_cast<double>(n_sets));
+                const int64_t n = s.ind[i].n;  // A[q, q-(n-1)] for q in [n+1, T-1]
+                circ[l].add_(diagonal_sum_rows(a, q0, n + 1, T - 1, n - 1).to(torch::kDouble).sum(0) *
+                             (w / (rows * (T - 1 - n))));
             } else {
                 const auto& r = s.rec[i - s.ind.size()];
-                auto b = torch::arange(pa.size(0), torch::kLong);
                 auto q = torch::tensor(r.query_pos, torch::kLong), v = torch::tensor(r.value_pos, torch::kLong);
-                circ[l].add_(pa.index({b, Slice(), q, v}).mean(0) / static_cast<double>(n_sets));  // [B, H] -> [H]
+                circ[l].add_(pick_rows(a, q0, q, v).to(torch::kDouble).sum(0) * (w / rows));  // [B, H] -> [H]
             }
         });
-        m.forward(i < s.ind.size() ? s.ind[i].batch.tokens : s.rec[i - s.ind.size()].batch.tokens, &hooks);
+        m.forward(tokens, &hooks);
     }
     AttnStats out;
     out.prev.assign(L, std::vector<double>(H));
@@ -442,7 +447,11 @@ ToyTrainResult train_toy(const TrainOptions& o) {
     for (int step = 0; step < steps; ++step) {
         for (auto& g : opt.param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr_at(step, steps, lr));
         const toy::Batch b = train_batch(o.task, rng, batch);
-        auto logits = r.model->forward(b.tokens);  // [B, T, V]
+        // Per-row GEMMs as when recipe version 2 was recorded: the folded GEMM changes the last
+        // bits, and over thousands of steps the trajectory, so the same seed would give other weights.
+        ForwardOptions per_row;
+        per_row.gemm = GemmMode::kPerRow;
+        auto logits = r.model->forward(b.tokens, nullptr, nullptr, per_row);  // [B, T, V]
         auto nll = -torch::log_softmax(logits, -1).gather(-1, b.targets.unsqueeze(-1)).squeeze(-1);  // [B, T]
         auto loss = (nll * b.mask).sum() / b.mask.sum();
         opt.zero_grad();

@@ -291,7 +291,7 @@ TEST_CASE("detect: scores are reduced layer by layer (no earlier layer's pattern
         seen.push_back(p.storage().getWeakStorageImpl());
         uses_before = p.storage().use_count();
     });
-    hooks.capture(Point::kAttnPattern, stripe_capture(kAllKinds, n, samples, 0));
+    hooks.capture_rows(Point::kAttnPattern, stripe_capture(kAllKinds, n, samples, 0));
     hooks.capture(Point::kAttnPattern, [&](int, const at::Tensor& p) {
         kept += p.storage().use_count() != uses_before ? 1 : 0;  // the reducer holds no view of it
         ++calls;

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "patterns.h"
 #include "system.h"
 
 #include <nlohmann/json.hpp>
@@ -50,10 +51,21 @@ int run_bench(const BenchOptions& o) {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     auto tokens = torch::randint(0, c.vocab_size, {o.batch, o.seq}, torch::kLong).to(l.model->options.device);
     c10::InferenceMode im;
-    const double t_plain = median_time(o.reps, [&] { l.model->forward(tokens); });
-    Hooks reduce;  // the detectors' access pattern: every layer's pattern reduced as it is made
+    ForwardOptions per_row;
+    per_row.gemm = GemmMode::kPerRow;
+    at::Tensor logits;
+    const double t_plain = median_time(o.reps, [&] { logits = l.model->forward(tokens); });
+    const double t_per_row = o.batch > 1 ? median_time(o.reps, [&] { l.model->forward(tokens, nullptr, nullptr, per_row); })
+                                         : t_plain;
+    // The detectors' access pattern: induction, previous-token and duplicate-token stripes reduced
+    // from each layer's pattern block by block as attention makes it (src/patterns.h).
+    Hooks reduce;
+    const int64_t n = std::max<int64_t>(2, (o.seq - 1) / 2);
     at::Tensor sink;
-    reduce.capture(Point::kAttnPattern, [&](int, const at::Tensor& p) { sink = p.select(-1, 0).mean(-1); });
+    reduce.capture_rows(Point::kAttnPattern, [&](int, int64_t q0, const at::Tensor& p) {
+        for (int64_t back : {n - 1, int64_t{1}, n})
+            sink = diagonal_sum_rows(p, q0, std::min<int64_t>(back + 1, o.seq - 1), o.seq - 1, back);
+    });
     const double t_capture = median_time(o.reps, [&] { l.model->forward(tokens, &reduce); });
     Hooks heads;
     heads.capture(Point::kAttnHeadOut, [&](int, const at::Tensor& x) { sink = x.sum(); });
@@ -61,9 +73,16 @@ int run_bench(const BenchOptions& o) {
     const double gemm = measure_gemm_gflops(512, 5);
     const double flops = forward_flops(c, o.batch, o.seq);
     const double tok = static_cast<double>(o.batch) * o.seq;
+    // A probe of the numbers, for comparison with another implementation: the first row's last
+    // position, its first 16 logits.
+    std::vector<double> probe;
+    auto last = logits[0][o.seq - 1].to(torch::kDouble);
+    for (int64_t i = 0; i < std::min<int64_t>(16, c.vocab_size); ++i) probe.push_back(last[i].item<double>());
     if (o.json) {
         nlohmann::json j = {{"model", l.model->path}, {"batch", o.batch}, {"seq", o.seq}, {"threads", torch::get_num_threads()},
-                            {"forward_s", t_plain}, {"forward_pattern_capture_s", t_capture},
+                            {"dtype", c10::toString(l.model->options.dtype)},
+                            {"forward_s", t_plain}, {"forward_per_row_s", t_per_row},
+                            {"forward_pattern_capture_s", t_capture}, {"logits_probe", probe},
                             {"forward_head_out_s", t_head_out}, {"tokens_per_s", tok / t_plain},
                             {"forward_gflops", flops / t_plain / 1e9}, {"gemm_gflops_512", gemm}};
         fmt::print("{}\n", j.dump(2));
@@ -73,6 +92,7 @@ int run_bench(const BenchOptions& o) {
     fmt::print("input            {} x {} tokens, {} threads, median of {}\n", o.batch, o.seq, torch::get_num_threads(), o.reps);
     fmt::print("forward          {:8.2f} ms  {:9.0f} tok/s  {:6.1f} GFLOP/s ({:.0f}% of GEMM rate)\n", t_plain * 1e3,
                tok / t_plain, flops / t_plain / 1e9, 100.0 * flops / t_plain / 1e9 / gemm);
+    if (o.batch > 1) fmt::print("per-row GEMMs    {:8.2f} ms  ({:+.0f}%)\n", t_per_row * 1e3, 100.0 * (t_per_row / t_plain - 1));
     fmt::print("+ pattern reduce {:8.2f} ms  ({:+.0f}%)\n", t_capture * 1e3, 100.0 * (t_capture / t_plain - 1));
     fmt::print("+ head_out       {:8.2f} ms  ({:+.0f}%)\n", t_head_out * 1e3, 100.0 * (t_head_out / t_plain - 1));
     fmt::print("fp32 GEMM rate   {:8.1f} GFLOP/s (512x512x512)\n", gemm);

@@ -52,7 +52,23 @@ LoadOptions load_options(const ModelArgs& a) {
     }
     if (o.device.is_cuda() && !torch::cuda::is_available())
         throw UsageError(fmt::format("--device {}: this libtorch build or machine has no CUDA", a.device));
+    if (o.device.is_cpu() && o.dtype != c10::kFloat && !cpu_gemm_supported(o.dtype))
+        throw UsageError(fmt::format("--dtype {}: this libtorch build ({}) cannot multiply {} matrices on the CPU; use "
+                                     "float32{}", a.dtype, TORCH_VERSION, a.dtype,
+                                     cpu_gemm_supported(c10::kBFloat16) ? " or bfloat16" : ""));
     return o;
+}
+
+void warn_if_slow_dtype(const LoadOptions& o) {
+    if (!o.device.is_cpu() || o.dtype == c10::kFloat) return;
+    // Measured once (~0.1 s): CPUs without native bf16 products fall back to a slow kernel.
+    const double low = measure_gemm_gflops(256, 3, o.dtype), f32 = measure_gemm_gflops(256, 3, c10::kFloat);
+    if (low < 0.8 * f32)
+        log_warn(fmt::format("{} matrix products run at {:.1f} GFLOP/s on this CPU against {:.1f} for float32 (no "
+                             "native {} support): this run will be up to {:.0f}x slower than with --dtype float32",
+                             c10::toString(o.dtype), low, f32, c10::toString(o.dtype), f32 / std::max(low, 1e-9)));
+    else
+        log_verbose(fmt::format("{} products {:.1f} GFLOP/s, float32 {:.1f}", c10::toString(o.dtype), low, f32));
 }
 
 WriteMode write_mode(const OutputArgs& o) {
@@ -66,7 +82,9 @@ Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     if (sys.blas_slow) log_warn("libtorch is using the reference BLAS: " + sys.blas_kind);
     log_verbose(fmt::format("threads {}, BLAS {}", n, sys.blas_kind));
     Loaded l;
-    l.model = load_model(a.model, load_options(a));
+    const LoadOptions lo = load_options(a);
+    warn_if_slow_dtype(lo);
+    l.model = load_model(a.model, lo);
     if (!a.tokenizer.empty())
         l.tokenizer = load_tokenizer(a.tokenizer, l.model->config.vocab_size);
     else

@@ -38,7 +38,10 @@ struct Loaded {
 
 // Sets threads, loads the model (and its tokenizer: required -> error when none is found).
 Loaded open_model(const ModelArgs& a, bool require_tokenizer);
+// Refuses (UsageError) a dtype the device cannot compute in at all.
 LoadOptions load_options(const ModelArgs& a);
+// One warning line when a CPU dtype's products run much slower than float32 (measured).
+void warn_if_slow_dtype(const LoadOptions& o);
 WriteMode write_mode(const OutputArgs& o);
 
 // "1,2,3" -> ids (DataError naming `what` on a bad entry).

@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# One benchmark command (docs/performance.md records its output). Every figure is a ratio measured
+# in this one run, on checkpoints the script makes itself (random weights, no downloads):
+#   1. forward efficiency: achieved FLOP/s of a batch-1 x 512 fp32 forward over the FLOP/s of a plain
+#      512^3 libtorch product measured in the same run
+#   2. against Python eager (scripts/bench_eager.py, same BLAS and threads): batch 1 and 8, T 128, 512
+#   3. capture overhead: forward with the induction/previous/duplicate stripes reduced, over plain
+#   4. memory: peak resident memory of `headscope detect` at T = 512 .. 4096 (beyond the weights)
+#   5. bf16 against fp32: forward speed and the induction/previous-token score differences
+# A ratio is refused (printed as "refused") when either side failed or when the two sides' logits
+# differ by more than the tolerance below.
+# Usage: scripts/bench.sh [--smoke]   (--smoke: a tiny model, seconds; what CI runs)
+# Env: BENCH_DIR (default /tmp/headscope-bench), REPS (default 5).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
+HS=build/headscope
+[ -x "$HS" ] || { echo "bench.sh: build first (bash scripts/build.sh)" >&2; exit 1; }
+PY=$(bash scripts/find_python.sh torch numpy) || exit 1
+DIR=${BENCH_DIR:-/tmp/headscope-bench}; mkdir -p "$DIR"
+THREADS=$(nproc); REPS=${REPS:-5}
+TIME=/usr/bin/time; [ -x "$TIME" ] || TIME=""
+
+if [ $SMOKE = 1 ]; then
+  MODEL="$DIR/smoke"; GQA="$DIR/smoke-gqa"
+  [ -f "$MODEL/config.json" ] || "$PY" scripts/make_bench_model.py "$MODEL" --layers 2 --heads 4 --d-model 64 --d-ff 128 --vocab 512 --ctx 512 >/dev/null
+  [ -f "$GQA/config.json" ] || "$PY" scripts/make_bench_model.py "$GQA" --layers 2 --heads 4 --kv-heads 2 --d-model 64 --d-ff 128 --vocab 512 --ctx 512 >/dev/null
+  SHAPES="1:64 4:64"; EFF_T=128; MEM_TS="128 256"; REPS=2
+else
+  MODEL="$DIR/gpt2s-llama"; GQA="$DIR/gqa-llama"
+  [ -f "$MODEL/config.json" ] || "$PY" scripts/make_bench_model.py "$MODEL" >/dev/null
+  [ -f "$GQA/config.json" ] || "$PY" scripts/make_bench_model.py "$GQA" --heads 12 --kv-heads 4 >/dev/null
+  SHAPES="1:128 1:512 8:128 8:512"; EFF_T=512; MEM_TS="512 1024 2048 4096"
+fi
+
+fail=0
+hs_bench() { "$HS" -q bench "$1" --batch "$2" --seq "$3" --reps "$REPS" --threads "$THREADS" --json ${4:+--dtype $4}; }
+py_bench() { "$PY" scripts/bench_eager.py "$1" --batch "$2" --seq "$3" --reps "$REPS" --threads "$THREADS"; }
+# ratio.py KIND args...: small computations on the JSON outputs.
+ratio() {
+  "$PY" - "$@" <<'PYEOF'
+import json, sys
+kind = sys.argv[1]
+if kind == "compare":  # headscope JSON, eager JSON, label
+    h, p = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    a, b = h["logits_probe"], p["logits_probe"]
+    scale = max(1.0, max(abs(x) for x in b))
+    err = max(abs(x - y) for x, y in zip(a, b))
+    tol = 1e-4 * scale
+    if err > tol:
+        print(f"{sys.argv[4]:18s} refused: logits differ by {err:.2e} > {tol:.1e}")
+        sys.exit(3)
+    print(f"{sys.argv[4]:18s} headscope {h['forward_s']*1e3:9.1f} ms   eager {p['forward_s']*1e3:9.1f} ms   "
+          f"speed-up {p['forward_s']/h['forward_s']:5.2f}x   (per-row GEMMs {h['forward_per_row_s']*1e3:8.1f} ms; "
+          f"with stripes: {h['forward_pattern_capture_s']*1e3:.1f} vs {p['forward_pattern_capture_s']*1e3:.1f} ms; "
+          f"logits agree to {err:.1e})")
+elif kind == "eff":
+    h = json.loads(sys.argv[2])
+    print(f"forward efficiency {h['forward_gflops']:.1f} GFLOP/s / GEMM {h['gemm_gflops_512']:.1f} GFLOP/s = "
+          f"{h['forward_gflops']/h['gemm_gflops_512']:.2f}  (target >= 0.6)")
+    print(f"capture overhead   {h['forward_pattern_capture_s']/h['forward_s']:.2f}x  (forward with 3 stripe "
+          f"reductions over plain; target <= 1.25)")
+elif kind == "bf16":
+    a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
+    print(f"bfloat16 forward   {b['forward_s']*1e3:.1f} ms vs float32 {a['forward_s']*1e3:.1f} ms: "
+          f"{a['forward_s']/b['forward_s']:.2f}x the float32 speed")
+PYEOF
+}
+
+echo "== headscope bench.sh ($( [ $SMOKE = 1 ] && echo smoke || echo full )): $THREADS threads, $("$HS" -q info --system 2>/dev/null | grep -E '^(libtorch|BLAS)' | tr -s ' ' | paste -sd';')"
+echo "-- 1, 3. efficiency and capture overhead ($MODEL, 1 x $EFF_T)"
+if j=$(hs_bench "$MODEL" 1 "$EFF_T"); then ratio eff "$j"; else echo "refused: headscope bench failed"; fail=1; fi
+
+echo "-- 2. against Python eager (same model, BLAS, threads; median of $REPS)"
+for m in "$MODEL" "$GQA"; do
+  for s in $SHAPES; do
+    B=${s%:*}; T=${s#*:}
+    if h=$(hs_bench "$m" "$B" "$T") && p=$(py_bench "$m" "$B" "$T"); then
+      ratio compare "$h" "$p" "$(basename "$m") ${B}x${T}" || fail=1
+    else
+      echo "$(basename "$m") ${B}x${T}: refused (a side failed)"; fail=1
+    fi
+  done
+done
+
+echo "-- 4. peak resident memory of detect (induction, previous-token; one row [BOS, R, R])"
+W=$(du -m "$MODEL/model.safetensors" | cut -f1)
+prev=""
+for T in $MEM_TS; do
+  n=$(( (T - 1) / 2 ))
+  if [ -n "$TIME" ]; then
+    if $TIME -f "%M" -o "$DIR/rss" "$HS" -q detect "$MODEL" --probe induction,previous-token --seq-len "$n" --batch 1 \
+         --out "$DIR/mem.h5" --force --threads "$THREADS" >/dev/null 2>"$DIR/err"; then
+      rss=$(( $(tail -1 "$DIR/rss") / 1024 ))
+      line="T=$((2*n+1)): peak $rss MiB ($((rss - W)) MiB beyond the $W MiB of weights)"
+      [ -n "$prev" ] && line="$line, +$((rss - prev)) MiB since the previous T"
+      echo "$line"; prev=$rss
+    else
+      echo "T=$T: detect failed: $(head -1 "$DIR/err")"; fail=1
+    fi
+  else
+    echo "no /usr/bin/time (apt-get install time): memory not measured"; break
+  fi
+done
+
+echo "-- 5. bfloat16 against float32"
+if a=$(hs_bench "$MODEL" 1 "$EFF_T") && b=$(hs_bench "$MODEL" 1 "$EFF_T" bfloat16 2>"$DIR/bf16.err"); then
+  ratio bf16 "$a" "$b"; grep -h "warning" "$DIR/bf16.err" | head -1
+else
+  echo "bfloat16: refused (a side failed)"; fail=1
+fi
+exit $fail

@@ -1,0 +1,208 @@
+// The forward's two speed/memory paths against the plain ones, on every family fixture:
+// attention in query blocks equals whole attention (patterns, scores, logits; with a KV cache and
+// sliding windows), folded GEMMs equal per-row GEMMs, and the pattern reductions computed from row
+// blocks equal their whole-pattern forms.
+#include <doctest/doctest.h>
+
+#include "attention_detectors.h"
+#include "blocks.h"
+#include "model.h"
+#include "patterns.h"
+
+#include <torch/torch.h>
+
+using namespace hs;
+using namespace torch::indexing;
+
+namespace {
+
+// Blocked vs whole attention: the same products on fewer rows (a 1-row block is a matrix-vector
+// product, another kernel). On the same inputs (layer 0) patterns agree within 1e-6 absolute and
+// scores within 1e-6 of their largest magnitude; later layers and the logits also carry the
+// earlier layers' last-bit differences forward (measured up to 3.2e-6): 1e-5.
+constexpr double kBlockTol = 1e-6;
+constexpr double kCarriedTol = 1e-5;
+// Folded vs per-row GEMM: different BLAS kernels, same products: within 1e-5 of the largest logit.
+constexpr double kFoldTol = 1e-5;
+
+const std::vector<std::string> kFixtures = {"gpt2",   "gpt_neox", "gpt_neox_sequential", "gemma",
+                                            "gemma2", "gemma3",   "olmo2",               "qwen3",
+                                            "llama3_rope", "mistral_window", "qwen2_bias"};
+
+std::string fixture(const std::string& name) { return std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + name; }
+
+at::Tensor tokens_for(const Model& m, int64_t B, int64_t T, uint64_t seed) {
+    torch::manual_seed(seed);
+    return torch::randint(m.config.vocab_size, {B, T}, torch::kLong);
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) { return (a - b).abs().max().item<double>(); }
+// Relative to the larger of 1 and the reference's largest magnitude (scores and logits reach ~10-100).
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+    return max_diff(a, b) / std::max(1.0, b.abs().max().item<double>());
+}
+
+struct Observed {
+    at::Tensor logits;
+    std::vector<at::Tensor> scores, pattern;  // per layer [B, H, T, S]
+};
+
+// A forward whose scores and pattern are observed in row blocks of `block` rows (0: whole
+// captures), assembled here into whole tensors for comparison.
+Observed observe(const Model& m, const at::Tensor& tokens, int64_t block, KVCache* cache = nullptr) {
+    const int L = m.config.n_layers;
+    Observed o;
+    std::vector<std::vector<at::Tensor>> sc(L), pa(L);
+    std::vector<int64_t> next_s(L, 0), next_p(L, 0);
+    Hooks hooks;
+    if (block > 0) {
+        hooks.capture_rows(Point::kAttnScores, [&](int l, int64_t q0, const at::Tensor& x) {
+            CHECK(q0 == next_s[l]);  // blocks arrive in order, back to back
+            next_s[l] = q0 + x.size(2);
+            sc[l].push_back(x.clone());
+        });
+        hooks.capture_rows(Point::kAttnPattern, [&](int l, int64_t q0, const at::Tensor& x) {
+            CHECK(q0 == next_p[l]);
+            next_p[l] = q0 + x.size(2);
+            CHECK(x.size(2) <= block);
+            pa[l].push_back(x.clone());
+        });
+    } else {
+        hooks.capture(Point::kAttnScores, [&](int l, const at::Tensor& x) { sc[l].push_back(x.clone()); });
+        hooks.capture(Point::kAttnPattern, [&](int l, const at::Tensor& x) { pa[l].push_back(x.clone()); });
+    }
+    ForwardOptions fo;
+    fo.attn_block = block;
+    torch::NoGradGuard ng;
+    o.logits = m.forward(tokens, &hooks, cache, fo);
+    for (int l = 0; l < L; ++l) {
+        o.scores.push_back(torch::cat(sc[l], 2));
+        o.pattern.push_back(torch::cat(pa[l], 2));
+    }
+    return o;
+}
+
+void check_same(const Observed& a, const Observed& b) {
+    CHECK(rel_diff(a.logits, b.logits) < kCarriedTol);
+    for (size_t l = 0; l < a.pattern.size(); ++l) {
+        CAPTURE(l);
+        const double tol = l == 0 ? kBlockTol : kCarriedTol;
+        REQUIRE(a.pattern[l].sizes() == b.pattern[l].sizes());
+        CHECK(max_diff(a.pattern[l], b.pattern[l]) < tol);
+        // -inf where masked in both: compare the finite entries and the mask itself.
+        auto fa = torch::isfinite(a.scores[l]), fb = torch::isfinite(b.scores[l]);
+        CHECK(torch::equal(fa, fb));
+        CHECK(rel_diff(a.scores[l].masked_select(fa), b.scores[l].masked_select(fb)) < tol);
+    }
+}
+
+}  // namespace
+
+TEST_CASE("attention in query blocks equals whole attention on every family fixture") {
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 2, 23, 7);
+        const auto whole = observe(*m, tokens, 0);
+        for (int64_t block : {1, 5, 8, 23, 100}) {  // 5 does not divide 23; 100 > T is one block
+            CAPTURE(block);
+            check_same(whole, observe(*m, tokens, block));
+        }
+        // With a KV cache: 9 tokens prefilled, then 14 in blocks of 4; the second call's rows are
+        // queries 9..22 (q0 counts from the call's first query) against all 23 keys.
+        KVCache c0, c1;
+        auto first = tokens.narrow(1, 0, 9), rest = tokens.narrow(1, 9, 14);
+        observe(*m, first, 0, &c0);
+        observe(*m, first, 4, &c1);
+        const auto w2 = observe(*m, rest, 0, &c0), b2 = observe(*m, rest, 4, &c1);
+        check_same(w2, b2);
+        CHECK(rel_diff(w2.logits, whole.logits.narrow(1, 9, 14)) < 1e-5);
+        CHECK(max_diff(w2.pattern[0], whole.pattern[0].narrow(2, 9, 14)) < 1e-5);
+    }
+}
+
+TEST_CASE("automatic attention blocks bound the scratch and cover every query") {
+    CHECK(blocks::attention_block_rows(0, 1, 12, 512, 512) == 512);     // small: one block
+    CHECK(blocks::attention_block_rows(0, 1, 12, 4096, 4096) == 170);   // 2^23 / (12 * 4096)
+    CHECK(blocks::attention_block_rows(0, 64, 32, 8192, 8192) == 16);   // never below 16 rows
+    CHECK(blocks::attention_block_rows(7, 1, 1, 5, 5) == 5);            // a request above T: T
+    CHECK(blocks::attention_block_rows(3, 1, 1, 5, 5) == 3);
+}
+
+TEST_CASE("folded GEMMs equal per-row GEMMs on every family fixture; row interventions keep rows exact") {
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 3, 17, 11);
+        torch::NoGradGuard ng;
+        ForwardOptions folded, per_row;
+        folded.gemm = GemmMode::kFolded;
+        per_row.gemm = GemmMode::kPerRow;
+        auto a = m->forward(tokens, nullptr, nullptr, folded), b = m->forward(tokens, nullptr, nullptr, per_row);
+        CHECK(rel_diff(a, b) < kFoldTol);
+        CHECK(max_diff(a, m->forward(tokens)) == 0.0);  // automatic without interventions: folded
+        // Automatic with an intervention on row 2: per-row, so rows 0 and 1 equal their unbatched runs.
+        Hooks hooks;
+        hooks.intervene_z({0, 1, 2, HeadOp::kZero, 0.0, {}});
+        auto c = m->forward(tokens, &hooks);
+        for (int64_t r = 0; r < 2; ++r) CHECK(torch::equal(c[r], m->forward(tokens.narrow(0, r, 1))[0]));
+        CHECK(max_diff(c[2], b[2]) > 1e-4);  // the intervention did act
+    }
+}
+
+TEST_CASE("stripe and detector scores from row blocks equal their whole-pattern forms") {
+    auto m = load_model(fixture("qwen3"));
+    const int64_t n = 9, T = 2 * n + 1, L = m->config.n_layers, H = m->config.n_heads;
+    auto body = tokens_for(*m, 3, n, 5);
+    auto tokens = torch::cat({torch::full({3, 1}, 1, torch::kLong), body, body}, 1);
+    const std::vector<StripeKind> kinds = {StripeKind::kInduction, StripeKind::kPreviousToken,
+                                           StripeKind::kDuplicateToken, StripeKind::kAttentionSink};
+    auto whole = observe(*m, tokens, 0);
+    for (int64_t block : std::vector<int64_t>{1, 4, 7, T}) {
+        CAPTURE(block);
+        std::vector<at::Tensor> samples;
+        for (size_t k = 0; k < kinds.size(); ++k) samples.push_back(torch::zeros({3, L, H}));
+        Hooks hooks;
+        hooks.capture_rows(Point::kAttnPattern, stripe_capture(kinds, n, samples, 0));
+        ForwardOptions fo;
+        fo.attn_block = block;
+        fo.compute_logits = false;
+        torch::NoGradGuard ng;
+        m->forward(tokens, &hooks, nullptr, fo);
+        for (size_t k = 0; k < kinds.size(); ++k)
+            for (int64_t l = 0; l < L; ++l)
+                CHECK(max_diff(samples[k].select(1, l), stripe_scores_layer(whole.pattern[l], kinds[k], n)) < (l == 0 ? kBlockTol : kCarriedTol));
+    }
+    // Detection-pattern scores (both measures, both exclusions) summed over row blocks.
+    for (auto measure : {ErrorMeasure::kMul, ErrorMeasure::kAbs})
+        for (bool ex : {false, true}) {
+            DetectorOptions opts{measure, ex, ex};
+            auto det = detection_pattern(tokens[0], DetectorKind::kInduction);
+            auto p = whole.pattern[1].narrow(0, 0, 1);
+            auto want = detector_scores_layer(p, det, opts);
+            at::Tensor sums;
+            for (int64_t q0 = 0; q0 < T; q0 += 4) {
+                auto part = detector_sums_rows(p.narrow(2, q0, std::min<int64_t>(4, T - q0)), q0, det, opts);
+                sums = sums.defined() ? sums + part : part;
+            }
+            CHECK(max_diff(detector_score_finish(sums, T, opts), want) < kBlockTol);
+        }
+}
+
+TEST_CASE("row-block reductions: hand-made pattern, ranges that straddle blocks") {
+    // A[q, k] = 100 q + k on a [1, 1, 6, 6] grid: every reduction is a known sum.
+    auto a = (torch::arange(6).unsqueeze(1) * 100 + torch::arange(6).unsqueeze(0)).to(torch::kFloat).view({1, 1, 6, 6});
+    auto total = [&](const std::function<at::Tensor(const at::Tensor&, int64_t)>& f) {
+        double s = 0;
+        for (int64_t q0 = 0; q0 < 6; q0 += 4) s += f(a.narrow(2, q0, std::min<int64_t>(4, 6 - q0)), q0).item<double>();
+        return s;
+    };
+    // A[q, q-1] for q in 2..5: 201 + 302 + 403 + 504
+    CHECK(total([](const at::Tensor& r, int64_t q0) { return diagonal_sum_rows(r, q0, 2, 5, 1); }) == 1410);
+    // A[q, 0] for q in 1..4
+    CHECK(total([](const at::Tensor& r, int64_t q0) { return column_sum_rows(r, q0, 1, 4, 0); }) == 1000);
+    // picks A[5, 2] (row 5 lies in the second block)
+    CHECK(total([](const at::Tensor& r, int64_t q0) {
+              return pick_rows(r, q0, torch::tensor({5}, torch::kLong), torch::tensor({2}, torch::kLong));
+          }) == 502);
+}
