@@ -3,7 +3,7 @@
 #include "blocks.h"
 #include "errors.h"
 #include "progress.h"
-#include "maps.h"
+#include "weight_circuits.h"
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>

@@ -1,7 +1,7 @@
 #include "dla.h"
 
 #include "errors.h"
-#include "maps.h"
+#include "weight_circuits.h"
 #include "tokenizer.h"
 #include "util.h"
 
