@@ -109,4 +109,32 @@ if a=$(hs_bench "$MODEL" 1 "$EFF_T") && b=$(hs_bench "$MODEL" 1 "$EFF_T" bfloat1
 else
   echo "bfloat16: refused (a side failed)"; fail=1
 fi
+echo "-- 5b. score differences bfloat16 causes (max |bf16 - fp32| over heads; detect's stripe scores)"
+PYH=$(bash scripts/find_python.sh h5py numpy 2>/dev/null) || PYH=""
+TD=""; for c in ../shared/testdata shared/testdata; do [ -z "$TD" ] && [ -d "$c" ] && TD="$c"; done
+TOYDIR=${HEADSCOPE_CI_TOY_DIR:-build/ci-toy}
+cases=()
+[ -n "$TD" ] && cases+=("$TD/stories260K/stories260K.bin|--seq-len 50 --batch 20 --token-range 259,512")
+[ -n "$TD" ] && cases+=("$TD/tinystories-656k|--seq-len 50 --batch 20 --token-range 259,2048")
+for t in induction recall; do [ -f "$TOYDIR/$t/config.json" ] && cases+=("$TOYDIR/$t|--seq-len 25 --batch 32 --token-range 6,68"); done
+[ -f "models/toy-induction/config.json" ] && cases+=("models/toy-induction|--seq-len 25 --batch 32 --token-range 6,68")
+if [ -z "$PYH" ]; then echo "no Python with h5py: score differences not computed"; fi
+for c in "${cases[@]}"; do
+  [ -n "$PYH" ] || break
+  m=${c%%|*}; args=${c#*|}
+  if "$HS" -q detect "$m" --probe induction,previous-token $args --out "$DIR/f32.h5" --force >/dev/null 2>&1 &&
+     "$HS" -q detect "$m" --probe induction,previous-token $args --dtype bfloat16 --out "$DIR/bf16.h5" --force >/dev/null 2>&1; then
+    "$PYH" - "$DIR/f32.h5" "$DIR/bf16.h5" "$m" <<'PYEOF'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+parts = []
+for p in ("induction", "previous-token"):
+    x, y = a[f"/scores/{p}/score"][()], b[f"/scores/{p}/score"][()]
+    parts.append(f"{p} {np.abs(x - y).max():.4f} (top head {'same' if x.argmax() == y.argmax() else 'DIFFERENT'})")
+print(f"{sys.argv[3]}: " + ", ".join(parts))
+PYEOF
+  else
+    echo "$m: detect failed"; fail=1
+  fi
+done
 exit $fail

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# scripts/bench.sh --smoke: the benchmark script runs end to end on a tiny model it makes, and every
+# ratio it reports came from two sides that ran and agreed (no "refused" line). Times are not
+# asserted (docs/performance.md records the full run).
+# Usage: cli_bench.sh path/to/headscope
+set -u
+HS="$1"
+source "$(dirname "$0")/lib_cli.sh"
+if ! bash scripts/find_python.sh torch numpy >/dev/null 2>&1; then
+  echo "cli-bench: skipped (no Python with torch and numpy)"; echo "cli-bench: 0 passed, 0 failed"; exit 0
+fi
+BENCH_DIR="$TMP/bench" bash scripts/bench.sh --smoke >"$TMP/bench.out" 2>&1; rc=$?
+check "bench.sh --smoke exits 0" -- test "$rc" -eq 0
+check "no refused ratio" -- bash -c "! grep -q refused '$TMP/bench.out'"
+check "eager comparison at every shape" -- test "$(grep -c 'speed-up' "$TMP/bench.out")" -eq 4
+check "efficiency line" -- grep -q "forward efficiency" "$TMP/bench.out"
+check "memory lines" -- test "$(grep -c 'MiB beyond' "$TMP/bench.out")" -eq 2
+check "bf16 line" -- grep -q "bfloat16 forward" "$TMP/bench.out"
+[ "$fail" -eq 0 ] || cat "$TMP/bench.out"
+echo "cli-bench: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
