@@ -215,7 +215,7 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
     const int64_t H = pattern.size(0), S = pattern.size(1), K = v.size(1), d = v.size(2), g = H / K;
     auto a = pattern.to(torch::kDouble);
     // Retrieval: argmax key (first of ties) in the needle holding the generated token.
-    auto jstar = a.argmax(1);
+    auto jstar = a.argmax(1).to(torch::kCPU);
     auto credit = torch::zeros({H}, torch::kDouble);
     const double n = static_cast<double>(ne - ns);
     auto js = jstar.accessor<int64_t, 1>();
@@ -223,15 +223,18 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
         const int64_t j = js[h];
         if (j >= ns && j < ne && j < static_cast<int64_t>(prompt.size()) && prompt[j] == y) credit[h] = 1.0 / n;
     }
-    // LOCOS: phi[h, j] = a[h, j] * (W_O^h^T u) . v[j, h / g]
-    auto uproj = u.to(torch::kDouble).matmul(wo.to(torch::kDouble)).view({H, d});  // [H, d]
-    auto kv = torch::arange(H, torch::kLong).div(g, "floor");
-    auto vh = v.to(torch::kDouble).index_select(1, kv);                           // [S, H, d]
-    auto contrib = (vh * uproj.unsqueeze(0)).sum(-1).t();                         // [H, S]
+    // LOCOS: phi[h, j] = a[h, j] * (W_O^h^T u) . v[j, h / g], in float32 (or wider) without
+    // expanding v to H heads: [K, S, d] x [K, d, g] -> [K, S, g] -> [H, S]. O(H x S) memory.
+    const auto ct = v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+    auto uproj = u.to(ct).matmul(wo.to(ct)).view({K, g, d});                             // [K, g, d]
+    auto contrib = torch::bmm(v.to(ct).permute({1, 0, 2}), uproj.transpose(1, 2))        // [K, S, g]
+                       .permute({0, 2, 1})
+                       .reshape({H, S})
+                       .to(torch::kDouble);
     auto phi = a * contrib;
     auto lplus = phi.index({Slice(), Slice(ns, ne)}).sum(1);
     auto lminus = (phi.sum(1) - lplus) * (n / static_cast<double>(S - (ne - ns)));
-    return {credit, lplus, lminus};
+    return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
 }
 
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
@@ -282,10 +285,9 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
         out.generated.push_back(y);
         if (s.score) {
             auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
-            auto u = m.weights.unembed[y].to(torch::kCPU);
+            auto u = m.weights.unembed[y];
             for (int l = 0; l < L; ++l) {
-                auto sc = score_step(rows[l].to(torch::kCPU), vals[l].to(torch::kCPU), m.weights.layers[l].wo.to(torch::kCPU),
-                                     u, trial.prompt, trial.needle_start, trial.needle_end, y);
+                auto sc = score_step(rows[l], vals[l], m.weights.layers[l].wo, u, trial.prompt, trial.needle_start, trial.needle_end, y);
                 c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus;
             }
             credit.push_back(c), lplus.push_back(lp), lminus.push_back(lm);

@@ -16,7 +16,7 @@ N=datasets/needles
 peak() {  # peak RSS in MiB of one needle run: context length $1, prefill chunk $2
   /usr/bin/time -f '%M' -o "$W/rss" "$HS" -q retrieval "$W/model" --tokenizer "$TOK" --threads "$THREADS" \
     --haystack $N/haystack.txt --needles $N/needles.jsonl --lengths "$1" --depths 50 --max-new-tokens 8 \
-    --prefill-chunk "$2" --force --out "$W/o.h5" >/dev/null
+    --prefill-chunk "$2" --force --out "$W/o.h5" >/dev/null 2>"$W/err"
   echo $(( $(cat "$W/rss") / 1024 ))
 }
 # The template adds about 25 tokens and 8 new tokens follow: contexts stop 64 short of 4096.
