@@ -15,6 +15,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <stdexcept>
 
 namespace hs {
 
@@ -237,14 +238,23 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
     return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
 }
 
-DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
-                       const std::function<bool(int64_t)>& stop, const HeadSet* ablate, QueryMean* calibrate) {
+std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate, QueryMean* calibrate) {
     torch::NoGradGuard ng;
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
-    const int64_t P = static_cast<int64_t>(trial.prompt.size());
+    const int64_t B = static_cast<int64_t>(trials.size());
+    if (B == 0) return {};
+    const int64_t P = static_cast<int64_t>(trials[0]->prompt.size());
+    std::vector<int64_t> flat;
+    for (const Trial* t : trials) {
+        if (static_cast<int64_t>(t->prompt.size()) != P)
+            throw std::invalid_argument("decode_batch: every trial of a batch needs the same prompt length");
+        flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
+    }
+    if (calibrate && B != 1) throw std::invalid_argument("decode_batch: calibration runs one trial at a time");
     auto dev = m.options.device;
-    auto ids = torch::tensor(trial.prompt, torch::kLong).to(dev).view({1, P});
+    auto ids = torch::tensor(flat, torch::kLong).view({B, P}).to(dev);
 
     Hooks prefill, step;
     if (ablate) {
@@ -262,8 +272,8 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
     }
     std::vector<at::Tensor> rows(L), vals(L);
     if (s.score) {
-        step.capture(Point::kAttnPattern, [&rows](int l, const at::Tensor& a) { rows[l] = a[0].select(1, 0); });  // [H, S]
-        step.capture(Point::kAttnV, [&vals](int l, const at::Tensor& v) { vals[l] = v[0]; });                     // [S, K, d]
+        step.capture(Point::kAttnPattern, [&rows](int l, const at::Tensor& a) { rows[l] = a.select(2, 0); });  // [B, H, S]
+        step.capture(Point::kAttnV, [&vals](int l, const at::Tensor& v) { vals[l] = v; });                     // [B, S, K, d]
     }
 
     KVCache cache;
@@ -273,34 +283,50 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
     for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
         m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
 
-    DecodeOut out;
-    std::vector<at::Tensor> credit, lplus, lminus;
-    int64_t next = trial.prompt[P - 1];
-    for (int64_t t = 0; t < s.max_new_tokens; ++t) {
-        auto in = torch::full({1, 1}, next, torch::TensorOptions().dtype(torch::kLong).device(dev));
-        auto logits = m.forward(in, &step, &cache);  // [1, 1, V]
-        const int64_t y = logits[0][0].argmax().item<int64_t>();
-        out.peak_keys = cache.length();
-        if (stop(y)) break;
-        out.generated.push_back(y);
-        if (s.score) {
+    std::vector<DecodeOut> out(B);
+    std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);
+    std::vector<char> done(B, 0);
+    std::vector<int64_t> next(B);
+    for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
+    int64_t active = B;
+    for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
+        auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
+        auto logits = m.forward(in, &step, &cache);  // [B, 1, V]
+        auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
+        const int64_t keys = cache.length();
+        for (int64_t b = 0; b < B; ++b) {
+            if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
+            const int64_t y = ys[b].item<int64_t>();
+            out[b].peak_keys = keys;
+            if (stop(y)) {
+                done[b] = 1, --active;
+                continue;
+            }
+            out[b].generated.push_back(y);
+            next[b] = y;
+            if (!s.score) continue;
+            const Trial& tr = *trials[b];
             auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
             auto u = m.weights.unembed[y];
             for (int l = 0; l < L; ++l) {
-                auto sc = score_step(rows[l], vals[l], m.weights.layers[l].wo, u, trial.prompt, trial.needle_start, trial.needle_end, y);
+                auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, tr.needle_start, tr.needle_end, y);
                 c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus;
             }
-            credit.push_back(c), lplus.push_back(lp), lminus.push_back(lm);
+            credit[b].push_back(c), lplus[b].push_back(lp), lminus[b].push_back(lm);
         }
-        next = y;
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());
     }
     auto stack = [&](const std::vector<at::Tensor>& v) {
         return v.empty() ? torch::zeros({0, L, cfg.n_heads}, torch::kDouble) : torch::stack(v);
     };
-    out.credit = stack(credit), out.lplus = stack(lplus), out.lminus = stack(lminus);
+    for (int64_t b = 0; b < B; ++b) out[b].credit = stack(credit[b]), out[b].lplus = stack(lplus[b]), out[b].lminus = stack(lminus[b]);
     return out;
+}
+
+DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
+                       const HeadSet* ablate, QueryMean* calibrate) {
+    return std::move(decode_batch(m, {&trial}, s, stop, ablate, calibrate).front());
 }
 
 std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& gen, const std::string& answer) {

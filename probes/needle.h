@@ -109,6 +109,13 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
                        const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
                        QueryMean* calibrate = nullptr);
 
+// Several trials of the same prompt length decoded as rows of one batch (each row equals its
+// trial decoded alone: the forward is batch-independent). A finished row keeps feeding its last
+// token until every row stops; its outputs are not extended. Calibration needs one trial a call.
+std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
+                                    QueryMean* calibrate = nullptr);
+
 // The per-step arithmetic on one layer, exposed for the tests. pattern [H, S] (one query row),
 // v [S, K, d], wo [D, H*d], u [D] (raw unembedding row of y), prompt ids (positions >= its size
 // never count as needle). Returns credit, L+, L- each [H] double.

@@ -244,6 +244,26 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     const DecodeOut stopped = decode_trial(*m, t, s, [](int64_t id) { return id == kTarget; });
     CHECK(stopped.generated.empty());
     CHECK(stopped.credit.size(0) == 0);
+    // Batched rows equal their trials decoded alone, also when one row stops first: trial c has
+    // no kTarget, so with kTarget as the stop token rows a and b stop at step 0 and c runs on.
+    Trial t2 = t, t3 = t;
+    std::swap(t2.prompt[9], t2.prompt[3]);  // kTarget moved to position 3, outside the needle
+    t2.prompt[9] = 60;
+    t3.prompt[9] = 61;  // no kTarget anywhere
+    for (auto stop_fn : std::vector<std::function<bool(int64_t)>>{never, [](int64_t id) { return id == kTarget; }}) {
+        const auto batch = decode_batch(*m, {&t, &t2, &t3}, s, stop_fn);
+        REQUIRE(batch.size() == 3);
+        const std::vector<const Trial*> all = {&t, &t2, &t3};
+        for (size_t k = 0; k < all.size(); ++k) {
+            CAPTURE(k);
+            const DecodeOut alone = decode_trial(*m, *all[k], s, stop_fn);
+            CHECK(batch[k].generated == alone.generated);
+            CHECK(torch::equal(batch[k].credit, alone.credit));
+            CHECK(torch::allclose(batch[k].lplus, alone.lplus, 1e-6, 1e-9));
+            CHECK(torch::allclose(batch[k].lminus, alone.lminus, 1e-6, 1e-9));
+        }
+        if (stop_fn(kTarget)) CHECK((batch[0].generated.empty() && batch[2].generated.size() == 4));
+    }
     // Calibration sums every query seen: prompt + 3 fed tokens.
     QueryMean qm;
     decode_trial(*m, t, s, never, nullptr, &qm);
@@ -380,6 +400,17 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
         CHECK(span.values[2 * i + 1] - span.values[2 * i] == 2);
         const int64_t key = static_cast<int64_t>(pt.values[i * Tm + static_cast<int64_t>(span.values[2 * i])]);
         CHECK((key >= toy::kLower0 && key < toy::kUpper0));
+    }
+    // Batched decoding (rows of equal prompt length) writes the same numbers.
+    const std::string cmd7 = cmd.substr(0, cmd.find(" --out '")) + " --batch 7 --out '" + tmp.file("b7.h5") + "'";
+    REQUIRE(std::system(cmd7.c_str()) == 0);
+    ResultReader r7(tmp.file("b7.h5"));
+    for (const char* ds : {"/scores/retrieval/score", "/scores/locos/score", "/retrieval/trials/generated",
+                           "/retrieval/trials/rouge1_recall", "/retrieval/ablation/rouge1_recall"}) {
+        CAPTURE(ds);
+        const auto a = r.read(ds).values, b = r7.read(ds).values;
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
     }
     // The controls never include the ablated heads.
     const auto masks = r.read("/retrieval/ablation/masks");

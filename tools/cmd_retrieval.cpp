@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <map>
 
 namespace hs::cli {
 
@@ -39,6 +40,7 @@ struct RetrievalOptions {
     std::string from;
     int64_t random_controls = 0;
     int64_t calibration_trials = 8;
+    int64_t batch = 1;
 };
 
 // A shipped data file: as given when it exists, else under the source tree next to the binary
@@ -182,6 +184,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
     if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
     if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
+    if (o.batch < 1) throw UsageError("--batch: need at least 1");
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
     if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
     if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
@@ -244,9 +247,8 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     ds.max_new_tokens = o.max_new_tokens, ds.prefill_chunk = o.prefill_chunk, ds.score = true;
     std::vector<TrialRecord> rec(N);
     auto nan = std::numeric_limits<double>::quiet_NaN();
-    for (int64_t i = 0; i < N; ++i) {
+    auto record = [&](int64_t i, const DecodeOut& d) {
         const auto& t = trials[i];
-        auto d = decode_trial(m, t, ds, facts.stop, nullptr, calibrate && i < o.calibration_trials ? &qmean : nullptr);
         auto& r = rec[i];
         r.generated = d.generated;
         const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
@@ -259,7 +261,31 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         r.locos = steps.empty() ? torch::full({L, H}, nan, torch::kDouble)
                                 : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
         prog.tick();
+    };
+    // Batches of up to --batch trials with equal prompt lengths (rows of one forward); the
+    // mean-query calibration trials run alone first.
+    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    std::vector<std::vector<int64_t>> groups;
+    {
+        std::map<size_t, std::vector<int64_t>> open;
+        for (int64_t i = n_calib; i < N; ++i) {
+            auto& g = open[trials[i].prompt.size()];
+            g.push_back(i);
+            if (static_cast<int64_t>(g.size()) == o.batch) groups.push_back(std::move(g)), g.clear();
+        }
+        for (auto& [len, g] : open)
+            if (!g.empty()) groups.push_back(g);
     }
+    auto run_groups = [&](const DecodeSettings& set, const HeadSet* hs, const std::function<void(int64_t, const DecodeOut&)>& f) {
+        for (const auto& g : groups) {
+            std::vector<const Trial*> ptrs;
+            for (auto i : g) ptrs.push_back(&trials[i]);
+            auto outs = decode_batch(m, ptrs, set, facts.stop, hs);
+            for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
+        }
+    };
+    for (int64_t i = 0; i < n_calib; ++i) record(i, decode_trial(m, trials[i], ds, facts.stop, nullptr, &qmean));
+    run_groups(ds, nullptr, record);
 
     // ---- aggregate ----
     std::vector<at::Tensor> ret_pass, locos_pass;
@@ -302,14 +328,15 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         HeadSet hs{sets[si], abl, q_mean};
         for (auto [l, h] : sets[si]) masks[(si * L + l) * H + h] = 1;
         int64_t passed = 0;
-        for (int64_t i = 0; i < N; ++i) {
-            auto d = decode_trial(m, trials[i], dsa, facts.stop, &hs);
+        auto score_ablated = [&](int64_t i, const DecodeOut& d) {
             const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
             const double r = rouge1_recall(needles[trials[i].needle].answer, trim(tok.decode(g32, true)));
             abl_recall[si * N + i] = static_cast<float>(r);
             passed += r > o.pass_threshold;
             prog.tick();
-        }
+        };
+        for (int64_t i = 0; i < n_calib; ++i) score_ablated(i, decode_trial(m, trials[i], dsa, facts.stop, &hs));
+        run_groups(dsa, &hs, score_ablated);
         abl_acc[si] = static_cast<float>(passed) / static_cast<float>(N);
     }
     prog.finish();
@@ -330,6 +357,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"pass_threshold", o.pass_threshold},
                     {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold")},
                     {"prefill_chunk", o.prefill_chunk},
+                    {"batch", o.batch},
                     {"scores", o.scores},
                     {"flag_threshold", o.flag_threshold},
                     {"bootstrap_resamples", o.bootstrap},
@@ -491,6 +519,8 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
     sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
+        ->capture_default_str();
+    sub->add_option("--batch", o->batch, "trials of equal prompt length decoded together (memory x batch)")
         ->capture_default_str();
     sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")->capture_default_str();
     sub->add_option("--ablate", o->ablate, "heads to ablate, e.g. L1H0,L2H3");
