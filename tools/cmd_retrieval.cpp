@@ -204,7 +204,12 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const auto hay_enc = trim(hay_text).empty() ? std::vector<int32_t>{} : tok.encode(hay_text, false);
     if (hay_enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", hay_path));
     const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());
-    const TokenFacts facts = token_facts(tok);
+    TokenFacts facts = token_facts(tok);
+    if (m.config.eos_id >= 0) {  // the model's own EOS (config.json) stops too
+        auto tok_stop = facts.stop;
+        const int64_t eos = m.config.eos_id;
+        facts.stop = [tok_stop, eos](int64_t id) { return id == eos || tok_stop(id); };
+    }
     auto enc = [&](const std::string& s) {
         const auto e = s.empty() ? std::vector<int32_t>{} : tok.encode(s, false);
         return std::vector<int64_t>(e.begin(), e.end());
@@ -214,7 +219,6 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (!o.ablate.empty()) ablate_heads = parse_heads(o.ablate, L, H);
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
     if (!o.from.empty()) from_score = read_score(o.from, L, H);
-    if (o.ablate_top > 0 && o.from.empty() && !want_locos && !want_ret) throw UsageError("--ablate-top needs a score");
 
     std::vector<Trial> trials;
     for (auto len : lengths)
@@ -366,7 +370,8 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"n_passed", n_pass},
                     {"accuracy", base_acc},
                     {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
-                                           "a newline or EOS token stops without being kept or scored")}};
+                                           "a newline or EOS token (tokenizer's or config.json's) stops without "
+                                           "being kept or scored")}};
     auto with = [&](Attrs a) {
         for (auto& kv : params) a.insert(kv);
         return a;
