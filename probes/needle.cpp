@@ -1,0 +1,466 @@
+#include "needle.h"
+
+#include "errors.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <stdexcept>
+
+namespace hs {
+
+using torch::indexing::None;
+using torch::indexing::Slice;
+
+const char* const kDefaultTemplate = "{context}Based on the content of the book, Question: {question}\nAnswer:";
+
+// ---- rouge ----
+
+std::vector<std::string> rouge_tokens(const std::string& text) {
+    std::vector<std::string> out;
+    std::string cur;
+    for (unsigned char c : text) {
+        const char l = static_cast<char>(std::tolower(c));
+        if ((l >= 'a' && l <= 'z') || (l >= '0' && l <= '9')) {
+            cur += l;
+        } else if (!cur.empty()) {
+            out.push_back(cur);
+            cur.clear();
+        }
+    }
+    if (!cur.empty()) out.push_back(cur);
+    return out;
+}
+
+double rouge1_recall(const std::string& reference, const std::string& candidate) {
+    const auto ref = rouge_tokens(reference), cand = rouge_tokens(candidate);
+    if (ref.empty()) return 0.0;
+    std::map<std::string, int64_t> rc, cc;
+    for (const auto& t : ref) ++rc[t];
+    for (const auto& t : cand) ++cc[t];
+    int64_t overlap = 0;
+    for (const auto& [t, n] : rc) {
+        auto it = cc.find(t);
+        if (it != cc.end()) overlap += std::min(n, it->second);
+    }
+    return static_cast<double>(overlap) / static_cast<double>(ref.size());
+}
+
+// ---- needles file ----
+
+std::vector<Needle> read_needles(const std::string& path) {
+    const std::string text = read_text_file(path);
+    std::vector<Needle> out;
+    int line_no = 0;
+    for (const auto& raw : split(text, '\n')) {
+        ++line_no;
+        const std::string line = trim(raw);
+        if (line.empty()) continue;
+        const std::string where = fmt::format("{}:{}", path, line_no);
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(line);
+        } catch (const std::exception&) {
+            throw DataError(fmt::format("{}: not a JSON object (expected {{\"needle\": ..., \"question\": ..., \"answer\": ...}})", where));
+        }
+        if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", where));
+        Needle n;
+        n.line = line_no;
+        for (const char* key : {"needle", "question", "answer"}) {
+            if (!j.contains(key) || !j[key].is_string())
+                throw DataError(fmt::format("{}: missing string field \"{}\"", where, key));
+            const std::string v = j[key].get<std::string>();
+            if (trim(v).empty()) throw DataError(fmt::format("{}: field \"{}\" is empty", where, key));
+            (key[0] == 'n' ? n.needle : key[0] == 'q' ? n.question : n.answer) = v;
+        }
+        // Every word of the answer must occur in the needle's text (case-insensitive).
+        std::string low;
+        for (unsigned char c : n.needle) low += static_cast<char>(std::tolower(c));
+        for (const auto& w : rouge_tokens(n.answer))
+            if (low.find(w) == std::string::npos)
+                throw DataError(fmt::format("{}: the answer \"{}\" is not in the needle (word \"{}\" missing)", where,
+                                            n.answer, w));
+        if (rouge_tokens(n.answer).empty())
+            throw DataError(fmt::format("{}: the answer \"{}\" has no word (letters or digits)", where, n.answer));
+        out.push_back(std::move(n));
+    }
+    if (out.empty()) throw DataError(fmt::format("{}: no needles (the file is empty)", path));
+    return out;
+}
+
+// ---- template ----
+
+PromptTemplate parse_template(const std::string& text) {
+    const auto c = text.find("{context}");
+    if (c == std::string::npos || text.find("{context}", c + 1) != std::string::npos)
+        throw UsageError(fmt::format("--template: needs {{context}} exactly once (got \"{}\")", text));
+    if (text.find("{question}") == std::string::npos)
+        throw UsageError(fmt::format("--template: has no {{question}} placeholder (got \"{}\")", text));
+    return PromptTemplate{text};
+}
+
+static std::string substitute(std::string s, const std::string& question) {
+    const std::string key = "{question}";
+    for (size_t p = s.find(key); p != std::string::npos; p = s.find(key, p + question.size()))
+        s.replace(p, key.size(), question);
+    return s;
+}
+
+std::string PromptTemplate::prefix(const std::string& q) const { return substitute(text.substr(0, text.find("{context}")), q); }
+std::string PromptTemplate::suffix(const std::string& q) const {
+    return substitute(text.substr(text.find("{context}") + 9), q);
+}
+
+// ---- tokens ----
+
+TokenFacts token_facts(const Tokenizer& tok) {
+    TokenFacts f;
+    const auto with = tok.encode("a", true), without = tok.encode("a", false);
+    // The specials before the text: what `with` has before `without` begins.
+    for (size_t i = 0; i + without.size() <= with.size(); ++i)
+        if (std::equal(without.begin(), without.end(), with.begin() + i)) {
+            f.bos_prefix.assign(with.begin(), with.begin() + i);
+            break;
+        }
+    const Tokenizer* t = &tok;
+    auto cache = std::make_shared<std::map<int64_t, std::string>>();
+    auto text_of = [t, cache](int64_t id) -> const std::string& {
+        auto it = cache->find(id);
+        if (it != cache->end()) return it->second;
+        return (*cache)[id] = t->decode({static_cast<int32_t>(id)}, true);
+    };
+    f.sentence_end = [text_of](int64_t id) {
+        const std::string& s = text_of(id);
+        return !s.empty() && (s.back() == '.' || s.back() == '!' || s.back() == '?' || s.back() == '\n');
+    };
+    const auto eos = tok.eos_id();
+    f.stop = [text_of, eos](int64_t id) {
+        if (eos && id == *eos) return true;
+        return text_of(id).find('\n') != std::string::npos;
+    };
+    return f;
+}
+
+Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack, const std::vector<int64_t>& prefix,
+                  const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
+                  int needle_index) {
+    const int64_t n = static_cast<int64_t>(needle.size());
+    if (n >= length)
+        throw DataError(fmt::format("needle {} has {} tokens, no shorter than the context length {}", needle_index, n, length));
+    if (haystack.empty()) throw DataError("the haystack has no tokens");
+    const int64_t n_hay = length - n;
+    std::vector<int64_t> hay(n_hay);
+    for (int64_t i = 0; i < n_hay; ++i) hay[i] = haystack[i % haystack.size()];
+    int64_t at = depth >= 100.0 ? n_hay : static_cast<int64_t>(static_cast<double>(n_hay) * depth / 100.0);
+    if (depth < 100.0)
+        while (at > 0 && !facts.sentence_end(hay[at - 1])) --at;  // back to the previous sentence end
+    Trial t;
+    t.length = length, t.depth = depth, t.needle = needle_index;
+    t.prompt = prefix;
+    t.prompt.insert(t.prompt.end(), hay.begin(), hay.begin() + at);
+    t.needle_start = static_cast<int64_t>(t.prompt.size());
+    t.prompt.insert(t.prompt.end(), needle.begin(), needle.end());
+    t.needle_end = static_cast<int64_t>(t.prompt.size());
+    t.prompt.insert(t.prompt.end(), hay.begin() + at, hay.end());
+    t.prompt.insert(t.prompt.end(), suffix.begin(), suffix.end());
+    return t;
+}
+
+// ---- ablation ----
+
+Ablation parse_ablation(const std::string& s) {
+    if (s == "zero-query") return Ablation::kZeroQuery;
+    if (s == "mean-query") return Ablation::kMeanQuery;
+    if (s == "zero") return Ablation::kZero;
+    throw UsageError(fmt::format("--ablation '{}': expected zero-query, mean-query or zero", s));
+}
+
+const char* ablation_name(Ablation a) {
+    switch (a) {
+        case Ablation::kZeroQuery: return "zero-query";
+        case Ablation::kMeanQuery: return "mean-query";
+        case Ablation::kZero: return "zero";
+        default: return "none";
+    }
+}
+
+void HeadSet::apply(Hooks& hooks) const {
+    for (auto [l, h] : heads) {
+        switch (mode) {
+            case Ablation::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Ablation::kMeanQuery:
+                hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
+                break;
+            case Ablation::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            default: break;
+        }
+    }
+}
+
+at::Tensor QueryMean::mean() const { return (sum / static_cast<double>(std::max<int64_t>(1, count))).to(torch::kFloat); }
+
+// ---- scoring ----
+
+StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
+                      const std::vector<int64_t>& prompt, int64_t ns, int64_t ne, int64_t y) {
+    const int64_t H = pattern.size(0), S = pattern.size(1), K = v.size(1), d = v.size(2), g = H / K;
+    auto a = pattern.to(torch::kDouble);
+    // Retrieval: argmax key (first of ties) in the needle holding the generated token.
+    auto jstar = a.argmax(1).to(torch::kCPU);
+    auto credit = torch::zeros({H}, torch::kDouble);
+    const double n = static_cast<double>(ne - ns);
+    auto js = jstar.accessor<int64_t, 1>();
+    for (int64_t h = 0; h < H; ++h) {
+        const int64_t j = js[h];
+        if (j >= ns && j < ne && j < static_cast<int64_t>(prompt.size()) && prompt[j] == y) credit[h] = 1.0 / n;
+    }
+    // LOCOS: phi[h, j] = a[h, j] * (W_O^h^T u) . v[j, h / g], in float32 (or wider) without
+    // expanding v to H heads: [K, S, d] x [K, d, g] -> [K, S, g] -> [H, S]. O(H x S) memory.
+    const auto ct = v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+    auto uproj = u.to(ct).matmul(wo.to(ct)).view({K, g, d});                             // [K, g, d]
+    auto contrib = torch::bmm(v.to(ct).permute({1, 0, 2}), uproj.transpose(1, 2))        // [K, S, g]
+                       .permute({0, 2, 1})
+                       .reshape({H, S})
+                       .to(torch::kDouble);
+    auto phi = a * contrib;
+    auto lplus = phi.index({Slice(), Slice(ns, ne)}).sum(1);
+    auto lminus = (phi.sum(1) - lplus) * (n / static_cast<double>(S - (ne - ns)));
+    return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
+}
+
+std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate, QueryMean* calibrate) {
+    torch::NoGradGuard ng;
+    const auto& cfg = m.config;
+    const int L = cfg.n_layers;
+    const int64_t B = static_cast<int64_t>(trials.size());
+    if (B == 0) return {};
+    const int64_t P = static_cast<int64_t>(trials[0]->prompt.size());
+    std::vector<int64_t> flat;
+    for (const Trial* t : trials) {
+        if (static_cast<int64_t>(t->prompt.size()) != P)
+            throw std::invalid_argument("decode_batch: every trial of a batch needs the same prompt length");
+        flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
+    }
+    if (calibrate && B != 1) throw std::invalid_argument("decode_batch: calibration runs one trial at a time");
+    auto dev = m.options.device;
+    auto ids = torch::tensor(flat, torch::kLong).view({B, P}).to(dev);
+
+    Hooks prefill, step;
+    if (ablate) {
+        ablate->apply(prefill);
+        ablate->apply(step);
+    }
+    if (calibrate) {
+        if (!calibrate->sum.defined()) calibrate->sum = torch::zeros({L, cfg.n_heads, cfg.d_head}, torch::kDouble);
+        auto acc = [calibrate](int l, const at::Tensor& q) {  // q [1, T, H, d]
+            calibrate->sum[l].add_(q.to(torch::kCPU, torch::kDouble).sum(at::IntArrayRef{0, 1}));
+            if (l == 0) calibrate->count += q.size(0) * q.size(1);
+        };
+        prefill.capture(Point::kAttnQ, acc);
+        step.capture(Point::kAttnQ, acc);
+    }
+    std::vector<at::Tensor> rows(L), vals(L);
+    if (s.score) {
+        step.capture(Point::kAttnPattern, [&rows](int l, const at::Tensor& a) { rows[l] = a.select(2, 0); });  // [B, H, S]
+        step.capture(Point::kAttnV, [&vals](int l, const at::Tensor& v) { vals[l] = v; });                     // [B, S, K, d]
+    }
+
+    KVCache cache;
+    ForwardOptions no_logits;
+    no_logits.compute_logits = false;
+    const int64_t chunk = std::max<int64_t>(1, s.prefill_chunk);
+    for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
+        m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
+
+    std::vector<DecodeOut> out(B);
+    std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);
+    std::vector<char> done(B, 0);
+    std::vector<int64_t> next(B);
+    for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
+    int64_t active = B;
+    for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
+        auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
+        auto logits = m.forward(in, &step, &cache);  // [B, 1, V]
+        auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
+        const int64_t keys = cache.length();
+        for (int64_t b = 0; b < B; ++b) {
+            if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
+            const int64_t y = ys[b].item<int64_t>();
+            out[b].peak_keys = keys;
+            if (stop(y)) {
+                done[b] = 1, --active;
+                continue;
+            }
+            out[b].generated.push_back(y);
+            next[b] = y;
+            if (!s.score) continue;
+            const Trial& tr = *trials[b];
+            auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
+            auto u = m.weights.unembed[y];
+            for (int l = 0; l < L; ++l) {
+                auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, tr.needle_start, tr.needle_end, y);
+                c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus;
+            }
+            credit[b].push_back(c), lplus[b].push_back(lp), lminus[b].push_back(lm);
+        }
+        std::fill(rows.begin(), rows.end(), at::Tensor());
+        std::fill(vals.begin(), vals.end(), at::Tensor());
+    }
+    auto stack = [&](const std::vector<at::Tensor>& v) {
+        return v.empty() ? torch::zeros({0, L, cfg.n_heads}, torch::kDouble) : torch::stack(v);
+    };
+    for (int64_t b = 0; b < B; ++b) out[b].credit = stack(credit[b]), out[b].lplus = stack(lplus[b]), out[b].lminus = stack(lminus[b]);
+    return out;
+}
+
+DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
+                       const HeadSet* ablate, QueryMean* calibrate) {
+    return std::move(decode_batch(m, {&trial}, s, stop, ablate, calibrate).front());
+}
+
+std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& gen, const std::string& answer) {
+    std::vector<int64_t> out;
+    const auto enc = tok.encode(answer, false);
+    const std::vector<int64_t> a(enc.begin(), enc.end());
+    const int64_t n = static_cast<int64_t>(gen.size()), k = static_cast<int64_t>(a.size());
+    if (k > 0)
+        for (int64_t i = 0; i + k <= n; ++i)
+            if (std::equal(a.begin(), a.end(), gen.begin() + i)) {
+                for (int64_t j = i; j < i + k; ++j) out.push_back(j);
+                return out;
+            }
+    std::string all;
+    std::vector<std::pair<size_t, size_t>> range;
+    for (auto id : gen) {
+        const size_t b = all.size();
+        all += tok.decode({static_cast<int32_t>(id)}, true);
+        range.push_back({b, all.size()});
+    }
+    auto lower = [](std::string s) {
+        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    const std::string al = lower(answer);
+    const size_t at = lower(all).find(al);
+    if (at == std::string::npos || al.empty()) return out;
+    for (int64_t i = 0; i < n; ++i)
+        if (range[i].second > at && range[i].first < at + al.size()) out.push_back(i);
+    return out;
+}
+
+// ---- bootstrap ----
+
+std::vector<std::vector<int64_t>> bootstrap_indices(int64_t n, int64_t resamples, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<int64_t>> out(resamples, std::vector<int64_t>(n));
+    for (auto& draw : out)
+        for (auto& i : draw) {
+            const double u = std::generate_canonical<double, 53>(rng);
+            i = std::min<int64_t>(n - 1, static_cast<int64_t>(u * static_cast<double>(n)));
+        }
+    return out;
+}
+
+double percentile_linear(std::vector<double> v, double q) {
+    if (v.empty()) return std::numeric_limits<double>::quiet_NaN();
+    std::sort(v.begin(), v.end());
+    const double pos = q / 100.0 * static_cast<double>(v.size() - 1);
+    const size_t lo = static_cast<size_t>(std::floor(pos)), hi = std::min(v.size() - 1, lo + 1);
+    return v[lo] + (pos - static_cast<double>(lo)) * (v[hi] - v[lo]);
+}
+
+std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples, int64_t resamples, uint64_t seed) {
+    const int64_t N = samples.size(0);
+    int64_t C = 1;
+    for (int64_t i = 1; i < samples.dim(); ++i) C *= samples.size(i);
+    auto flat = samples.to(torch::kDouble).reshape({N, C}).contiguous();
+    auto low = torch::full({C}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble), high = low.clone();
+    if (N > 0 && resamples > 0) {
+        const auto idx = bootstrap_indices(N, resamples, seed);
+        auto means = torch::empty({resamples, C}, torch::kDouble);
+        for (int64_t r = 0; r < resamples; ++r)
+            means[r] = flat.index_select(0, torch::tensor(idx[r], torch::kLong)).mean(0);
+        auto acc = means.accessor<double, 2>();
+        for (int64_t c = 0; c < C; ++c) {
+            std::vector<double> col(resamples);
+            for (int64_t r = 0; r < resamples; ++r) col[r] = acc[r][c];
+            low[c] = percentile_linear(col, 2.5);
+            high[c] = percentile_linear(col, 97.5);
+        }
+    }
+    auto shape = samples.sizes().slice(1).vec();
+    return {low.view(shape), high.view(shape)};
+}
+
+// ---- head sets ----
+
+std::vector<std::vector<std::pair<int, int>>> random_head_sets(int L, int H, const std::vector<std::pair<int, int>>& exclude,
+                                                               int64_t n_sets, uint64_t seed) {
+    std::vector<std::pair<int, int>> pool;
+    for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+            if (std::find(exclude.begin(), exclude.end(), std::make_pair(l, h)) == exclude.end()) pool.push_back({l, h});
+    const size_t k = exclude.size();
+    if (pool.size() < k)
+        throw UsageError(fmt::format("--random-controls: {} heads outside the ablated set, fewer than the {} a control needs",
+                                     pool.size(), k));
+    std::mt19937_64 rng(seed);
+    std::vector<std::vector<std::pair<int, int>>> out;
+    for (int64_t s = 0; s < n_sets; ++s) {
+        auto p = pool;
+        for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates
+            std::uniform_int_distribution<size_t> d(i, p.size() - 1);
+            std::swap(p[i], p[d(rng)]);
+        }
+        p.resize(k);
+        std::sort(p.begin(), p.end());
+        out.push_back(p);
+    }
+    return out;
+}
+
+std::vector<std::pair<int, int>> parse_heads(const std::string& s, int L, int H) {
+    std::vector<std::pair<int, int>> out;
+    for (const auto& part : split(s, ',')) {
+        const std::string p = trim(part);
+        if (p.empty()) continue;
+        int l = -1, h = -1;
+        char extra = 0;
+        if (std::sscanf(p.c_str(), "L%dH%d%c", &l, &h, &extra) != 2)
+            throw UsageError(fmt::format("--ablate: '{}' is not a head (expected L<layer>H<head>, e.g. L1H0)", p));
+        if (l < 0 || l >= L || h < 0 || h >= H)
+            throw UsageError(fmt::format("--ablate: {} is outside the model ({} layers x {} heads)", p, L, H));
+        if (std::find(out.begin(), out.end(), std::make_pair(l, h)) == out.end()) out.push_back({l, h});
+    }
+    if (out.empty()) throw UsageError("--ablate: no head named");
+    return out;
+}
+
+std::vector<std::pair<int, int>> top_heads(const at::Tensor& score, int64_t k) {
+    auto s = score.to(torch::kCPU, torch::kDouble).contiguous();
+    const int64_t H = s.size(1), n = s.numel();
+    std::vector<int64_t> idx(n);
+    for (int64_t i = 0; i < n; ++i) idx[i] = i;
+    const double* p = s.data_ptr<double>();
+    std::stable_sort(idx.begin(), idx.end(), [p](int64_t a, int64_t b) {
+        const bool na = std::isnan(p[a]), nb = std::isnan(p[b]);
+        if (na || nb) return !na && nb;
+        return p[a] > p[b];
+    });
+    std::vector<std::pair<int, int>> out;
+    for (int64_t i = 0; i < std::min(k, n); ++i) out.push_back({static_cast<int>(idx[i] / H), static_cast<int>(idx[i] % H)});
+    return out;
+}
+
+}  // namespace hs

@@ -1,0 +1,420 @@
+// Needle in a haystack (probes/needle.*, `headscope retrieval`): ROUGE, token-space prompts, the
+// per-step retrieval credit and LOCOS L+/L- against direct loops, decode through the KV cache
+// against a full forward on a model with planted attention, the bootstrap, controls, bad input,
+// and the toy recall model's own task posed as a needle test.
+#include <doctest/doctest.h>
+
+#include "ci_toy.h"
+#include "errors.h"
+#include "model.h"
+#include "needle.h"
+#include "store.h"
+#include "tmpdir.h"
+#include "tokenizer.h"
+#include "toy_tasks.h"
+#include "util.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <set>
+
+using namespace hs;
+using torch::indexing::Slice;
+
+namespace {
+
+void write_file(const std::string& path, const std::string& text) {
+    std::ofstream f(path, std::ios::binary);
+    f << text;
+}
+
+constexpr int64_t kV = 64, kD = 64, kH = 4, kK = 2, kHd = 64;
+constexpr int64_t kTarget = 37;  // the token the planted head looks for
+
+// Two llama layers, embed = unembed = Q (orthonormal), v = x for every kv head. Head L0H0 attends
+// to the positions holding kTarget (planted q/k on the rotary pair of row 10, so nearer copies win
+// clearly) and writes 10 x its value: the model generates kTarget while kTarget is in view.
+std::unique_ptr<Model> planted_model() {
+    torch::manual_seed(3);
+    auto m = std::make_unique<Model>();
+    auto& c = m->config;
+    c.architecture = "planted";
+    c.n_layers = 2, c.n_heads = kH, c.n_kv_heads = kK, c.d_model = kD, c.d_head = kHd, c.d_ff = 32;
+    c.vocab_size = kV, c.max_seq_len = 64, c.norm_eps = 1e-6;
+    c.validate("planted");
+    auto q = std::get<0>(torch::linalg_qr(torch::randn({kV, kD}, torch::kDouble))).to(torch::kFloat);
+    m->weights.embed = q;
+    m->weights.unembed = q;
+    m->weights.final_norm_w = torch::ones({kD});
+    for (int l = 0; l < c.n_layers; ++l) {
+        LayerWeights lw;
+        lw.attn_norm_w = torch::ones({kD});
+        lw.mlp_norm_w = torch::ones({kD});
+        lw.wq = torch::randn({kH * kHd, kD}) * 0.1;
+        lw.wk = torch::randn({kK * kHd, kD}) * 0.1;
+        lw.wv = torch::eye(kD).repeat({kK, 1});
+        lw.wo = torch::randn({kD, kH * kHd}) * 0.02;
+        lw.w_gate = torch::randn({c.d_ff, kD}) * 0.3;
+        lw.w_up = torch::randn({c.d_ff, kD}) * 0.3;
+        lw.w_down = torch::randn({kD, c.d_ff}) * 0.05;
+        m->weights.layers.push_back(lw);
+    }
+    auto& l0 = m->weights.layers[0];
+    l0.wq.index_put_({Slice(0, kHd)}, 0.0);  // head 0: only the planted row
+    l0.wk.index_put_({Slice(0, kHd)}, 0.0);  // kv head 0 (query heads 0, 1)
+    const int r = 10;
+    l0.wq[r] = q.sum(0) * 2.0;    // q_r = 2 sqrt(D) for every token
+    l0.wk[r] = q[kTarget] * 2.0;  // k_r = 2 sqrt(D) on kTarget, 0 elsewhere
+    l0.wo.index_put_({Slice(), Slice(0, kHd)}, torch::eye(kD) * 10.0);
+    return m;
+}
+
+Trial planted_trial() {
+    Trial t;
+    t.prompt = {1, 5, 9, 12, 3, 40, 41, 8, 20, kTarget, 21, 30, 31, 7, 6, 9, 12, 13, 50, 51, 52, 2, 4, 11};
+    t.needle_start = 8, t.needle_end = 11;
+    t.length = 22;
+    return t;
+}
+
+// Loops: credit, L+ and L- of one step from one attention row [H, S] and values [S, K, d].
+void loop_step(const at::Tensor& row, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
+               const std::vector<int64_t>& prompt, int64_t ns, int64_t ne, int64_t y, std::vector<double>& credit,
+               std::vector<double>& lp, std::vector<double>& lm) {
+    const int64_t H = row.size(0), S = row.size(1), K = v.size(1), d = v.size(2);
+    auto a = row.to(torch::kDouble).contiguous(), vv = v.to(torch::kDouble).contiguous();
+    auto w = wo.to(torch::kDouble).contiguous(), uu = u.to(torch::kDouble).contiguous();
+    auto A = a.accessor<double, 2>();
+    auto V = vv.accessor<double, 3>();
+    auto W = w.accessor<double, 2>();
+    auto U = uu.accessor<double, 1>();
+    credit.assign(H, 0), lp.assign(H, 0), lm.assign(H, 0);
+    for (int64_t h = 0; h < H; ++h) {
+        int64_t best = 0;
+        for (int64_t j = 1; j < S; ++j)
+            if (A[h][j] > A[h][best]) best = j;
+        if (best >= ns && best < ne && prompt[best] == y) credit[h] = 1.0 / static_cast<double>(ne - ns);
+        std::vector<double> up(d, 0.0);  // W_O^h^T u
+        for (int64_t e = 0; e < d; ++e)
+            for (int64_t D = 0; D < W.size(0); ++D) up[e] += W[D][h * d + e] * U[D];
+        double in = 0, off = 0;
+        for (int64_t j = 0; j < S; ++j) {
+            double dot = 0;
+            for (int64_t e = 0; e < d; ++e) dot += V[j][h / (H / K)][e] * up[e];
+            (j >= ns && j < ne ? in : off) += A[h][j] * dot;
+        }
+        lp[h] = in;
+        lm[h] = off * static_cast<double>(ne - ns) / static_cast<double>(S - (ne - ns));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("needle: ROUGE-1 recall tokenises as rouge-score (lowercase, non-alphanumerics split)") {
+    CHECK(rouge_tokens("Eat a FIG-sandwich, now!") == std::vector<std::string>{"eat", "a", "fig", "sandwich", "now"});
+    CHECK(rouge1_recall("Yuki", " yuki lives there.") == doctest::Approx(1.0));
+    CHECK(rouge1_recall("fig sandwich", "a fig!") == doctest::Approx(0.5));
+    CHECK(rouge1_recall("the the cat", "the cat") == doctest::Approx(2.0 / 3.0));  // clipped counts
+    CHECK(rouge1_recall("Z", "Z") == doctest::Approx(1.0));
+    CHECK(rouge1_recall("Z", "K") == doctest::Approx(0.0));
+    CHECK(rouge1_recall("...", "anything") == doctest::Approx(0.0));
+}
+
+TEST_CASE("needle: the prompt is built in token space with the needle at the previous sentence end") {
+    TempDir tmp;
+    write_file(tmp.file("tokenizer.json"), toy::tokenizer_json());
+    auto tok = load_tokenizer(tmp.file("tokenizer.json"));
+    const TokenFacts f = token_facts(*tok);
+    REQUIRE(f.bos_prefix == std::vector<int64_t>{toy::kBos});
+    auto ids = [&](const std::string& s) {
+        auto e = tok->encode(s, false);
+        return std::vector<int64_t>(e.begin(), e.end());
+    };
+    const auto hay = ids("1234.5678.90");  // sentence ends after positions 4 and 9 of the haystack
+    const auto needle = ids("qZ"), suffix = ids("?q");
+    for (double depth : {0.0, 25.0, 50.0, 75.0, 100.0}) {
+        CAPTURE(depth);
+        const Trial t = build_trial(f, hay, f.bos_prefix, needle, suffix, 20, depth, 0);
+        CHECK(t.prompt.size() == 1 + 20 + 2);
+        CHECK(t.needle_end - t.needle_start == 2);
+        CHECK(std::vector<int64_t>(t.prompt.begin() + t.needle_start, t.prompt.begin() + t.needle_end) == needle);
+        // The token before the needle is BOS or a sentence end; haystack order is kept around it.
+        const int64_t before = t.prompt[t.needle_start - 1];
+        if (depth < 100) CHECK((before == toy::kBos || f.sentence_end(before)));
+        std::vector<int64_t> rest(t.prompt.begin() + 1, t.prompt.begin() + t.needle_start);
+        rest.insert(rest.end(), t.prompt.begin() + t.needle_end, t.prompt.end() - 2);
+        for (size_t i = 0; i < rest.size(); ++i) CHECK(rest[i] == hay[i % hay.size()]);
+    }
+    // 18 haystack tokens; 50% -> before index 9, moved back to just after the '.' at index 4;
+    // 100% -> at the end, as published.
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 50, 0).needle_start == 1 + 5);
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 100, 0).needle_start == 1 + 18);
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 0, 0).needle_start == 1);
+    CHECK_THROWS_AS(build_trial(f, hay, f.bos_prefix, needle, suffix, 2, 50, 0), DataError);
+}
+
+TEST_CASE("needle: per-step credit and L+/L- on hand-made rows equal direct sums (GQA)") {
+    const int64_t H = 4, K = 2, d = 3, D = 5, S = 9;
+    torch::manual_seed(11);
+    auto row = torch::softmax(torch::randn({H, S}) * 3, 1);
+    // Head 0 puts its maximum on needle position 4 (token 7 = y); head 1 on position 5 (token 8 != y);
+    // head 2 on position 1 (token 7 but outside the needle); head 3 on 6 = the needle's end (exclusive).
+    for (auto [h, j] : std::vector<std::pair<int, int>>{{0, 4}, {1, 5}, {2, 1}, {3, 6}}) row[h][j] = 5.0;
+    auto v = torch::randn({S, K, d}), wo = torch::randn({D, H * d}), u = torch::randn({D});
+    const std::vector<int64_t> prompt = {1, 7, 3, 3, 7, 8, 2, 2};  // position 8 = a generated token
+    const int64_t ns = 3, ne = 6, y = 7;
+    auto s = score_step(row, v, wo, u, prompt, ns, ne, y);
+    std::vector<double> c, lp, lm;
+    loop_step(row, v, wo, u, prompt, ns, ne, y, c, lp, lm);
+    CHECK(s.credit[0].item<double>() == doctest::Approx(1.0 / 3.0));
+    for (int h = 1; h < H; ++h) CHECK(s.credit[h].item<double>() == 0.0);
+    for (int h = 0; h < H; ++h) {
+        CHECK(s.credit[h].item<double>() == doctest::Approx(c[h]));
+        CHECK(s.lplus[h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-5));  // float32 products
+        CHECK(s.lminus[h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-5));
+    }
+}
+
+TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full forward, scores equal loops (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    const int64_t P = static_cast<int64_t>(t.prompt.size());
+    auto never = [](int64_t) { return false; };
+    DecodeSettings s;
+    s.max_new_tokens = 4, s.prefill_chunk = 5;
+    const DecodeOut out = decode_trial(*m, t, s, never);
+    REQUIRE(out.generated.size() == 4);
+    CHECK(out.generated[0] == kTarget);  // the planted head copies the needle's token
+    CHECK(out.credit[0][0][0].item<double>() == doctest::Approx(1.0 / 3.0));  // argmax on the needle's kTarget
+
+    // Chunk size does not matter.
+    DecodeSettings s1 = s;
+    s1.prefill_chunk = 512;
+    const DecodeOut one = decode_trial(*m, t, s1, never);
+    CHECK(one.generated == out.generated);
+    CHECK(torch::allclose(one.lplus, out.lplus, 1e-5, 1e-6));
+    CHECK(torch::equal(one.credit, out.credit));
+
+    // Full forward over prompt + generated[:-1], no cache: rows at the query positions P-1+t.
+    std::vector<int64_t> seq = t.prompt;
+    seq.insert(seq.end(), out.generated.begin(), out.generated.end() - 1);
+    const int64_t T = static_cast<int64_t>(seq.size());
+    std::vector<at::Tensor> pat(2), val(2);
+    Hooks hooks;
+    hooks.capture(Point::kAttnPattern, [&](int l, const at::Tensor& a) { pat[l] = a[0].clone(); });
+    hooks.capture(Point::kAttnV, [&](int l, const at::Tensor& v) { val[l] = v[0].clone(); });
+    at::Tensor logits;
+    {
+        torch::NoGradGuard ng;
+        logits = m->forward(torch::tensor(seq, torch::kLong).view({1, T}), &hooks);
+    }
+    for (size_t st = 0; st < out.generated.size(); ++st) {
+        CAPTURE(st);
+        const int64_t qpos = P - 1 + static_cast<int64_t>(st), y = out.generated[st];
+        CHECK(logits[0][qpos].argmax().item<int64_t>() == y);
+        for (int l = 0; l < 2; ++l) {
+            std::vector<double> c, lp, lm;
+            loop_step(pat[l].index({Slice(), qpos, Slice(0, qpos + 1)}), val[l].index({Slice(0, qpos + 1)}),
+                      m->weights.layers[l].wo, m->weights.unembed[y], t.prompt, t.needle_start, t.needle_end, y, c, lp, lm);
+            for (int h = 0; h < kH; ++h) {
+                CAPTURE(l);
+                CAPTURE(h);
+                CHECK(out.credit[st][l][h].item<double>() == doctest::Approx(c[h]));
+                CHECK(out.lplus[st][l][h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-4).scale(1.0));
+                CHECK(out.lminus[st][l][h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-4).scale(1.0));
+            }
+        }
+    }
+    // The planted head's later steps see kTarget nearer (the generated copies): no credit there.
+    CHECK(out.credit[1][0][0].item<double>() == 0.0);
+    CHECK(out.lplus[0][0][0].item<double>() > 10.0 * std::abs(out.lminus[0][0][0].item<double>()));
+
+    // Ablation: zero-query on L0H0 loses the copy; mean-query with a zero mean is the same run.
+    HeadSet zq{{{0, 0}}, Ablation::kZeroQuery, {}};
+    HeadSet mq{{{0, 0}}, Ablation::kMeanQuery, torch::zeros({2, kH, kHd})};
+    const DecodeOut a = decode_trial(*m, t, s, never, &zq), b = decode_trial(*m, t, s, never, &mq);
+    CHECK(a.generated[0] != kTarget);
+    CHECK(a.generated == b.generated);
+    // A stop token ends the loop unkept.
+    const DecodeOut stopped = decode_trial(*m, t, s, [](int64_t id) { return id == kTarget; });
+    CHECK(stopped.generated.empty());
+    CHECK(stopped.credit.size(0) == 0);
+    // Batched rows equal their trials decoded alone, also when one row stops first: trial c has
+    // no kTarget, so with kTarget as the stop token rows a and b stop at step 0 and c runs on.
+    Trial t2 = t, t3 = t;
+    std::swap(t2.prompt[9], t2.prompt[3]);  // kTarget moved to position 3, outside the needle
+    t2.prompt[9] = 60;
+    t3.prompt[9] = 61;  // no kTarget anywhere
+    for (auto stop_fn : std::vector<std::function<bool(int64_t)>>{never, [](int64_t id) { return id == kTarget; }}) {
+        const auto batch = decode_batch(*m, {&t, &t2, &t3}, s, stop_fn);
+        REQUIRE(batch.size() == 3);
+        const std::vector<const Trial*> all = {&t, &t2, &t3};
+        for (size_t k = 0; k < all.size(); ++k) {
+            CAPTURE(k);
+            const DecodeOut alone = decode_trial(*m, *all[k], s, stop_fn);
+            CHECK(batch[k].generated == alone.generated);
+            CHECK(torch::equal(batch[k].credit, alone.credit));
+            CHECK(torch::allclose(batch[k].lplus, alone.lplus, 1e-6, 1e-9));
+            CHECK(torch::allclose(batch[k].lminus, alone.lminus, 1e-6, 1e-9));
+        }
+        if (stop_fn(kTarget)) CHECK((batch[0].generated.empty() && batch[2].generated.size() == 4));
+    }
+    // Calibration sums every query seen: prompt + 3 fed tokens.
+    QueryMean qm;
+    decode_trial(*m, t, s, never, nullptr, &qm);
+    CHECK(qm.count == P + 3);
+}
+
+TEST_CASE("needle: bootstrap CI equals percentiles of resampled means computed directly") {
+    torch::manual_seed(5);
+    auto x = torch::randn({7, 2, 3}, torch::kDouble);
+    const int64_t R = 200;
+    auto [lo, hi] = bootstrap_ci(x, R, 42);
+    const auto idx = bootstrap_indices(7, R, 42);
+    REQUIRE(idx.size() == static_cast<size_t>(R));
+    std::set<int64_t> seen;
+    for (const auto& draw : idx)
+        for (auto i : draw) {
+            REQUIRE((i >= 0 && i < 7));
+            seen.insert(i);
+        }
+    CHECK(seen.size() == 7);
+    for (int a = 0; a < 2; ++a)
+        for (int b = 0; b < 3; ++b) {
+            std::vector<double> means;
+            for (const auto& draw : idx) {
+                double s = 0;
+                for (auto i : draw) s += x[i][a][b].item<double>();
+                means.push_back(s / 7.0);
+            }
+            std::sort(means.begin(), means.end());
+            auto pct = [&](double q) {  // numpy's linear rule, written out
+                const double pos = q / 100.0 * (R - 1);
+                const int64_t k = static_cast<int64_t>(pos);
+                return means[k] + (pos - k) * (means[k + 1] - means[k]);
+            };
+            CHECK(lo[a][b].item<double>() == doctest::Approx(pct(2.5)));
+            CHECK(hi[a][b].item<double>() == doctest::Approx(pct(97.5)));
+            CHECK(lo[a][b].item<double>() <= x.index({Slice(), a, b}).mean().item<double>());
+        }
+    // Same seed, same interval; constant samples give a zero-width interval.
+    CHECK(torch::equal(bootstrap_ci(x, R, 42).first, lo));
+    auto [l2, h2] = bootstrap_ci(torch::full({4, 1, 1}, 0.25, torch::kDouble), 50, 1);
+    CHECK(l2.item<double>() == doctest::Approx(0.25));
+    CHECK(h2.item<double>() == doctest::Approx(0.25));
+}
+
+TEST_CASE("needle: random controls never draw the ablated heads; head lists and top-k") {
+    const std::vector<std::pair<int, int>> ex = {{1, 0}, {1, 1}, {1, 2}};
+    const auto sets = random_head_sets(2, 4, ex, 50, 9);
+    REQUIRE(sets.size() == 50);
+    for (const auto& s : sets) {
+        CHECK(s.size() == 3);
+        CHECK(std::set<std::pair<int, int>>(s.begin(), s.end()).size() == 3);
+        for (const auto& h : s) CHECK(std::find(ex.begin(), ex.end(), h) == ex.end());
+    }
+    CHECK(random_head_sets(2, 4, ex, 50, 9) == sets);
+    CHECK_THROWS_AS(random_head_sets(2, 2, ex, 1, 9), UsageError);  // 2 heads left for sets of 3
+    CHECK(parse_heads("L1H0, L0H3", 2, 4) == std::vector<std::pair<int, int>>{{1, 0}, {0, 3}});
+    CHECK_THROWS_AS(parse_heads("L2H0", 2, 4), UsageError);
+    CHECK_THROWS_AS(parse_heads("1.0", 2, 4), UsageError);
+    auto sc = torch::tensor({0.1, 0.5, 0.2, 0.5, std::nan(""), 0.3}, torch::kDouble).view({2, 3});
+    CHECK(top_heads(sc, 3) == std::vector<std::pair<int, int>>{{0, 1}, {1, 0}, {1, 2}});
+}
+
+TEST_CASE("needle: bad needles files name the line") {
+    TempDir tmp;
+    auto expect_line = [&](const std::string& body, const std::string& what) {
+        write_file(tmp.file("n.jsonl"), body);
+        try {
+            read_needles(tmp.file("n.jsonl"));
+            FAIL("no error for " << what);
+        } catch (const DataError& e) {
+            CHECK(std::string(e.what()).find(what) != std::string::npos);
+        }
+    };
+    const std::string good = R"({"needle": "Yuki lives in Dresden.", "question": "Who lives in Saxony?", "answer": "Yuki"})";
+    expect_line(good + "\n{oops\n", "n.jsonl:2: not a JSON object");
+    expect_line(good + "\n\n" + R"({"needle": "a b", "question": "q"})" + "\n", "n.jsonl:3: missing string field \"answer\"");
+    expect_line(R"({"needle": "Yuki lives in Dresden.", "question": "Who?", "answer": "Omar"})", "n.jsonl:1: the answer \"Omar\" is not in the needle");
+    expect_line("\n\n", "no needles");
+    write_file(tmp.file("ok.jsonl"), good + "\n");
+    const auto n = read_needles(tmp.file("ok.jsonl"));
+    REQUIRE(n.size() == 1);
+    CHECK(n[0].answer == "Yuki");
+    CHECK_THROWS_AS(parse_template("{context} no question"), UsageError);
+    CHECK_THROWS_AS(parse_template("{question} no context"), UsageError);
+    const auto tp = parse_template("<{context}>Q: {question} ({question})");
+    CHECK(tp.prefix("x") == "<");
+    CHECK(tp.suffix("x") == ">Q: x (x)");
+}
+
+TEST_CASE("needle: the toy recall model's own task as a needle test finds its retrieval set (CI model)") {
+    const std::string dir = ci_toy_model("recall");
+    const auto log = nlohmann::json::parse(read_text_file(path_join(dir, "training_log.json")));
+    const auto& gt = log["ground_truth"]["retrieval_heads"];
+    REQUIRE(gt.is_array());
+    REQUIRE(!gt.empty());
+    std::set<std::string> truth;
+    for (const auto& h : gt) truth.insert(h.get<std::string>());
+    MESSAGE("ground-truth retrieval set: " << gt.dump());
+    TempDir tmp;
+    const std::string src = HS_SOURCE_DIR, out = tmp.file("toy.h5");
+    const std::string cmd = std::string("'") + HS_BINARY + "' -q retrieval '" + dir + "' --haystack '" + src +
+                            "/datasets/needles/toy_recall_haystack.txt' --needles '" + src +
+                            "/datasets/needles/toy_recall_needles.jsonl' --template '{context}?{question}' "
+                            "--lengths 24,40,56,72 --depths 0,25,50,75,100 --max-new-tokens 1 --threads 1 "
+                            "--ablate-top 3 --ablation zero-query --random-controls 3 --seed 1 --out '" +
+                            out + "' > '" + tmp.file("stdout") + "'";
+    REQUIRE(std::system(cmd.c_str()) == 0);
+    MESSAGE(read_text_file(tmp.file("stdout")));
+    ResultReader r(out);
+    const auto ret = r.read("/scores/retrieval/score"), loc = r.read("/scores/locos/score");
+    const int64_t H = ret.shape[1];
+    auto name = [&](int64_t i) { return "L" + std::to_string(i / H) + "H" + std::to_string(i % H); };
+    std::vector<int64_t> order(loc.values.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return loc.values[a] > loc.values[b]; });
+    std::set<std::string> top;
+    for (size_t i = 0; i < truth.size(); ++i) top.insert(name(order[i]));
+    CHECK(top == truth);  // the top LOCOS heads, as many as the proven set, are that set
+    for (size_t i = 0; i < ret.values.size(); ++i)
+        if (truth.count(name(static_cast<int64_t>(i)))) {
+            CAPTURE(name(static_cast<int64_t>(i)));
+            CHECK(ret.values[i] > 0.1);  // flagged
+        }
+    const double base = r.read("/retrieval/ablation/baseline_accuracy").values[0];
+    const auto acc = r.read("/retrieval/ablation/accuracy");
+    CHECK(base > 0.9);
+    CHECK(acc.values[0] < 0.3);  // the top three LOCOS heads' queries zeroed
+    // Trial bookkeeping: the needle span holds the needle; every trial has one generated token.
+    const auto span = r.read("/retrieval/trials/needle_span"), pt = r.read("/retrieval/trials/prompt_tokens");
+    const int64_t N = span.shape[0], Tm = pt.shape[1];
+    CHECK(N == 4 * 5 * 8);
+    for (int64_t i = 0; i < N; ++i) {
+        CHECK(span.values[2 * i + 1] - span.values[2 * i] == 2);
+        const int64_t key = static_cast<int64_t>(pt.values[i * Tm + static_cast<int64_t>(span.values[2 * i])]);
+        CHECK((key >= toy::kLower0 && key < toy::kUpper0));
+    }
+    // Batched decoding (rows of equal prompt length) writes the same numbers.
+    const std::string cmd7 = cmd.substr(0, cmd.find(" --out '")) + " --batch 7 --out '" + tmp.file("b7.h5") + "'";
+    REQUIRE(std::system(cmd7.c_str()) == 0);
+    ResultReader r7(tmp.file("b7.h5"));
+    for (const char* ds : {"/scores/retrieval/score", "/scores/locos/score", "/retrieval/trials/generated",
+                           "/retrieval/trials/rouge1_recall", "/retrieval/ablation/rouge1_recall"}) {
+        CAPTURE(ds);
+        const auto a = r.read(ds).values, b = r7.read(ds).values;
+        REQUIRE(a.size() == b.size());
+        for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    }
+    // The controls never include the ablated heads.
+    const auto masks = r.read("/retrieval/ablation/masks");
+    const int64_t LH = masks.shape[1] * masks.shape[2];
+    for (int64_t s = 1; s < masks.shape[0]; ++s)
+        for (int64_t j = 0; j < LH; ++j) CHECK(!(masks.values[s * LH + j] > 0 && masks.values[j] > 0));
+}

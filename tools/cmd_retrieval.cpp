@@ -1,0 +1,543 @@
+// headscope retrieval: needle-in-a-haystack trials scored as retrieval heads (Wu et al. 2024) and
+// LOCOS from one greedy decode pass each, with query ablation and random controls.
+// Methods: docs/methods.md ("Retrieval heads and LOCOS"); output: docs/hdf5-schema.md ("/retrieval").
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "needle.h"
+#include "progress.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <map>
+
+namespace hs::cli {
+
+struct RetrievalOptions {
+    ModelArgs model;
+    OutputArgs out;
+    std::string scores = "retrieval,locos";
+    std::string haystack, needles;
+    std::string tmpl = kDefaultTemplate;
+    std::string lengths = "1000,2000,4000";
+    std::string lengths_range;
+    std::string depths = "0,25,50,75,100";
+    int64_t max_new_tokens = 50;
+    double pass_threshold = 0.5;
+    double flag_threshold = 0.1;
+    int64_t seed = 0;
+    int64_t prefill_chunk = 512;
+    int64_t bootstrap = 1000;
+    std::string ablate;
+    std::string ablation = "zero-query";
+    int64_t ablate_top = 0;
+    std::string from;
+    int64_t random_controls = 0;
+    int64_t calibration_trials = 8;
+    int64_t batch = 1;
+};
+
+// A shipped data file: as given when it exists, else under the source tree next to the binary
+// (build/headscope -> datasets/...).
+static std::string shipped_file(const std::string& rel) {
+    if (file_exists(rel)) return rel;
+    char buf[4096];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+    if (n > 0) {
+        buf[n] = 0;
+        for (std::string dir = parent_dir(buf); !dir.empty() && dir != "/"; dir = parent_dir(dir)) {
+            const std::string p = path_join(dir, rel);
+            if (file_exists(p)) return p;
+            if (parent_dir(dir) == dir) break;
+        }
+    }
+    return rel;  // read_text_file names it in its error
+}
+
+static std::vector<int64_t> parse_int_list(const std::string& s, const std::string& what) {
+    std::vector<int64_t> out;
+    for (const auto& part : split(s, ',')) {
+        const auto p = trim(part);
+        if (p.empty()) continue;
+        size_t used = 0;
+        int64_t v = 0;
+        try {
+            v = std::stoll(p, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != p.size()) throw UsageError(fmt::format("{}: '{}' is not an integer", what, p));
+        out.push_back(v);
+    }
+    if (out.empty()) throw UsageError(fmt::format("{}: no value given", what));
+    return out;
+}
+
+static std::vector<double> parse_depths(const std::string& s) {
+    std::vector<double> out;
+    for (const auto& part : split(s, ',')) {
+        const auto p = trim(part);
+        if (p.empty()) continue;
+        size_t used = 0;
+        double v = 0;
+        try {
+            v = std::stod(p, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != p.size() || !std::isfinite(v)) throw UsageError(fmt::format("--depths: '{}' is not a number", p));
+        if (v < 0 || v > 100) throw UsageError(fmt::format("--depths: {} is outside [0, 100] (percent)", p));
+        out.push_back(v);
+    }
+    if (out.empty()) throw UsageError("--depths: no value given");
+    return out;
+}
+
+// --lengths or --lengths-range START:END:N = round(linspace(START, END, N)) (half to even, as numpy).
+static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_given) {
+    std::vector<int64_t> out;
+    if (range_given) {
+        auto p = split(o.lengths_range, ':');
+        double a = 0, b = 0;
+        int64_t n = 0;
+        try {
+            if (p.size() != 3) throw std::invalid_argument("");
+            a = std::stod(p[0]), b = std::stod(p[1]), n = std::stoll(p[2]);
+        } catch (const std::exception&) {
+            throw UsageError(fmt::format("--lengths-range '{}': expected START:END:N", o.lengths_range));
+        }
+        if (n < 1) throw UsageError(fmt::format("--lengths-range '{}': N must be >= 1", o.lengths_range));
+        for (int64_t i = 0; i < n; ++i)
+            out.push_back(static_cast<int64_t>(std::nearbyint(n == 1 ? a : a + (b - a) * static_cast<double>(i) / (n - 1))));
+    } else {
+        out = parse_int_list(o.lengths, "--lengths");
+    }
+    for (auto v : out)
+        if (v < 2) throw UsageError(fmt::format("--lengths: {} is too short (at least 2 context tokens)", v));
+    return out;
+}
+
+static std::vector<float> to_f(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+static std::string head_names(const std::vector<std::pair<int, int>>& hs) {
+    std::string s;
+    for (auto [l, h] : hs) s += fmt::format("{}L{}H{}", s.empty() ? "" : ",", l, h);
+    return s;
+}
+
+struct TrialRecord {
+    std::vector<int64_t> generated;
+    std::string response;
+    double rouge = 0;
+    bool passed = false;
+    int64_t n_answer = 0;
+    at::Tensor retrieval, locos;  // [L, H] double (locos NaN without answer steps)
+};
+
+// Reads "FILE.h5:path/to/dataset" as an [L, H] score.
+static at::Tensor read_score(const std::string& spec, int L, int H) {
+    const auto c = spec.rfind(".h5:");
+    const auto c2 = spec.rfind(':');
+    const size_t cut = c != std::string::npos ? c + 3 : c2;
+    if (cut == std::string::npos || cut + 1 >= spec.size())
+        throw UsageError(fmt::format("--from '{}': expected FILE.h5:DATASET, e.g. scores.h5:scores/locos/score", spec));
+    const std::string file = spec.substr(0, cut);
+    std::string ds = spec.substr(cut + 1);
+    if (ds.front() != '/') ds = "/" + ds;
+    ResultReader r(file);
+    if (!r.exists(ds) || r.is_group(ds)) throw UsageError(fmt::format("--from: {} has no dataset {}", file, ds));
+    auto d = r.read(ds);
+    if (d.is_string || d.shape.size() != 2 || d.shape[0] != L || d.shape[1] != H)
+        throw UsageError(fmt::format("--from: {}:{} is {}, expected [{}, {}] (this model's layers x heads)", file, ds,
+                                     shape_str(d.shape), L, H));
+    return torch::tensor(d.values, torch::kDouble).view({L, H});
+}
+
+int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_given) {
+    // ---- command line ----
+    bool want_ret = false, want_locos = false;
+    for (const auto& part : split(o.scores, ',')) {
+        const auto p = trim(part);
+        if (p == "retrieval") want_ret = true;
+        else if (p == "locos") want_locos = true;
+        else if (!p.empty()) throw UsageError(fmt::format("--score: unknown score '{}' (valid: retrieval, locos)", p));
+    }
+    if (!want_ret && !want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
+    const WriteMode mode = write_mode(o.out);
+    const PromptTemplate tmpl = parse_template(o.tmpl);
+    if (range_given && lengths_given)
+        throw UsageError("give at most one of --lengths and --lengths-range");
+    const auto lengths = parse_lengths(o, range_given);
+    const auto depths = parse_depths(o.depths);
+    if (o.max_new_tokens < 1) throw UsageError("--max-new-tokens: need at least 1");
+    if (o.prefill_chunk < 1) throw UsageError("--prefill-chunk: need at least 1");
+    if (o.pass_threshold < 0 || o.pass_threshold > 1) throw UsageError("--pass-threshold: expected a value in [0, 1]");
+    if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
+    if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
+    if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
+    if (o.batch < 1) throw UsageError("--batch: need at least 1");
+    if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
+    if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
+    if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
+    const bool ablating = !o.ablate.empty() || o.ablate_top > 0;
+    if (o.random_controls > 0 && !ablating) throw UsageError("--random-controls needs --ablate or --ablate-top");
+    const Ablation abl = parse_ablation(o.ablation);
+
+    // ---- inputs ----
+    auto lm = open_model(o.model, true);
+    const Model& m = *lm.model;
+    const Tokenizer& tok = *lm.tokenizer;
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    const std::string needles_path = o.needles.empty() ? shipped_file("datasets/needles/needles.jsonl") : o.needles;
+    const std::string hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
+    const auto needles = read_needles(needles_path);
+    const std::string hay_text = read_text_file(hay_path);
+    const auto hay_enc = trim(hay_text).empty() ? std::vector<int32_t>{} : tok.encode(hay_text, false);
+    if (hay_enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", hay_path));
+    const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());
+    TokenFacts facts = token_facts(tok);
+    if (m.config.eos_id >= 0) {  // the model's own EOS (config.json) stops too
+        auto tok_stop = facts.stop;
+        const int64_t eos = m.config.eos_id;
+        facts.stop = [tok_stop, eos](int64_t id) { return id == eos || tok_stop(id); };
+    }
+    auto enc = [&](const std::string& s) {
+        const auto e = s.empty() ? std::vector<int32_t>{} : tok.encode(s, false);
+        return std::vector<int64_t>(e.begin(), e.end());
+    };
+    std::vector<std::pair<int, int>> ablate_heads;
+    at::Tensor from_score;
+    if (!o.ablate.empty()) ablate_heads = parse_heads(o.ablate, L, H);
+    if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
+    if (!o.from.empty()) from_score = read_score(o.from, L, H);
+
+    std::vector<Trial> trials;
+    for (auto len : lengths)
+        for (auto dep : depths)
+            for (size_t ni = 0; ni < needles.size(); ++ni) {
+                const auto& nd = needles[ni];
+                std::vector<int64_t> prefix = facts.bos_prefix, body = enc(tmpl.prefix(nd.question));
+                prefix.insert(prefix.end(), body.begin(), body.end());
+                const auto nt = enc(nd.needle), suffix = enc(tmpl.suffix(nd.question));
+                if (static_cast<int64_t>(nt.size()) >= len)
+                    throw DataError(fmt::format("{}:{}: the needle has {} tokens, no shorter than the context length {}",
+                                                needles_path, nd.line, nt.size(), len));
+                const int64_t positions = static_cast<int64_t>(prefix.size() + suffix.size()) + len + o.max_new_tokens - 1;
+                if (positions > m.config.max_seq_len)
+                    throw UsageError(fmt::format("--lengths {}: the prompt ({} template + {} context tokens) plus {} new tokens "
+                                                 "needs {} positions, beyond the model's context of {}",
+                                                 len, prefix.size() + suffix.size(), len, o.max_new_tokens, positions,
+                                                 m.config.max_seq_len));
+                trials.push_back(build_trial(facts, haystack, prefix, nt, suffix, len, dep, static_cast<int>(ni)));
+            }
+    const int64_t N = static_cast<int64_t>(trials.size());
+    ResultWriter w(o.out.out, mode);  // fails now (unwritable, exists) rather than after the trials
+
+    // ---- baseline pass: both scores from one decode per trial ----
+    int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
+    Progress prog("needle trials", N * (1 + n_sets_planned));
+    QueryMean qmean;
+    const bool calibrate = ablating && abl == Ablation::kMeanQuery;
+    DecodeSettings ds;
+    ds.max_new_tokens = o.max_new_tokens, ds.prefill_chunk = o.prefill_chunk, ds.score = true;
+    std::vector<TrialRecord> rec(N);
+    auto nan = std::numeric_limits<double>::quiet_NaN();
+    auto record = [&](int64_t i, const DecodeOut& d) {
+        const auto& t = trials[i];
+        auto& r = rec[i];
+        r.generated = d.generated;
+        const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
+        r.response = trim(tok.decode(g32, true));
+        r.rouge = rouge1_recall(needles[t.needle].answer, r.response);
+        r.passed = r.rouge > o.pass_threshold;
+        r.retrieval = d.credit.sum(0);
+        const auto steps = answer_steps(tok, d.generated, needles[t.needle].answer);
+        r.n_answer = static_cast<int64_t>(steps.size());
+        r.locos = steps.empty() ? torch::full({L, H}, nan, torch::kDouble)
+                                : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
+        prog.tick();
+    };
+    // Batches of up to --batch trials with equal prompt lengths (rows of one forward); the
+    // mean-query calibration trials run alone first.
+    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    std::vector<std::vector<int64_t>> groups;
+    {
+        std::map<size_t, std::vector<int64_t>> open;
+        for (int64_t i = n_calib; i < N; ++i) {
+            auto& g = open[trials[i].prompt.size()];
+            g.push_back(i);
+            if (static_cast<int64_t>(g.size()) == o.batch) groups.push_back(std::move(g)), g.clear();
+        }
+        for (auto& [len, g] : open)
+            if (!g.empty()) groups.push_back(g);
+    }
+    auto run_groups = [&](const DecodeSettings& set, const HeadSet* hs, const std::function<void(int64_t, const DecodeOut&)>& f) {
+        for (const auto& g : groups) {
+            std::vector<const Trial*> ptrs;
+            for (auto i : g) ptrs.push_back(&trials[i]);
+            auto outs = decode_batch(m, ptrs, set, facts.stop, hs);
+            for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
+        }
+    };
+    for (int64_t i = 0; i < n_calib; ++i) record(i, decode_trial(m, trials[i], ds, facts.stop, nullptr, &qmean));
+    run_groups(ds, nullptr, record);
+
+    // ---- aggregate ----
+    std::vector<at::Tensor> ret_pass, locos_pass;
+    for (int64_t i = 0; i < N; ++i) {
+        if (!rec[i].passed) continue;
+        ret_pass.push_back(rec[i].retrieval);
+        if (rec[i].n_answer > 0) locos_pass.push_back(rec[i].locos);
+    }
+    const int64_t n_pass = static_cast<int64_t>(ret_pass.size()), n_locos = static_cast<int64_t>(locos_pass.size());
+    auto ret_score = n_pass ? torch::stack(ret_pass).mean(0) : torch::full({L, H}, nan, torch::kDouble);
+    auto locos_samples = n_locos ? torch::stack(locos_pass) : torch::zeros({0, L, H}, torch::kDouble);
+    auto locos_score = n_locos ? locos_samples.mean(0) : torch::full({L, H}, nan, torch::kDouble);
+    auto [ci_low, ci_high] = bootstrap_ci(locos_samples, o.bootstrap, static_cast<uint64_t>(o.seed));
+    if (n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
+    else if (want_locos && n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
+
+    // ---- ablation ----
+    std::vector<std::vector<std::pair<int, int>>> sets;
+    std::string ablate_source;
+    if (ablating) {
+        if (o.ablate_top > 0) {
+            const at::Tensor& src = from_score.defined() ? from_score : (want_locos ? locos_score : ret_score);
+            ablate_source = !o.from.empty() ? o.from : want_locos ? "this run: scores/locos/score" : "this run: scores/retrieval/score";
+            ablate_heads = top_heads(src, o.ablate_top);
+        } else {
+            ablate_source = "--ablate";
+        }
+        sets.push_back(ablate_heads);
+        for (auto& s : random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1))
+            sets.push_back(s);
+    }
+    const int64_t S = static_cast<int64_t>(sets.size());
+    std::vector<float> abl_recall(S * N);
+    std::vector<float> abl_acc(S);
+    std::vector<int32_t> masks(S * L * H, 0);
+    at::Tensor q_mean = calibrate ? qmean.mean() : at::Tensor();
+    DecodeSettings dsa = ds;
+    dsa.score = false;
+    for (int64_t si = 0; si < S; ++si) {
+        HeadSet hs{sets[si], abl, q_mean};
+        for (auto [l, h] : sets[si]) masks[(si * L + l) * H + h] = 1;
+        int64_t passed = 0;
+        auto score_ablated = [&](int64_t i, const DecodeOut& d) {
+            const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
+            const double r = rouge1_recall(needles[trials[i].needle].answer, trim(tok.decode(g32, true)));
+            abl_recall[si * N + i] = static_cast<float>(r);
+            passed += r > o.pass_threshold;
+            prog.tick();
+        };
+        for (int64_t i = 0; i < n_calib; ++i) score_ablated(i, decode_trial(m, trials[i], dsa, facts.stop, &hs));
+        run_groups(dsa, &hs, score_ablated);
+        abl_acc[si] = static_cast<float>(passed) / static_cast<float>(N);
+    }
+    prog.finish();
+
+    // ---- write ----
+    if (w.exists("/meta")) check_same_model(w, m);
+    write_meta(w, m, o.seed);
+    for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"}) w.remove(g);
+    int64_t n_baseline_pass = 0;
+    for (const auto& r : rec) n_baseline_pass += r.passed;
+    const double base_acc = static_cast<double>(n_baseline_pass) / static_cast<double>(N);
+    Attrs params = {{"haystack_file", hay_path},
+                    {"needles_file", needles_path},
+                    {"template", o.tmpl},
+                    {"lengths", lengths},
+                    {"depths", std::vector<double>(depths.begin(), depths.end())},
+                    {"max_new_tokens", o.max_new_tokens},
+                    {"pass_threshold", o.pass_threshold},
+                    {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold")},
+                    {"prefill_chunk", o.prefill_chunk},
+                    {"batch", o.batch},
+                    {"scores", o.scores},
+                    {"flag_threshold", o.flag_threshold},
+                    {"bootstrap_resamples", o.bootstrap},
+                    {"seed", o.seed},
+                    {"n_trials", N},
+                    {"n_passed", n_pass},
+                    {"accuracy", base_acc},
+                    {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
+                                           "a newline or EOS token (tokenizer's or config.json's) stops without "
+                                           "being kept or scored")}};
+    auto with = [&](Attrs a) {
+        for (auto& kv : params) a.insert(kv);
+        return a;
+    };
+    std::vector<std::string> flagged;
+    if (want_ret) {
+        for (int l = 0; l < L; ++l)
+            for (int h = 0; h < H; ++h)
+                if (ret_score[l][h].item<double>() > o.flag_threshold) flagged.push_back(fmt::format("L{}H{}", l, h));
+        w.write("/scores/retrieval/score", to_f(ret_score), {L, H});
+        w.set_attrs("/scores/retrieval",
+                    with({{"probe", std::string("retrieval")},
+                          {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|needle| when the "
+                                                      "head's argmax key lies in the needle and holds the generated token; "
+                                                      "summed over steps, mean over passing trials")},
+                          {"flag_threshold", o.flag_threshold},
+                          {"flagged", flagged},
+                          {"n_trials_scored", n_pass}}));
+    }
+    if (want_locos) {
+        w.write("/scores/locos/score", to_f(locos_score), {L, H});
+        w.write("/scores/locos/ci_low", to_f(ci_low), {L, H});
+        w.write("/scores/locos/ci_high", to_f(ci_high), {L, H});
+        w.set_attrs("/scores/locos",
+                    with({{"probe", std::string("locos")},
+                          {"description", std::string("mean over answer steps of L+ - L-, phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j "
+                                                      "(raw unembedding row, no final norm); L+ over the needle, L- over "
+                                                      "the other keys times n/(K-n); mean over passing trials with an "
+                                                      "answer step")},
+                          {"bootstrap_resamples", o.bootstrap},
+                          {"bootstrap_seed", o.seed},
+                          {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation)")},
+                          {"n_trials_scored", n_locos}}));
+    }
+    // trials
+    int64_t Tmax = 0;
+    for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
+    const int64_t Sg = o.max_new_tokens;
+    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), gen(N * Sg, -1), len_v(N), needle_v(N), nans(N);
+    std::vector<float> rouge_v(N), depth_v(N), ret_v, locos_v;
+    std::vector<int32_t> passed_v(N);
+    std::vector<std::string> responses(N);
+    for (int64_t i = 0; i < N; ++i) {
+        const auto& t = trials[i];
+        std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
+        span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
+        std::copy(rec[i].generated.begin(), rec[i].generated.end(), gen.begin() + i * Sg);
+        rouge_v[i] = static_cast<float>(rec[i].rouge);
+        passed_v[i] = rec[i].passed;
+        len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
+        nans[i] = rec[i].n_answer;
+        responses[i] = rec[i].response;
+        auto a = to_f(rec[i].retrieval), b = to_f(rec[i].locos);
+        ret_v.insert(ret_v.end(), a.begin(), a.end());
+        locos_v.insert(locos_v.end(), b.begin(), b.end());
+    }
+    const std::string tg = "/retrieval/trials";
+    w.write(tg + "/prompt_tokens", prompt_tokens, {N, Tmax});
+    w.write(tg + "/needle_span", span, {N, 2});
+    w.write(tg + "/generated", gen, {N, Sg});
+    w.write(tg + "/rouge1_recall", rouge_v, {N});
+    w.write(tg + "/passed", passed_v, {N});
+    w.write(tg + "/length", len_v, {N});
+    w.write(tg + "/depth", depth_v, {N});
+    w.write(tg + "/needle", needle_v, {N});
+    w.write(tg + "/answer_steps", nans, {N});
+    w.write(tg + "/retrieval", ret_v, {N, L, H});
+    w.write(tg + "/locos", locos_v, {N, L, H});
+    w.write_strings(tg + "/response", responses);
+    w.set_attrs("/retrieval", params);
+    w.set_attrs(tg, {{"padding", std::string("-1 past each prompt's end and each generation's end")},
+                     {"locos_without_answer_steps", std::string("NaN")}});
+    if (ablating) {
+        const std::string ag = "/retrieval/ablation";
+        w.write(ag + "/masks", masks, {S, L, H});
+        w.write(ag + "/rouge1_recall", abl_recall, {S, N});
+        w.write(ag + "/accuracy", abl_acc, {S});
+        std::vector<float> base_r(N);
+        for (int64_t i = 0; i < N; ++i) base_r[i] = static_cast<float>(rec[i].rouge);
+        w.write(ag + "/baseline_rouge1_recall", base_r, {N});
+        w.write(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(base_acc)}, {1});
+        std::vector<std::string> names;
+        for (const auto& s : sets) names.push_back(head_names(s));
+        Attrs aa = {{"ablation", std::string(ablation_name(abl))},
+                    {"heads", names},
+                    {"source", ablate_source},
+                    {"random_controls", o.random_controls},
+                    {"control_seed", o.seed + 1},
+                    {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
+                                             "without replacement from the heads NOT in set 0")}};
+        if (abl == Ablation::kMeanQuery) {
+            aa["calibration_trials"] = std::min(o.calibration_trials, N);
+            aa["calibration"] = std::string("mean post-RoPE query over every position of the first calibration_trials "
+                                            "unablated trials (prefill and decode)");
+            w.write(ag + "/query_mean", to_f(q_mean), {L, H, m.config.d_head});
+        }
+        w.set_attrs(ag, aa);
+    }
+    w.commit();
+
+    // ---- summary ----
+    std::printf("trials %lld, passed %lld (accuracy %.3f)\n", static_cast<long long>(N), static_cast<long long>(n_pass), base_acc);
+    auto print_top = [&](const char* name, const at::Tensor& s) {
+        std::string line = fmt::format("{:<10}", name);
+        for (auto [l, h] : top_heads(s, std::min<int64_t>(5, L * H)))
+            line += fmt::format(" L{}H{} {:.4f}", l, h, s[l][h].item<double>());
+        std::printf("%s\n", line.c_str());
+    };
+    if (want_ret) {
+        print_top("retrieval", ret_score);
+        std::printf("flagged (> %.2f): %s\n", o.flag_threshold,
+                    flagged.empty() ? "none" : fmt::format("{}", fmt::join(flagged, ",")).c_str());
+    }
+    if (want_locos) print_top("locos", locos_score);
+    for (int64_t si = 0; si < S; ++si)
+        std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)\n", si == 0 ? "heads  " : "control",
+                    head_names(sets[si]).c_str(), abl_acc[si], base_acc);
+    log_info(fmt::format("wrote {} ({} trials)", o.out.out, N));
+    return 0;
+}
+
+void setup_retrieval(CLI::App& app) {
+    auto o = std::make_shared<RetrievalOptions>();
+    auto* sub = app.add_subcommand(
+        "retrieval",
+        "needle-in-a-haystack trials: hide a needle in a haystack at each --lengths x --depths x needle, decode\n"
+        "greedily, and credit heads two ways from that one decode pass:\n"
+        "  retrieval (Wu et al. 2024): per step, 1/|needle| when the head's argmax key is a needle token equal\n"
+        "    to the generated token; summed over steps, mean over passing trials; heads above 0.1 flagged.\n"
+        "  locos: per answer step, L+ - L- with phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j (L+ over the needle,\n"
+        "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
+        "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold.\n"
+        "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"
+        "prefix, mean-query, zero = output zeroed) and --random-controls N random sets excluding them.\n"
+        "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
+        "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5");
+    add_model_args(sub, o->model);
+    add_output_args(sub, o->out, true);
+    sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
+    sub->add_option("--haystack", o->haystack, "plain text, repeated to fill each length (default datasets/needles/haystack.txt)");
+    sub->add_option("--needles", o->needles,
+                    "JSON lines {\"needle\", \"question\", \"answer\"} (default datasets/needles/needles.jsonl)");
+    sub->add_option("--template", o->tmpl, "prompt with {context} and {question} placeholders")->capture_default_str();
+    auto* lens = sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
+    auto* range = sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
+    sub->add_option("--depths", o->depths, "needle depths in percent of the context")->capture_default_str();
+    sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (a newline or EOS stops)")
+        ->capture_default_str();
+    sub->add_option("--pass-threshold", o->pass_threshold, "a trial passes when ROUGE-1 recall > this")->capture_default_str();
+    sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
+    sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
+    sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
+        ->capture_default_str();
+    sub->add_option("--batch", o->batch, "trials of equal prompt length decoded together (memory x batch)")
+        ->capture_default_str();
+    sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")->capture_default_str();
+    sub->add_option("--ablate", o->ablate, "heads to ablate, e.g. L1H0,L2H3");
+    sub->add_option("--ablation", o->ablation, "zero-query, mean-query or zero")->capture_default_str();
+    sub->add_option("--ablate-top", o->ablate_top,
+                    "ablate the top K heads of --from (default: this run's LOCOS score, else retrieval)");
+    sub->add_option("--from", o->from, "FILE.h5:DATASET with an [L, H] score, e.g. scores.h5:scores/locos/score");
+    sub->add_option("--random-controls", o->random_controls, "random head sets of the same size, excluding the ablated heads")
+        ->capture_default_str();
+    sub->add_option("--calibration-trials", o->calibration_trials, "mean-query: unablated trials whose queries are averaged")
+        ->capture_default_str();
+    sub->callback([o, range, lens] { set_exit_code(run_retrieval(*o, range->count() > 0, lens->count() > 0)); });
+}
+
+}  // namespace hs::cli
