@@ -24,6 +24,10 @@
 #include <set>
 
 using namespace hs;
+
+// Batched decode rows against one-at-a-time: folded GEMMs differ in the last bits (measured
+// below ~1e-6 of the trial's largest contribution).
+constexpr double kBatchRelTol = 1e-5;
 using torch::indexing::Slice;
 
 namespace {
@@ -259,8 +263,15 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
             const DecodeOut alone = decode_trial(*m, *all[k], s, stop_fn);
             CHECK(batch[k].generated == alone.generated);
             CHECK(torch::equal(batch[k].credit, alone.credit));
-            CHECK(torch::allclose(batch[k].lplus, alone.lplus, 1e-6, 1e-9));
-            CHECK(torch::allclose(batch[k].lminus, alone.lminus, 1e-6, 1e-9));
+            // Rows of a batch run folded GEMMs (docs/forward.md): equal to their solo runs up to
+            // the last bits, relative to the largest logit contribution of the trial.
+            REQUIRE(batch[k].lplus.sizes() == alone.lplus.sizes());
+            if (alone.lplus.numel() == 0) continue;
+            const double scale = std::max(1e-3, alone.lplus.abs().max().item<double>());
+            MESSAGE("batched vs alone: L+ " << (batch[k].lplus - alone.lplus).abs().max().item<double>() << ", L- "
+                                            << (batch[k].lminus - alone.lminus).abs().max().item<double>() << ", scale " << scale);
+            CHECK((batch[k].lplus - alone.lplus).abs().max().item<double>() <= kBatchRelTol * scale);
+            CHECK((batch[k].lminus - alone.lminus).abs().max().item<double>() <= kBatchRelTol * scale);
         }
         if (stop_fn(kTarget)) CHECK((batch[0].generated.empty() && batch[2].generated.size() == 4));
     }
