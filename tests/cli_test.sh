@@ -26,6 +26,18 @@ expect "config not json" 3 "config.json: not valid JSON" -- "$HS" info "$TMP/bad
 
 if [ -n "$TD" ]; then
   M="$TD/stories260K/stories260K.bin"
+  # A dtype this build cannot multiply on the CPU is refused before anything runs (never a silent
+  # fallback); bfloat16 runs, with at most one measured warning line when it is slow here.
+  if "$HS" logits "$M" --tokens 1,2 --dtype float16 --out "$TMP/f16.h5" 2>"$TMP/err" >/dev/null; then
+    pass=$((pass+1))  # this libtorch multiplies float16 on the CPU (libtorch 2.x does)
+  else
+    expect "float16 refused" 2 "dtype float16: this libtorch build .* cannot multiply float16" -- \
+      "$HS" logits "$M" --tokens 1,2 --dtype float16 --out "$TMP/f16.h5"
+    no_file "$TMP/f16.h5"
+  fi
+  "$HS" logits "$M" --tokens 1,2 --dtype bfloat16 --out "$TMP/bf16.h5" 2>"$TMP/err" >/dev/null
+  check "bfloat16 runs" -- test -f "$TMP/bf16.h5"
+  check "bfloat16: at most one warning line" -- test "$(grep -c warning "$TMP/err")" -le 1
   head -c 1000 "$M" >"$TMP/trunc.bin"
   expect "truncated bin" 4 "trunc.bin: truncated" -- "$HS" info "$TMP/trunc.bin"
   expect "token out of range" 5 "token id 9999 out of range" -- "$HS" logits "$M" --tokens 1,9999 --out "$TMP/x.h5"

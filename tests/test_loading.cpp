@@ -172,24 +172,29 @@ TEST_CASE("bad checkpoints: missing tensor, wrong shape, wrong dtype, unknown ar
     }
 }
 
-TEST_CASE("bf16 and fp16 compute stay close to fp32") {
+TEST_CASE("bf16 compute stays close to fp32 on every real checkpoint in testdata") {
     HS_REQUIRE_TESTDATA(td);
-    auto m32 = load_model(td + "/stories260K/stories260K.bin");
-    LoadOptions o;
-    o.dtype = c10::kBFloat16;
-    auto m16 = load_model(td + "/stories260K/stories260K.bin", o);
-    torch::NoGradGuard ng;
-    torch::manual_seed(11);  // own seed: tokens must not depend on which tests ran before
-    auto tokens = torch::randint(3, 512, {1, 16}, torch::kLong);
-    auto a = m32->forward(tokens), b = m16->forward(tokens).to(torch::kFloat);
-    CHECK((b.scalar_type() == torch::kFloat));
-    // bf16 keeps 8 bits of mantissa: logits of magnitude ~10 agree to a few tenths.
-    const double err = (a - b).abs().max().item<double>();
-    CHECK(err < 0.5);
-    // The top token agrees wherever fp32's top-2 gap exceeds twice the worst error (a smaller gap
-    // may flip honestly).
-    auto top2 = std::get<0>(a.topk(2, -1));  // [1, T, 2]
-    auto clear = (top2.select(-1, 0) - top2.select(-1, 1)) > 2 * err;
-    CHECK(clear.sum().item<int64_t>() >= 4);
-    CHECK(torch::equal(a.argmax(-1).masked_select(clear), b.argmax(-1).masked_select(clear)));
+    for (const std::string name : {"stories260K/stories260K.bin", "aidreams260K/aidreams260K.bin", "tinystories-656k"}) {
+        CAPTURE(name);
+        auto m32 = load_model(td + "/" + name);
+        LoadOptions o;
+        o.dtype = c10::kBFloat16;
+        auto m16 = load_model(td + "/" + name, o);
+        torch::NoGradGuard ng;
+        torch::manual_seed(11);  // own seed: tokens must not depend on which tests ran before
+        auto tokens = torch::randint(3, m32->config.vocab_size, {2, 24}, torch::kLong);
+        auto a = m32->forward(tokens), b = m16->forward(tokens).to(torch::kFloat);
+        CHECK((b.scalar_type() == torch::kFloat));
+        // bf16 keeps 8 bits of mantissa: logits of magnitude ~10 agree to a few tenths (measured
+        // 0.10 / 0.21 / 0.41 on aidreams260K / tinystories-656k / stories260K, largest logits 12-17).
+        const double err = (a - b).abs().max().item<double>();
+        MESSAGE(name << ": max |bf16 - fp32| logit " << err << " (largest logit " << a.abs().max().item<double>() << ")");
+        CHECK(err < 0.5);
+        // The top token agrees wherever fp32's top-2 gap exceeds twice the worst error (a smaller gap
+        // may flip honestly).
+        auto top2 = std::get<0>(a.topk(2, -1));  // [2, T, 2]
+        auto clear = (top2.select(-1, 0) - top2.select(-1, 1)) > 2 * err;
+        CHECK(clear.sum().item<int64_t>() >= 4);
+        CHECK(torch::equal(a.argmax(-1).masked_select(clear), b.argmax(-1).masked_select(clear)));
+    }
 }
