@@ -53,6 +53,11 @@ struct KVCache {
 struct ForwardOptions {
     bool compute_logits = true;  // false: stop after the last layer (probes that need no logits)
     int stop_after_layer = -1;   // >= 0: run layers 0..stop_after_layer only (implies no logits)
+    // Prefix reuse: start_layer > 0 skips the embedding and layers 0..start_layer-1 and starts from
+    // start_resid, the resid_pre of start_layer [B, T, D] (e.g. captured once and expanded over
+    // ablation configurations). tokens still give B, T and the positions. No KV cache.
+    int start_layer = 0;
+    at::Tensor start_resid;
 };
 
 class Model {

@@ -36,6 +36,9 @@ int main(int argc, char** argv) {
     cli::setup_maps(app);
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);
+    cli::setup_run(app);
+    cli::setup_ablate(app);
+    cli::setup_merge(app);
     cli::set_command_line(argc, argv);
     try {
         app.parse(argc, argv);
