@@ -12,7 +12,7 @@ namespace hs::cli {
 
 struct AblateOptions {
     ModelArgs model;
-    std::string heads, mode = "zero", metric = "loss", positions, data, data_kind = "auto";
+    std::string heads, mode = "zero", metric = "loss", positions, data, data_kind = "auto", token_range;
     double factor = 0.0;
     int64_t seq_len = 128, count = 0, repeated = 0, seed = 0, max_rows = 64;
 };
@@ -54,6 +54,11 @@ int run_ablate(const AblateOptions& o) {
     d.name = "data";
     if (o.repeated > 0) {
         d.kind = "repeated", d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
+        if (!o.token_range.empty()) {
+            auto r = parse_token_list(o.token_range, "--token-range");
+            if (r.size() != 2) throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
+            d.token_lo = r[0], d.token_hi = r[1];
+        }
     } else {
         d.kind = o.data_kind == "auto" ? guess_kind(o.data) : o.data_kind;
         if (d.kind != "tokens" && d.kind != "text" && d.kind != "prompts")
@@ -88,7 +93,7 @@ void setup_ablate(CLI::App& app) {
         "ablate a few heads once and print the metric with and without the ablation (no YAML, no file).\n"
         "Modes: zero, scale (--factor), zero-query, mean / mean-query / resample (over the same data).\n"
         "Metrics: loss, kl (to the clean model), accuracy and logit-diff (prompts JSONL).\n"
-        "Example: headscope ablate models/toy-induction --heads L1H0,L1H3 --mode zero --metric loss --repeated 20");
+        "Example: headscope ablate models/toy-induction --heads L1H0,L1H3 --mode zero --metric loss --repeated 20 --token-range 6,68");
     add_model_args(sub, o->model);
     sub->add_option("--heads", o->heads, "heads to ablate, e.g. L1H0,L1H3")->required();
     sub->add_option("--mode", o->mode, "zero, mean, resample, scale, zero-query, mean-query")->capture_default_str();
@@ -101,6 +106,7 @@ void setup_ablate(CLI::App& app) {
     sub->add_option("--seq-len", o->seq_len, "text: tokens per sequence")->capture_default_str();
     sub->add_option("--count", o->count, "at most this many rows (repeated: rows, default 16)");
     sub->add_option("--repeated", o->repeated, "instead of --data: rows [BOS, R, R] with |R| = N (seeded by --seed)");
+    sub->add_option("--token-range", o->token_range, "--repeated: ids lo,hi to draw R from, [lo, hi)");
     sub->add_option("--seed", o->seed, "seed of --repeated and resample")->capture_default_str();
     sub->add_option("--max-rows", o->max_rows, "rows per forward pass")->capture_default_str();
     sub->callback([o] { set_exit_code(run_ablate(*o)); });
