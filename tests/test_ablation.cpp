@@ -235,8 +235,11 @@ TEST_CASE("ablation engine: batched equals unbatched, and prefix reuse equals fu
         auto b = Ablator(*m, data, s).evaluate(M);
         s.prefix_reuse = true;
         auto c = Ablator(*m, data, s).evaluate(M);
+        s.max_rows = 3;  // the 5 rows in chunks of 3 and 2
+        auto d = Ablator(*m, data, s).evaluate(M);
         CHECK(max_diff(a, b) < kTol);
         CHECK(max_diff(b, c) < kTol);
+        CHECK(max_diff(b, d) < kTol);
         CHECK(!torch::isnan(a).any().item<bool>());
         CHECK(batched.forwards() < M.size(0));
     }

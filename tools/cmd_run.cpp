@@ -364,6 +364,9 @@ int run_run(const RunOptions& o) {
         if (pending.empty()) continue;
         std::vector<at::Tensor> ms;
         for (auto i : pending) ms.push_back(st.cfg.masks[i]);
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t f0 = st.ab->forwards();
+        double flush_s = 0;
         st.ab->evaluate(torch::stack(ms), [&](const std::vector<int64_t>& idx, const at::Tensor& rows) {
             for (size_t j = 0; j < idx.size(); ++j) {
                 const int64_t c = pending[idx[j]];
@@ -371,9 +374,15 @@ int run_run(const RunOptions& o) {
                 st.done[c] = 1;
             }
             ran += static_cast<int64_t>(idx.size());
+            const auto w0 = std::chrono::steady_clock::now();
             write_all(out, e, m, shard, data, probes, studies);
+            flush_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
             if (o.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
         });
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - flush_s;
+        log_verbose(fmt::format("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
+                                "{:.3f} s writing the file)", st.spec->name, pending.size(), secs,
+                                1e3 * secs / pending.size(), st.ab->forwards() - f0, flush_s));
     }
     for (const auto& st : studies) print_summary(st);
     log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
