@@ -193,7 +193,9 @@ struct Chunk {
     at::Tensor counts;             // [b] float on device
     at::Tensor clean_lp;           // kl: [P, V] float clean log-probs
 };
-constexpr int64_t kPiece = 2048;  // positions unembedded at once
+// Positions unembedded at once: [128, V] float stays under glibc's mmap threshold for V ~ 50k, so
+// the buffers are reused instead of page-faulted in for every piece.
+constexpr int64_t kPiece = 128;
 }  // namespace
 
 struct Ablator::Impl {
@@ -230,7 +232,7 @@ static at::Tensor metric_rows(const Model& m, const AblationSetup& s, const Chun
         auto logits = m.unembed(x.narrow(0, i, n)).to(torch::kFloat);  // [n, V]
         auto t = tgt.narrow(0, i, n).unsqueeze(1);
         switch (s.metric) {
-            case MetricKind::kLoss: vals.push_back(-torch::log_softmax(logits, -1).gather(1, t).squeeze(1)); break;
+            case MetricKind::kLoss: vals.push_back((torch::logsumexp(logits, -1, true) - logits.gather(1, t)).squeeze(1)); break;
             case MetricKind::kAccuracy: vals.push_back(logits.argmax(-1).eq(t.squeeze(1)).to(torch::kFloat)); break;
             case MetricKind::kLogitDiff: {
                 auto cf = ch.pcf.repeat({g}).narrow(0, i, n).unsqueeze(1);

@@ -4,7 +4,7 @@
                                     heads, d_model 768, vocab 50257; std 0.02, LayerNorm 1/0) as
                                     DIR/config.json + DIR/model.safetensors, 2 rows of 128 random
                                     ids as DIR/tokens.txt, and DIR/single.yaml (a single zero sweep)
-  bench_ablation.py eager DIR --threads N
+  bench_ablation.py eager DIR --threads N [--layers 0,11]
                                     the Python-eager baseline: GPT-2 written directly in PyTorch,
                                     z hooked before c_proj, one forward per ablated head in one
                                     process; prints JSON with seconds per head (and the metric per
@@ -73,6 +73,19 @@ def make(d):
     with open(f"{d}/tokens.txt", "w") as f:
         for row in toks:
             f.write(",".join(map(str, row)) + "\n")
+    with open(f"{d}/loop.yaml", "w") as f:  # the first and last layers, one forward per head
+        f.write(f"""# Written by scripts/bench_ablation.py: the heads of layers 0 and 11 (one-forward-per-head timing).
+model: {d}
+seed: 0
+data:
+  rows: {{kind: tokens, file: {d}/tokens.txt}}
+studies:
+  - name: single
+    sweep: single
+    heads: {{layers: [0, 11]}}
+    mode: zero
+    metric: {{kind: loss, data: rows, positions: all}}
+""")
     with open(f"{d}/single.yaml", "w") as f:
         f.write(f"""# Written by scripts/bench_ablation.py: a single zero sweep of all 144 heads.
 model: {d}
@@ -116,16 +129,16 @@ def loss(logits, tokens):
     return (-lp.gather(-1, tokens[:, 1:, None]).squeeze(-1).mean(1)).mean().item()
 
 
-def eager(d, threads):
+def eager(d, threads, layers):
     torch.set_num_threads(threads)
     w = read_safetensors(f"{d}/model.safetensors")
     tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()])
     with torch.inference_mode():
         base = loss(forward(w, tokens), tokens)
         t0 = time.perf_counter()
-        per = [loss(forward(w, tokens, (l, h)), tokens) for l in range(L) for h in range(H)]
+        per = {f"L{l}H{h}": loss(forward(w, tokens, (l, h)), tokens) for l in layers for h in range(H)}
         dt = time.perf_counter() - t0
-    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / (L * H),
+    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
                       "torch": torch.__version__, "threads": threads}))
 
 
@@ -134,5 +147,8 @@ if __name__ == "__main__":
     ap.add_argument("cmd", choices=["make", "eager"])
     ap.add_argument("dir")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", default="all", help="eager: time the heads of these layers only (e.g. 0,11): "
+                    "every eager forward costs the same, so a sample gives the per-head time")
     a = ap.parse_args()
-    make(a.dir) if a.cmd == "make" else eager(os.path.abspath(a.dir), a.threads)
+    layers = range(L) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
+    make(a.dir) if a.cmd == "make" else eager(os.path.abspath(a.dir), a.threads, layers)
