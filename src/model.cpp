@@ -34,6 +34,16 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
                        (opts.gemm == GemmMode::kAuto && hooks && hooks->has_row_specific_interventions());
     ctx.attn_block = opts.attn_block;
     blocks::ForwardScope scope(ctx);
+    if (opts.start_layer < 0 || opts.start_layer >= config.n_layers)
+        throw ConfigError(fmt::format("start_layer {} outside [0, {})", opts.start_layer, config.n_layers));
+    if (opts.start_layer > 0) {
+        if (cache) throw ConfigError("start_layer > 0 cannot be combined with a KV cache");
+        const auto& r = opts.start_resid;
+        if (!r.defined() || r.dim() != 3 || r.size(0) != tokens.size(0) || r.size(1) != tokens.size(1) ||
+            r.size(2) != config.d_model)
+            throw ConfigError(fmt::format("start_resid must be [B, T, D] = [{}, {}, {}] for start_layer {}",
+                                          tokens.size(0), tokens.size(1), config.d_model, opts.start_layer));
+    }
     switch (config.family) {
         case Family::kLlama: return forward_llama(*this, tokens, hooks, cache, opts);
         case Family::kGpt2: return forward_gpt2(*this, tokens, hooks, cache, opts);

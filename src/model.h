@@ -64,6 +64,11 @@ struct ForwardOptions {
     // Query rows per attention block when no one needs the whole [B, H, T, S] scores/pattern;
     // 0 = automatic (blocks of about 32 MiB of fp32 scores), >= T = one block.
     int64_t attn_block = 0;
+    // Prefix reuse: start_layer > 0 skips the embedding and layers 0..start_layer-1 and starts from
+    // start_resid, the resid_pre of start_layer [B, T, D] (e.g. captured once and expanded over
+    // ablation configurations). tokens still give B, T and the positions. No KV cache.
+    int start_layer = 0;
+    at::Tensor start_resid;
 };
 
 class Model {

@@ -175,6 +175,11 @@ void ResultWriter::write(const std::string& ds, const std::vector<int64_t>& data
     write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_INT64, H5T_STD_I64LE);
 }
 
+void ResultWriter::write(const std::string& ds, const std::vector<uint8_t>& data, const std::vector<int64_t>& shape) {
+    create_group(parent_group(ds));
+    write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_UINT8, H5T_STD_U8LE);
+}
+
 void ResultWriter::write_strings(const std::string& ds, const std::vector<std::string>& data) {
     create_group(parent_group(ds));
     hsize_t dims[1] = {data.size()};

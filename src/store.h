@@ -36,6 +36,7 @@ public:
     void write(const std::string& dataset, const std::vector<float>& data, const std::vector<int64_t>& shape);
     void write(const std::string& dataset, const std::vector<int32_t>& data, const std::vector<int64_t>& shape);
     void write(const std::string& dataset, const std::vector<int64_t>& data, const std::vector<int64_t>& shape);
+    void write(const std::string& dataset, const std::vector<uint8_t>& data, const std::vector<int64_t>& shape);
     void write_strings(const std::string& dataset, const std::vector<std::string>& data);
     void create_group(const std::string& group);
     void remove(const std::string& obj);  // unlink (for --force on one group in append mode)

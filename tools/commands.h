@@ -18,5 +18,8 @@ void setup_maps(CLI::App& app);
 void setup_copy_suppression(CLI::App& app);
 void setup_dla(CLI::App& app);
 void setup_retrieval(CLI::App& app);
+void setup_run(CLI::App& app);
+void setup_ablate(CLI::App& app);
+void setup_merge(CLI::App& app);
 
 }  // namespace hs::cli

@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);
     cli::setup_retrieval(app);
+    cli::setup_run(app);
+    cli::setup_ablate(app);
+    cli::setup_merge(app);
     cli::set_command_line(argc, argv);
     try {
         app.parse(argc, argv);

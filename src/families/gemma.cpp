@@ -34,9 +34,10 @@ at::Tensor forward_gemma(const Model& m, const at::Tensor& tokens, const Hooks* 
 
     // normalizer = torch.tensor(hidden_size ** 0.5, dtype=hidden_states.dtype): rounded to bf16/fp16 too.
     auto normalizer = torch::scalar_tensor(cfg.embed_scale, w.embed.options());
-    auto x = w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model}) * normalizer;  // [B, T, D]
+    at::Tensor x = opts.start_layer > 0 ? opts.start_resid
+                                        : w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model}) * normalizer;  // [B, T, D]
     const int last = opts.stop_after_layer >= 0 ? opts.stop_after_layer : cfg.n_layers - 1;
-    for (int l = 0; l <= last; ++l) {
+    for (int l = opts.start_layer; l <= last; ++l) {
         const LayerWeights& lw = w.layers[l];
         const auto& rope = cfg.is_sliding(l) ? rope_local : rope_global;
         x = hook(hooks, Point::kResidPre, l, x);

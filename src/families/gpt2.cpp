@@ -15,10 +15,11 @@ at::Tensor forward_gpt2(const Model& m, const at::Tensor& tokens, const Hooks* h
     const int64_t H = cfg.n_heads, d = cfg.d_head;
     // Absolute positions continue from the cache; Model::forward has checked them < n_positions.
     auto positions = blocks::positions_for(tokens, cache);                               // [T]
-    auto x = w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model}) +
-             w.pos_embed.index_select(0, positions).unsqueeze(0);                      // [B, T, D]
+    at::Tensor x = opts.start_layer > 0 ? opts.start_resid
+                                        : w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model}) +
+                                              w.pos_embed.index_select(0, positions).unsqueeze(0);  // [B, T, D]
     const int last = opts.stop_after_layer >= 0 ? opts.stop_after_layer : cfg.n_layers - 1;
-    for (int l = 0; l <= last; ++l) {
+    for (int l = opts.start_layer; l <= last; ++l) {
         const LayerWeights& lw = w.layers[l];
         x = hook(hooks, Point::kResidPre, l, x);
         auto h = blocks::norm(cfg, x, lw.attn_norm_w, lw.attn_norm_b);

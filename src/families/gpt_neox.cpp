@@ -22,9 +22,10 @@ at::Tensor forward_gpt_neox(const Model& m, const at::Tensor& tokens, const Hook
     // rot_dim = int(d * rotary_pct); the remaining dims of q and k pass through unrotated.
     auto rope = blocks::rope_tables(cfg, blocks::positions_for(tokens, cache), cfg.rope_theta, m.options.dtype);
 
-    auto x = w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model});  // [B, T, D]
+    at::Tensor x = opts.start_layer > 0 ? opts.start_resid
+                                        : w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model});  // [B, T, D]
     const int last = opts.stop_after_layer >= 0 ? opts.stop_after_layer : cfg.n_layers - 1;
-    for (int l = 0; l <= last; ++l) {
+    for (int l = opts.start_layer; l <= last; ++l) {
         const LayerWeights& lw = w.layers[l];
         x = hook(hooks, Point::kResidPre, l, x);
         auto h = blocks::norm(cfg, x, lw.attn_norm_w, lw.attn_norm_b);

@@ -1,0 +1,154 @@
+"""Ablation-sweep benchmark helpers (docs/performance.md, "Ablation sweeps").
+
+  bench_ablation.py make DIR        a GPT-2-small-shaped model with random weights (12 layers x 12
+                                    heads, d_model 768, vocab 50257; std 0.02, LayerNorm 1/0) as
+                                    DIR/config.json + DIR/model.safetensors, 2 rows of 128 random
+                                    ids as DIR/tokens.txt, and DIR/single.yaml (a single zero sweep)
+  bench_ablation.py eager DIR --threads N [--layers 0,11]
+                                    the Python-eager baseline: GPT-2 written directly in PyTorch,
+                                    z hooked before c_proj, one forward per ablated head in one
+                                    process; prints JSON with seconds per head (and the metric per
+                                    head, to check against headscope)
+The metric is headscope's `loss` at `positions: all`: mean next-token cross-entropy per row,
+averaged over the rows.
+"""
+import argparse, json, math, os, struct, sys, time
+
+import numpy as np
+import torch
+
+L, H, D, V, P, T, B = 12, 12, 768, 50257, 1024, 128, 2
+
+
+def write_safetensors(path, tensors):
+    header, off, blobs = {}, 0, []
+    for k, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+        header[k] = {"dtype": "F32", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        off += len(b)
+        blobs.append(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)))
+        f.write(h)
+        for b in blobs:
+            f.write(b)
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        header = json.loads(f.read(n))
+        data = f.read()
+    out = {}
+    for k, v in header.items():
+        if k == "__metadata__":
+            continue
+        a, b = v["data_offsets"]
+        out[k] = torch.from_numpy(np.frombuffer(data[a:b], dtype=np.float32).reshape(v["shape"]).copy())
+    return out
+
+
+def make(d):
+    d = os.path.abspath(d)
+    os.makedirs(d, exist_ok=True)
+    rng = np.random.default_rng(0)
+    r = lambda *s: (rng.standard_normal(s, dtype=np.float32) * 0.02)
+    t = {"wte.weight": r(V, D), "wpe.weight": r(P, D), "ln_f.weight": np.ones(D), "ln_f.bias": np.zeros(D)}
+    for l in range(L):
+        p = f"h.{l}."
+        t.update({p + "ln_1.weight": np.ones(D), p + "ln_1.bias": np.zeros(D),
+                  p + "attn.c_attn.weight": r(D, 3 * D), p + "attn.c_attn.bias": np.zeros(3 * D),
+                  p + "attn.c_proj.weight": r(D, D), p + "attn.c_proj.bias": np.zeros(D),
+                  p + "ln_2.weight": np.ones(D), p + "ln_2.bias": np.zeros(D),
+                  p + "mlp.c_fc.weight": r(D, 4 * D), p + "mlp.c_fc.bias": np.zeros(4 * D),
+                  p + "mlp.c_proj.weight": r(4 * D, D), p + "mlp.c_proj.bias": np.zeros(D)})
+    write_safetensors(f"{d}/model.safetensors", t)
+    json.dump({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2", "vocab_size": V, "n_embd": D,
+               "n_layer": L, "n_head": H, "n_positions": P, "n_inner": None, "activation_function": "gelu_new",
+               "layer_norm_epsilon": 1e-5, "bos_token_id": 50256, "eos_token_id": 50256,
+               "tie_word_embeddings": True}, open(f"{d}/config.json", "w"), indent=1)
+    toks = rng.integers(0, V, size=(B, T))
+    with open(f"{d}/tokens.txt", "w") as f:
+        for row in toks:
+            f.write(",".join(map(str, row)) + "\n")
+    with open(f"{d}/loop.yaml", "w") as f:  # the first and last layers, one forward per head
+        f.write(f"""# Written by scripts/bench_ablation.py: the heads of layers 0 and 11 (one-forward-per-head timing).
+model: {d}
+seed: 0
+data:
+  rows: {{kind: tokens, file: {d}/tokens.txt}}
+studies:
+  - name: single
+    sweep: single
+    heads: {{layers: [0, 11]}}
+    mode: zero
+    metric: {{kind: loss, data: rows, positions: all}}
+""")
+    with open(f"{d}/single.yaml", "w") as f:
+        f.write(f"""# Written by scripts/bench_ablation.py: a single zero sweep of all 144 heads.
+model: {d}
+seed: 0
+data:
+  rows: {{kind: tokens, file: {d}/tokens.txt}}
+studies:
+  - name: single
+    sweep: single
+    mode: zero
+    metric: {{kind: loss, data: rows, positions: all}}
+""")
+
+
+def forward(w, tokens, ablate=None):
+    """GPT-2 as modeling_gpt2.py computes it; ablate = (layer, head): that head's z := 0."""
+    Bn, Tn = tokens.shape
+    d = D // H
+    x = w["wte.weight"][tokens] + w["wpe.weight"][:Tn]
+    mask = torch.full((Tn, Tn), float("-inf")).triu(1)
+    for l in range(L):
+        p = f"h.{l}."
+        h = torch.nn.functional.layer_norm(x, (D,), w[p + "ln_1.weight"], w[p + "ln_1.bias"], 1e-5)
+        qkv = h @ w[p + "attn.c_attn.weight"] + w[p + "attn.c_attn.bias"]
+        q, k, v = (t.view(Bn, Tn, H, d).transpose(1, 2) for t in qkv.split(D, -1))
+        a = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + mask, -1)
+        z = a @ v  # [B, H, T, d]: the hook point
+        if ablate is not None and ablate[0] == l:
+            z = z.clone()
+            z[:, ablate[1]] = 0
+        x = x + z.transpose(1, 2).reshape(Bn, Tn, D) @ w[p + "attn.c_proj.weight"] + w[p + "attn.c_proj.bias"]
+        h = torch.nn.functional.layer_norm(x, (D,), w[p + "ln_2.weight"], w[p + "ln_2.bias"], 1e-5)
+        m = torch.nn.functional.gelu(h @ w[p + "mlp.c_fc.weight"] + w[p + "mlp.c_fc.bias"], approximate="tanh")
+        x = x + m @ w[p + "mlp.c_proj.weight"] + w[p + "mlp.c_proj.bias"]
+    x = torch.nn.functional.layer_norm(x, (D,), w["ln_f.weight"], w["ln_f.bias"], 1e-5)
+    return x @ w["wte.weight"].T
+
+
+def loss(logits, tokens):
+    lp = torch.log_softmax(logits[:, :-1], -1)
+    return (-lp.gather(-1, tokens[:, 1:, None]).squeeze(-1).mean(1)).mean().item()
+
+
+def eager(d, threads, layers):
+    torch.set_num_threads(threads)
+    w = read_safetensors(f"{d}/model.safetensors")
+    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()])
+    with torch.inference_mode():
+        base = loss(forward(w, tokens), tokens)
+        t0 = time.perf_counter()
+        per = {f"L{l}H{h}": loss(forward(w, tokens, (l, h)), tokens) for l in layers for h in range(H)}
+        dt = time.perf_counter() - t0
+    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
+                      "torch": torch.__version__, "threads": threads}))
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("cmd", choices=["make", "eager"])
+    ap.add_argument("dir")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--layers", default="all", help="eager: time the heads of these layers only (e.g. 0,11): "
+                    "every eager forward costs the same, so a sample gives the per-head time")
+    a = ap.parse_args()
+    layers = range(L) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
+    make(a.dir) if a.cmd == "make" else eager(os.path.abspath(a.dir), a.threads, layers)

@@ -1,0 +1,451 @@
+#include "experiment.h"
+
+#include "errors.h"
+#include "util.h"
+
+#include <fmt/format.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <set>
+
+namespace hs {
+
+std::string mark_str(const std::string& file, const YamlMark& m) {
+    if (m.line <= 0) return file;
+    return fmt::format("{}:{}:{}", file, m.line, m.col);
+}
+
+void Experiment::fail(const YamlMark& m, const std::string& msg) const {
+    throw ConfigError(fmt::format("{}: {}", mark_str(file, m), msg));
+}
+
+const DataSpec* Experiment::find_data(const std::string& name) const {
+    for (const auto& d : data)
+        if (d.name == name) return &d;
+    return nullptr;
+}
+
+bool parse_head_name(const std::string& s, int& layer, int& head) {
+    // L<digits>H<digits>
+    if (s.size() < 4 || s[0] != 'L') return false;
+    const auto hpos = s.find('H');
+    if (hpos == std::string::npos || hpos < 2 || hpos + 1 >= s.size()) return false;
+    auto digits = [](const std::string& t) { return !t.empty() && t.size() < 7 && std::all_of(t.begin(), t.end(), ::isdigit); };
+    const std::string a = s.substr(1, hpos - 1), b = s.substr(hpos + 1);
+    if (!digits(a) || !digits(b)) return false;
+    layer = std::atoi(a.c_str());
+    head = std::atoi(b.c_str());
+    return true;
+}
+
+std::string format_head(int layer, int head) { return fmt::format("L{}H{}", layer, head); }
+
+namespace {
+
+YamlMark mark_of(const YAML::Node& n) {
+    const auto m = n.Mark();
+    if (m.line < 0) return {};
+    return {m.line + 1, m.column + 1};
+}
+
+const char* type_name(const YAML::Node& n) {
+    switch (n.Type()) {
+        case YAML::NodeType::Map: return "a mapping";
+        case YAML::NodeType::Sequence: return "a list";
+        case YAML::NodeType::Scalar: return "a scalar";
+        case YAML::NodeType::Null: return "nothing";
+        default: return "an undefined node";
+    }
+}
+
+// Reading helpers bound to one experiment (for file names in messages).
+struct Reader {
+    const Experiment& e;
+
+    [[noreturn]] void fail(const YAML::Node& n, const std::string& msg) const { e.fail(mark_of(n), msg); }
+
+    void keys(const YAML::Node& map, const std::string& what, const std::vector<std::string>& allowed) const {
+        if (!map.IsMap()) fail(map, fmt::format("{}: expected a mapping, got {}", what, type_name(map)));
+        for (const auto& kv : map) {
+            const std::string k = kv.first.as<std::string>();
+            if (std::find(allowed.begin(), allowed.end(), k) == allowed.end())
+                fail(kv.first, fmt::format("unknown key '{}' in {} (expected one of: {})", k, what, fmt::join(allowed, ", ")));
+        }
+    }
+    std::string str(const YAML::Node& n, const std::string& key) const {
+        if (!n.IsScalar()) fail(n, fmt::format("'{}': expected a string, got {}", key, type_name(n)));
+        return n.Scalar();
+    }
+    int64_t integer(const YAML::Node& n, const std::string& key) const {
+        if (n.IsScalar()) {
+            const std::string s = n.Scalar();
+            char* end = nullptr;
+            const long long v = std::strtoll(s.c_str(), &end, 10);
+            if (!s.empty() && end && *end == 0) return v;
+        }
+        fail(n, fmt::format("'{}': expected an integer, got {}", key, n.IsScalar() ? "'" + n.Scalar() + "'" : type_name(n)));
+    }
+    double number(const YAML::Node& n, const std::string& key) const {
+        if (n.IsScalar()) {
+            const std::string s = n.Scalar();
+            char* end = nullptr;
+            const double v = std::strtod(s.c_str(), &end);
+            if (!s.empty() && end && *end == 0) return v;
+        }
+        fail(n, fmt::format("'{}': expected a number, got {}", key, n.IsScalar() ? "'" + n.Scalar() + "'" : type_name(n)));
+    }
+    bool boolean(const YAML::Node& n, const std::string& key) const {
+        if (n.IsScalar()) {
+            const std::string s = n.Scalar();
+            if (s == "true" || s == "yes") return true;
+            if (s == "false" || s == "no") return false;
+        }
+        fail(n, fmt::format("'{}': expected true or false", key));
+    }
+    std::string choice(const YAML::Node& n, const std::string& key, const std::vector<std::string>& valid) const {
+        const std::string s = str(n, key);
+        if (std::find(valid.begin(), valid.end(), s) == valid.end())
+            fail(n, fmt::format("'{}': unknown value '{}' (expected one of: {})", key, s, fmt::join(valid, ", ")));
+        return s;
+    }
+    int64_t positive(const YAML::Node& n, const std::string& key) const {
+        const int64_t v = integer(n, key);
+        if (v <= 0) fail(n, fmt::format("'{}': expected a positive integer, got {}", key, v));
+        return v;
+    }
+};
+
+DataSpec parse_data(const Reader& r, const std::string& name, const YAML::Node& n) {
+    DataSpec d;
+    d.name = name;
+    d.mark = mark_of(n);
+    if (!n.IsMap()) r.fail(n, fmt::format("data '{}': expected a mapping with a 'kind', got {}", name, type_name(n)));
+    if (!n["kind"]) r.fail(n, fmt::format("data '{}': missing 'kind' (repeated, text, tokens or prompts)", name));
+    d.kind = r.choice(n["kind"], "kind", {"repeated", "text", "tokens", "prompts"});
+    const std::string what = fmt::format("data '{}' ({})", name, d.kind);
+    if (d.kind == "repeated") {
+        r.keys(n, what, {"kind", "length", "count", "token_range", "seed"});
+        if (!n["length"]) r.fail(n, what + ": missing 'length' (|R|)");
+        if (!n["count"]) r.fail(n, what + ": missing 'count' (rows)");
+        d.length = r.positive(n["length"], "length");
+        if (d.length < 2) r.fail(n["length"], "'length': need at least 2");
+        d.count = r.positive(n["count"], "count");
+        if (n["token_range"]) {
+            const auto tr = n["token_range"];
+            if (!tr.IsSequence() || tr.size() != 2) r.fail(tr, "'token_range': expected [lo, hi)");
+            d.token_lo = r.integer(tr[0], "token_range");
+            d.token_hi = r.integer(tr[1], "token_range");
+            if (d.token_lo < 0 || d.token_lo >= d.token_hi) r.fail(tr, "'token_range': need 0 <= lo < hi");
+        }
+        if (n["seed"]) d.seed = r.integer(n["seed"], "seed");
+        return d;
+    }
+    if (d.kind == "text") r.keys(n, what, {"kind", "file", "seq_len", "count"});
+    else r.keys(n, what, {"kind", "file", "count"});
+    if (!n["file"]) r.fail(n, what + ": missing 'file'");
+    d.file = r.str(n["file"], "file");
+    d.file_mark = mark_of(n["file"]);
+    if (n["count"]) d.count = r.positive(n["count"], "count");
+    if (d.kind == "text") {
+        if (!n["seq_len"]) r.fail(n, what + ": missing 'seq_len'");
+        d.seq_len = r.positive(n["seq_len"], "seq_len");
+    }
+    return d;
+}
+
+HeadSpec parse_heads(const Reader& r, const YAML::Node& n, bool allow_list_k);
+
+// A list of k values or one.
+std::vector<int64_t> parse_ks(const Reader& r, const YAML::Node& n, const std::string& key, bool allow_list) {
+    std::vector<int64_t> ks;
+    if (n.IsSequence()) {
+        if (!allow_list) r.fail(n, fmt::format("'{}': a list of sizes is only meaningful in a cumulative sweep", key));
+        if (n.size() == 0) r.fail(n, fmt::format("'{}': empty list", key));
+        for (const auto& x : n) ks.push_back(r.positive(x, key));
+    } else {
+        ks.push_back(r.positive(n, key));
+    }
+    return ks;
+}
+
+HeadSpec parse_heads(const Reader& r, const YAML::Node& n, bool allow_list_k) {
+    HeadSpec h;
+    h.mark = mark_of(n);
+    if (n.IsScalar()) {
+        const std::string s = n.Scalar();
+        if (s == "all") return h;
+        int l, hh;
+        if (parse_head_name(s, l, hh)) {
+            h.kind = HeadSpec::Kind::kList;
+            h.heads.push_back({l, hh});
+            h.head_marks.push_back(mark_of(n));
+            return h;
+        }
+        r.fail(n, fmt::format("heads: '{}' is not a head set (expected all, L<layer>H<head>, a list of heads, or a "
+                              "mapping with layers, top, bottom, threshold or not)", s));
+    }
+    if (n.IsSequence()) {
+        h.kind = HeadSpec::Kind::kList;
+        if (n.size() == 0) r.fail(n, "heads: empty list");
+        for (const auto& x : n) {
+            int l, hh;
+            if (!x.IsScalar() || !parse_head_name(x.Scalar(), l, hh))
+                r.fail(x, fmt::format("heads: expected a head name like L1H3, got {}",
+                                      x.IsScalar() ? "'" + x.Scalar() + "'" : type_name(x)));
+            h.heads.push_back({l, hh});
+            h.head_marks.push_back(mark_of(x));
+        }
+        return h;
+    }
+    if (!n.IsMap()) r.fail(n, fmt::format("heads: expected a head set, got {}", type_name(n)));
+    if (n["layers"]) {
+        r.keys(n, "heads (layers)", {"layers"});
+        h.kind = HeadSpec::Kind::kLayers;
+        const auto ls = n["layers"];
+        if (ls.IsSequence()) {
+            for (const auto& x : ls) h.layers.push_back(static_cast<int>(r.integer(x, "layers")));
+        } else {
+            h.layers.push_back(static_cast<int>(r.integer(ls, "layers")));
+        }
+        h.by_mark = mark_of(ls);
+        return h;
+    }
+    if (n["not"]) {
+        r.keys(n, "heads (not)", {"not"});
+        h.kind = HeadSpec::Kind::kComplement;
+        h.inner = std::make_shared<HeadSpec>(parse_heads(r, n["not"], false));
+        return h;
+    }
+    const bool top = static_cast<bool>(n["top"]), bottom = static_cast<bool>(n["bottom"]),
+               thr = static_cast<bool>(n["threshold"]);
+    if (int(top) + int(bottom) + int(thr) != 1)
+        r.fail(n, "heads: expected exactly one of layers, not, top, bottom, threshold");
+    if (top || bottom) {
+        const std::string key = top ? "top" : "bottom";
+        r.keys(n, "heads (" + key + ")", {key, "by"});
+        h.kind = top ? HeadSpec::Kind::kTop : HeadSpec::Kind::kBottom;
+        h.ks = parse_ks(r, n[key], key, allow_list_k);
+    } else {
+        r.keys(n, "heads (threshold)", {"threshold", "by", "above"});
+        h.kind = HeadSpec::Kind::kThreshold;
+        h.threshold = r.number(n["threshold"], "threshold");
+        if (n["above"]) h.above = r.boolean(n["above"], "above");
+    }
+    if (!n["by"]) r.fail(n, "heads: missing 'by' (a score: scores/<probe>/score or FILE.h5:/path)");
+    h.by = r.str(n["by"], "by");
+    h.by_mark = mark_of(n["by"]);
+    return h;
+}
+
+ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
+    static const std::vector<std::string> kinds = {"zero", "mean", "resample", "scale", "zero-query", "mean-query"};
+    ModeSpec m;
+    m.mark = mark_of(n);
+    if (n.IsScalar()) {
+        m.kind = r.choice(n, "mode", kinds);
+    } else {
+        r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed"});
+        if (!n["kind"]) r.fail(n, "mode: missing 'kind' (" + fmt::format("{}", fmt::join(kinds, ", ")) + ")");
+        m.kind = r.choice(n["kind"], "kind", kinds);
+        if (n["data"]) m.data = r.str(n["data"], "data");
+        if (n["per_position"]) m.per_position = r.boolean(n["per_position"], "per_position");
+        if (n["factor"]) m.factor = r.number(n["factor"], "factor");
+        if (n["factor"] && m.kind != "scale") r.fail(n["factor"], "mode: 'factor' applies to mode scale only");
+    }
+    const bool needs_data = m.kind == "mean" || m.kind == "mean-query" || m.kind == "resample";
+    if (needs_data && m.data.empty())
+        r.fail(n, fmt::format("mode {}: needs 'data' (the reference dataset), e.g. {{kind: {}, data: NAME}}", m.kind, m.kind));
+    if (!needs_data && !m.data.empty()) r.fail(n, fmt::format("mode {}: takes no 'data'", m.kind));
+    if (m.kind == "scale" && !n["factor"]) r.fail(n, "mode scale: needs 'factor', e.g. {kind: scale, factor: 2.0}");
+    return m;
+}
+
+MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
+    MetricSpec m;
+    m.mark = mark_of(n);
+    r.keys(n, "metric", {"kind", "data", "positions"});
+    if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, retrieval)");
+    m.kind = r.choice(n["kind"], "kind", {"loss", "accuracy", "logit-diff", "kl", "retrieval"});
+    if (m.kind == "retrieval")
+        r.fail(n["kind"], "metric retrieval: the needle-in-a-haystack harness (headscope retrieval) is not in this build yet");
+    if (!n["data"]) r.fail(n, "metric: missing 'data' (a dataset name)");
+    m.data = r.str(n["data"], "data");
+    if (n["positions"]) {
+        m.positions = r.choice(n["positions"], "positions", {"all", "repeated-half", "answer"});
+        m.positions_mark = mark_of(n["positions"]);
+        if (m.kind == "accuracy" || m.kind == "logit-diff")
+            r.fail(n["positions"], fmt::format("metric {}: 'positions' does not apply (it reads the answer position)", m.kind));
+    }
+    return m;
+}
+
+StudySpec parse_study(const Reader& r, const YAML::Node& n) {
+    StudySpec s;
+    s.mark = mark_of(n);
+    r.keys(n, "study", {"name", "sweep", "heads", "sets", "mode", "metric", "controls", "steps", "recompute"});
+    if (!n["name"]) r.fail(n, "study: missing 'name'");
+    s.name = r.str(n["name"], "name");
+    if (s.name.empty() || s.name.find_first_of("/ ") != std::string::npos)
+        r.fail(n["name"], fmt::format("study name '{}': expected a non-empty name without '/' or spaces", s.name));
+    if (!n["sweep"]) r.fail(n, fmt::format("study '{}': missing 'sweep' (single, layer, set, cumulative, prune)", s.name));
+    s.sweep = r.choice(n["sweep"], "sweep", {"single", "layer", "set", "cumulative", "prune"});
+    s.sweep_mark = mark_of(n["sweep"]);
+    if (n["heads"]) {
+        s.heads = parse_heads(r, n["heads"], s.sweep == "cumulative");
+        s.has_heads = true;
+        s.heads_mark = mark_of(n["heads"]);
+    }
+    if (s.sweep == "cumulative") {
+        if (!s.has_heads || (s.heads.kind != HeadSpec::Kind::kTop && s.heads.kind != HeadSpec::Kind::kBottom))
+            r.fail(s.has_heads ? n["heads"] : n, fmt::format("study '{}': a cumulative sweep needs heads: {{top: [k, ...], by: SCORE}} (or bottom)", s.name));
+    }
+    if (n["sets"]) {
+        if (s.sweep != "set") r.fail(n["sets"], fmt::format("study '{}': 'sets' belongs to sweep: set", s.name));
+        const auto sets = n["sets"];
+        if (!sets.IsMap() || sets.size() == 0) r.fail(sets, "sets: expected a mapping NAME: HEADS");
+        for (const auto& kv : sets) s.sets.push_back({kv.first.as<std::string>(), parse_heads(r, kv.second, false)});
+    }
+    if (s.sweep == "set" && s.sets.empty() && !s.has_heads)
+        r.fail(n, fmt::format("study '{}': sweep set needs 'sets' (NAME: HEADS) or 'heads'", s.name));
+    if (s.sweep == "set" && s.sets.empty()) s.sets.push_back({"heads", s.heads});
+    if (n["mode"]) s.mode = parse_mode(r, n["mode"]);
+    if (!n["metric"]) r.fail(n, fmt::format("study '{}': missing 'metric'", s.name));
+    s.metric = parse_metric(r, n["metric"]);
+    if (n["controls"]) {
+        const auto c = n["controls"];
+        r.keys(c, "controls", {"random"});
+        if (!c["random"]) r.fail(c, "controls: expected {random: N}");
+        s.controls = r.integer(c["random"], "random");
+        if (s.controls < 0) r.fail(c["random"], "controls: random must be >= 0");
+        s.controls_mark = mark_of(c);
+        if (s.sweep == "prune") r.fail(c, "controls: not defined for a prune sweep");
+    }
+    if (s.sweep == "prune") {
+        if (!n["steps"]) r.fail(n, fmt::format("study '{}': a prune sweep needs 'steps' (fractions, e.g. [0.1, 0.2, 0.5])", s.name));
+        const auto st = n["steps"];
+        if (!st.IsSequence() || st.size() == 0) r.fail(st, "steps: expected a list of fractions");
+        double prev = 0;
+        for (const auto& x : st) {
+            const double f = r.number(x, "steps");
+            if (f <= prev || f > 1) r.fail(x, "steps: fractions must increase within (0, 1]");
+            s.steps.push_back(prev = f);
+        }
+        if (n["recompute"]) s.recompute = r.boolean(n["recompute"], "recompute");
+        if (s.mode.kind != "zero") r.fail(n["mode"], "prune: the head mask multiplies z, so mode must be zero");
+    } else {
+        if (n["steps"]) r.fail(n["steps"], "'steps' belongs to sweep: prune");
+        if (n["recompute"]) r.fail(n["recompute"], "'recompute' belongs to sweep: prune");
+    }
+    return s;
+}
+
+}  // namespace
+
+Experiment parse_experiment(const std::string& path) { return parse_experiment_text(read_text_file(path), path); }
+
+Experiment parse_experiment_text(const std::string& text, const std::string& file_name) {
+    Experiment e;
+    e.file = file_name;
+    e.text = text;
+    YAML::Node root;
+    try {
+        root = YAML::Load(text);
+    } catch (const YAML::ParserException& ex) {
+        e.fail({ex.mark.line + 1, ex.mark.column + 1}, "not valid YAML: " + ex.msg);
+    }
+    Reader r{e};
+    if (!root.IsMap()) e.fail({1, 1}, "expected a mapping with model, data and studies at the top");
+    try {
+        r.keys(root, "the experiment", {"model", "tokenizer", "dtype", "device", "threads", "seed", "output", "batch_rows",
+                                        "data", "probes", "studies"});
+        if (!root["model"]) e.fail({1, 1}, "missing 'model' (a checkpoint folder or file)");
+        e.model = r.str(root["model"], "model");
+        e.model_mark = mark_of(root["model"]);
+        if (root["tokenizer"]) e.tokenizer = r.str(root["tokenizer"], "tokenizer");
+        if (root["dtype"]) e.dtype = r.choice(root["dtype"], "dtype", {"float32", "float16", "bfloat16"});
+        if (root["device"]) e.device = r.str(root["device"], "device");
+        if (root["threads"]) e.threads = static_cast<int>(r.integer(root["threads"], "threads"));
+        if (root["seed"]) e.seed = r.integer(root["seed"], "seed");
+        if (root["batch_rows"]) e.batch_rows = r.positive(root["batch_rows"], "batch_rows");
+        if (root["output"]) e.output = r.str(root["output"], "output");
+        if (!root["data"]) e.fail({1, 1}, "missing 'data' (named datasets)");
+        const auto data = root["data"];
+        if (!data.IsMap() || data.size() == 0) r.fail(data, "data: expected a mapping NAME: {kind: ...}");
+        for (const auto& kv : data) e.data.push_back(parse_data(r, kv.first.as<std::string>(), kv.second));
+        auto need_data = [&](const YAML::Node& at, const std::string& name) {
+            if (!e.find_data(name)) {
+                std::vector<std::string> names;
+                for (const auto& d : e.data) names.push_back(d.name);
+                r.fail(at, fmt::format("no dataset named '{}' under data: (have: {})", name, fmt::join(names, ", ")));
+            }
+        };
+        if (root["probes"]) {
+            const auto ps = root["probes"];
+            if (!ps.IsSequence()) r.fail(ps, "probes: expected a list of {probe: NAME, data: DATASET}");
+            for (const auto& p : ps) {
+                r.keys(p, "probe", {"probe", "data"});
+                if (!p["probe"] || !p["data"]) r.fail(p, "probe: expected {probe: NAME, data: DATASET}");
+                ProbeSpec s{r.choice(p["probe"], "probe", {"induction", "previous-token", "duplicate-token",
+                                                          "attention-sink", "induction-loss"}),
+                            r.str(p["data"], "data"), mark_of(p), mark_of(p["data"])};
+                need_data(p["data"], s.data);
+                for (const auto& q : e.probes)
+                    if (q.probe == s.probe) r.fail(p, fmt::format("probe '{}' listed twice", s.probe));
+                e.probes.push_back(s);
+            }
+        }
+        if (!root["studies"]) e.fail({1, 1}, "missing 'studies'");
+        const auto st = root["studies"];
+        if (!st.IsSequence() || st.size() == 0) r.fail(st, "studies: expected a list of studies");
+        std::set<std::string> names;
+        for (const auto& sn : st) {
+            auto s = parse_study(r, sn);
+            if (!names.insert(s.name).second) r.fail(sn["name"], fmt::format("study name '{}' used twice", s.name));
+            need_data(sn["metric"]["data"], s.metric.data);
+            if (!s.mode.data.empty()) need_data(sn["mode"]["data"], s.mode.data);
+            // What the metric needs from its dataset.
+            const std::string dk = e.find_data(s.metric.data)->kind;
+            const auto mnode = sn["metric"];
+            if ((s.metric.kind == "accuracy" || s.metric.kind == "logit-diff") && dk != "prompts")
+                r.fail(mnode, fmt::format("metric {} needs a prompts dataset (prompt/answer pairs); '{}' is {}",
+                                          s.metric.kind, s.metric.data, dk));
+            if (s.metric.positions == "repeated-half" && dk != "repeated")
+                r.fail(mnode["positions"], fmt::format("positions repeated-half needs a repeated dataset; '{}' is {}",
+                                                       s.metric.data, dk));
+            if (s.metric.positions == "answer" && dk != "prompts")
+                r.fail(mnode["positions"], fmt::format("positions answer needs a prompts dataset; '{}' is {}",
+                                                       s.metric.data, dk));
+            if (s.sweep == "prune" && s.metric.kind != "loss" && s.metric.kind != "kl" && s.metric.kind != "logit-diff")
+                r.fail(mnode, fmt::format("prune needs a differentiable metric (loss, kl or logit-diff), not {}",
+                                          s.metric.kind));
+            if (s.metric.kind == "kl" && s.mode.kind == "scale" && s.mode.factor == 1.0)
+                r.fail(sn["mode"], "mode scale with factor 1 leaves the model unchanged: kl would be 0");
+            auto check_by = [&](const HeadSpec& h, auto&& self) -> void {
+                if (h.inner) self(*h.inner, self);
+                if (h.by.empty() || h.by.find(':') != std::string::npos) return;
+                // scores/<probe>/score of this run
+                auto parts = split(h.by, '/');
+                std::vector<std::string> p;
+                for (auto& x : parts)
+                    if (!x.empty()) p.push_back(x);
+                if (p.size() != 3 || p[0] != "scores" || p[2] != "score")
+                    e.fail(h.by_mark, fmt::format("by: '{}': expected scores/<probe>/score or FILE.h5:/path", h.by));
+                bool found = false;
+                for (const auto& pr : e.probes) found |= pr.probe == p[1];
+                if (!found)
+                    e.fail(h.by_mark, fmt::format("by: '{}': this experiment computes no probe '{}' (list it under probes:)",
+                                                  h.by, p[1]));
+            };
+            if (s.has_heads) check_by(s.heads, check_by);
+            for (const auto& kv : s.sets) check_by(kv.second, check_by);
+            e.studies.push_back(std::move(s));
+        }
+    } catch (const YAML::Exception& ex) {  // e.g. a key that is not a scalar
+        e.fail({ex.mark.line + 1, ex.mark.column + 1}, ex.msg);
+    }
+    return e;
+}
+
+}  // namespace hs

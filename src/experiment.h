@@ -1,0 +1,109 @@
+// A masking/ablation experiment described in YAML (schema: docs/experiments.md). Parsing checks
+// the file's shape and types; every error names "FILE:LINE:COL:" (1-based, from yaml-cpp's marks)
+// and what was expected, and throws ConfigError (exit 3). Checks that need the model (head ranges,
+// score shapes) happen in the engine with the same marks (probes/ablation.h).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+struct YamlMark {
+    int line = 0, col = 0;  // 1-based; 0 = unknown
+};
+
+// Where something is in the experiment file: "exp.yaml:12:5".
+std::string mark_str(const std::string& file, const YamlMark& m);
+
+struct DataSpec {
+    std::string name;
+    std::string kind;  // repeated | text | tokens | prompts
+    int64_t length = 0;                  // repeated: |R|
+    int64_t count = 0;                   // rows (repeated), at most (text, tokens, prompts; 0 = all)
+    int64_t token_lo = -1, token_hi = -1;  // repeated: [lo, hi)
+    int64_t seq_len = 0;                 // text: tokens per sequence
+    int64_t seed = -1;                   // repeated: generator seed (-1 = the experiment's)
+    std::string file;                    // text, tokens, prompts
+    YamlMark mark, file_mark;
+};
+
+struct ProbeSpec {
+    std::string probe, data;
+    YamlMark mark, data_mark;
+};
+
+// A set of heads. Names are "L<layer>H<head>".
+struct HeadSpec {
+    enum class Kind { kList, kLayers, kAll, kTop, kBottom, kThreshold, kComplement };
+    Kind kind = Kind::kAll;
+    std::vector<std::pair<int, int>> heads;  // kList
+    std::vector<YamlMark> head_marks;
+    std::vector<int> layers;                 // kLayers
+    std::vector<int64_t> ks;                 // kTop / kBottom (a list for cumulative sweeps)
+    double threshold = 0;                    // kThreshold
+    bool above = true;                       // kThreshold: score >= threshold (false: <=)
+    std::string by;                          // score: "scores/<probe>/score" or "file.h5:/path"
+    YamlMark by_mark;
+    std::shared_ptr<HeadSpec> inner;         // kComplement: every head not in inner
+    YamlMark mark;
+};
+
+struct ModeSpec {
+    std::string kind = "zero";  // zero | mean | resample | scale | zero-query | mean-query
+    std::string data;           // mean, mean-query, resample: the reference dataset
+    bool per_position = true;   // mean, mean-query: per position (true) or pooled over positions
+    double factor = 0.0;        // scale
+    YamlMark mark;
+};
+
+struct MetricSpec {
+    std::string kind;              // loss | accuracy | logit-diff | kl | retrieval (issue 10)
+    std::string data;
+    std::string positions = "all"; // loss, kl: all | repeated-half | answer
+    YamlMark mark, positions_mark;
+};
+
+struct StudySpec {
+    std::string name;
+    std::string sweep;  // single | layer | set | cumulative | prune
+    HeadSpec heads;     // single / layer / cumulative / prune: the candidates (default all heads)
+    bool has_heads = false;
+    std::vector<std::pair<std::string, HeadSpec>> sets;  // set sweep: named sets, in file order
+    ModeSpec mode;
+    MetricSpec metric;
+    int64_t controls = 0;  // random control sets per configuration
+    std::vector<double> steps;  // prune: cumulative fractions of all heads, increasing
+    bool recompute = false;     // prune: recompute importance after each step
+    YamlMark mark, sweep_mark, heads_mark, controls_mark;
+};
+
+struct Experiment {
+    std::string file;       // as given
+    std::string text;       // the YAML text (stored in the output, hashed for --resume / merge)
+    std::string model, tokenizer, dtype = "float32", device = "cpu", output;
+    int threads = 0;
+    int64_t seed = 0;
+    int64_t batch_rows = 64;  // rows per forward pass (configurations x dataset rows)
+    std::vector<DataSpec> data;
+    std::vector<ProbeSpec> probes;
+    std::vector<StudySpec> studies;
+    YamlMark model_mark;
+
+    const DataSpec* find_data(const std::string& name) const;
+    // "FILE:LINE:COL: msg" as a ConfigError.
+    [[noreturn]] void fail(const YamlMark& m, const std::string& msg) const;
+};
+
+// Reads and checks the file (no model needed). Throws ConfigError (bad YAML, schema) or DataError
+// (unreadable file).
+Experiment parse_experiment(const std::string& path);
+Experiment parse_experiment_text(const std::string& text, const std::string& file_name);
+
+// "L1H3" -> {1, 3}; false when not of that form.
+bool parse_head_name(const std::string& s, int& layer, int& head);
+std::string format_head(int layer, int head);  // "L1H3"
+
+}  // namespace hs

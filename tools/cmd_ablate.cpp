@@ -1,0 +1,115 @@
+// headscope ablate: one ablation without a YAML file; prints the metric with and without it.
+#include "ablation.h"
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "experiment.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+namespace hs::cli {
+
+struct AblateOptions {
+    ModelArgs model;
+    std::string heads, mode = "zero", metric = "loss", positions, data, data_kind = "auto", token_range;
+    double factor = 0.0;
+    int64_t seq_len = 128, count = 0, repeated = 0, seed = 0, max_rows = 64;
+};
+
+static std::string guess_kind(const std::string& file) {
+    if (file.size() > 6 && file.substr(file.size() - 6) == ".jsonl") return "prompts";
+    for (const auto& line : split(read_text_file(file), '\n')) {
+        const auto t = trim(line);
+        if (t.empty()) continue;
+        return t.find_first_not_of("0123456789, ") == std::string::npos ? "tokens" : "text";
+    }
+    return "tokens";
+}
+
+int run_ablate(const AblateOptions& o) {
+    if (o.data.empty() == (o.repeated == 0))
+        throw UsageError("give one of --data FILE and --repeated N (rows [BOS, R, R] with |R| = N)");
+    const auto mode = parse_mode_kind(o.mode);
+    const auto metric = parse_metric_kind(o.metric);
+    auto l = open_model(o.model, false);
+    const Model& m = *l.model;
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    auto mask = torch::zeros({L, H}, torch::kUInt8);
+    for (const auto& part : split(o.heads, ',')) {
+        const auto p = trim(part);
+        int layer, head;
+        if (p.empty()) continue;
+        if (!parse_head_name(p, layer, head))
+            throw UsageError(fmt::format("--heads: '{}' is not a head name like L1H3", p));
+        if (layer >= L || head >= H)
+            throw UsageError(fmt::format("--heads: {} out of range: the model has {} layers and {} heads per layer", p, L, H));
+        mask[layer][head] = 1;
+    }
+    if (!mask.any().item<bool>()) throw UsageError("--heads: no head named");
+    Experiment e;
+    e.file = "--data";
+    e.seed = o.seed;
+    DataSpec d;
+    d.name = "data";
+    if (o.repeated > 0) {
+        d.kind = "repeated", d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
+        if (!o.token_range.empty()) {
+            auto r = parse_token_list(o.token_range, "--token-range");
+            if (r.size() != 2) throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
+            d.token_lo = r[0], d.token_hi = r[1];
+        }
+    } else {
+        d.kind = o.data_kind == "auto" ? guess_kind(o.data) : o.data_kind;
+        if (d.kind != "tokens" && d.kind != "text" && d.kind != "prompts")
+            throw UsageError(fmt::format("--data-kind '{}': expected auto, tokens, text or prompts", o.data_kind));
+        d.file = o.data, d.count = o.count, d.seq_len = o.seq_len;
+    }
+    const AblationData data = make_data(e, d, m, l.tokenizer.get());
+    AblationSetup s;
+    s.mode = mode, s.factor = o.factor, s.metric = metric, s.max_rows = o.max_rows, s.resample_seed = o.seed;
+    s.positions = !o.positions.empty() ? o.positions
+                  : (metric == MetricKind::kAccuracy || metric == MetricKind::kLogitDiff) ? "answer"
+                  : d.kind == "repeated"                                                    ? "repeated-half"
+                                                                                            : "all";
+    if (s.positions != "all" && s.positions != "repeated-half" && s.positions != "answer")
+        throw UsageError(fmt::format("--positions '{}': expected all, repeated-half or answer", s.positions));
+    Ablator ab(m, data, s);
+    auto rows = ab.evaluate(torch::stack({torch::zeros({L, H}, torch::kUInt8), mask}));
+    const double clean = rows[0].mean().item<double>(), abl = rows[1].mean().item<double>();
+    std::printf("metric   %s (positions %s, %ld rows of %s)\n", o.metric.c_str(), s.positions.c_str(),
+                static_cast<long>(data.rows()), o.repeated > 0 ? "[BOS, R, R]" : o.data.c_str());
+    std::printf("ablated  %s (mode %s)\n", o.heads.c_str(), o.mode.c_str());
+    std::printf("clean    %.6f\n", clean);
+    std::printf("with     %.6f\n", abl);
+    std::printf("change   %+.6f\n", abl - clean);
+    return 0;
+}
+
+void setup_ablate(CLI::App& app) {
+    auto o = std::make_shared<AblateOptions>();
+    auto* sub = app.add_subcommand(
+        "ablate",
+        "ablate a few heads once and print the metric with and without the ablation (no YAML, no file).\n"
+        "Modes: zero, scale (--factor), zero-query, mean / mean-query / resample (over the same data).\n"
+        "Metrics: loss, kl (to the clean model), accuracy and logit-diff (prompts JSONL).\n"
+        "Example: headscope ablate models/toy-induction --heads L1H0,L1H3 --mode zero --metric loss --repeated 20 --token-range 6,68");
+    add_model_args(sub, o->model);
+    sub->add_option("--heads", o->heads, "heads to ablate, e.g. L1H0,L1H3")->required();
+    sub->add_option("--mode", o->mode, "zero, mean, resample, scale, zero-query, mean-query")->capture_default_str();
+    sub->add_option("--factor", o->factor, "mode scale: z *= factor");
+    sub->add_option("--metric", o->metric, "loss, kl, accuracy, logit-diff")->capture_default_str();
+    sub->add_option("--positions", o->positions, "loss/kl: all, repeated-half or answer (default by data)");
+    sub->add_option("--data", o->data, "token-id lines, a text file, or prompts JSONL "
+                                       "({\"prompt\", \"answer\", \"counterfactual\"})");
+    sub->add_option("--data-kind", o->data_kind, "auto, tokens, text, prompts")->capture_default_str();
+    sub->add_option("--seq-len", o->seq_len, "text: tokens per sequence")->capture_default_str();
+    sub->add_option("--count", o->count, "at most this many rows (repeated: rows, default 16)");
+    sub->add_option("--repeated", o->repeated, "instead of --data: rows [BOS, R, R] with |R| = N (seeded by --seed)");
+    sub->add_option("--token-range", o->token_range, "--repeated: ids lo,hi to draw R from, [lo, hi)");
+    sub->add_option("--seed", o->seed, "seed of --repeated and resample")->capture_default_str();
+    sub->add_option("--max-rows", o->max_rows, "rows per forward pass")->capture_default_str();
+    sub->callback([o] { set_exit_code(run_ablate(*o)); });
+}
+
+}  // namespace hs::cli

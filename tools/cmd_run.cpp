@@ -1,0 +1,418 @@
+// headscope run: a masking/ablation experiment from YAML (docs/experiments.md) into HDF5
+// (docs/hdf5-schema.md, "Ablation experiments"). The whole file is rewritten atomically after
+// every batch of configurations, so a killed run leaves the last complete file, and --resume
+// skips the configurations it records as done.
+#include "ablation.h"
+#include "attention_detectors.h"
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "experiment.h"
+#include "progress.h"
+#include "run_state.h"
+#include "util.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <thread>
+
+namespace hs::cli {
+
+std::string Shard::str() const { return fmt::format("{}/{}", index, count); }
+
+Shard parse_shard(const std::string& s) {
+    Shard sh;
+    auto p = split(s, '/');
+    try {
+        if (p.size() != 2) throw std::invalid_argument("");
+        sh.index = std::stoll(p[0]), sh.count = std::stoll(p[1]);
+    } catch (const std::exception&) {
+        throw UsageError(fmt::format("--shard '{}': expected I/N, e.g. 0/4", s));
+    }
+    if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count)
+        throw UsageError(fmt::format("--shard '{}': need 0 <= I < N", s));
+    return sh;
+}
+
+std::string shard_path(const std::string& out, const Shard& s) {
+    const std::string suffix = fmt::format(".shard-{}-of-{}", s.index, s.count);
+    auto dot = out.rfind(".h5");
+    if (dot != std::string::npos && dot + 3 == out.size()) return out.substr(0, dot) + suffix + ".h5";
+    return out + suffix;
+}
+
+struct RunOptions {
+    std::string file, model, out;
+    bool resume = false, force = false, no_prefix_reuse = false;
+    std::string shard;
+    int64_t batch_rows = 0;
+    int pause_ms = 0;
+};
+
+namespace {
+
+std::vector<float> to_floats(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
+struct ProbeResult {
+    std::string probe, data;
+    at::Tensor score;  // [L, H]
+    Attrs attrs;
+};
+
+struct StudyState {
+    const StudySpec* spec = nullptr;
+    const AblationData* data = nullptr;
+    StudyConfigs cfg;
+    PrunePlan prune;  // prune sweeps
+    AblationSetup setup;
+    std::unique_ptr<Ablator> ab;
+    at::Tensor rows;            // [S, N] float32, NaN where not done
+    std::vector<uint8_t> done;  // [S]
+};
+
+bool higher_is_worse(const MetricSpec& m) { return m.kind == "loss" || m.kind == "kl"; }
+
+std::string metric_description(const MetricSpec& m) {
+    if (m.kind == "loss")
+        return m.positions == "repeated-half"
+                   ? "mean next-token cross-entropy (nats) at positions n+1..2n-1 of [BOS, R, R] (predicting tokens n+2..2n)"
+               : m.positions == "answer" ? "cross-entropy (nats) of the answer's first token at the last prompt position"
+                                         : "mean next-token cross-entropy (nats) over every position of each row";
+    if (m.kind == "kl")
+        return "mean KL(clean || ablated) (nats) of the next-token distribution at the scored positions (" + m.positions + ")";
+    if (m.kind == "accuracy") return "1 where the argmax at the last prompt position is the answer's first token";
+    return "logit(answer) - logit(counterfactual) at the last prompt position";
+}
+
+void write_all(const std::string& path, const Experiment& e, const Model& m, const Shard& shard,
+               const std::vector<AblationData>& data, const std::vector<ProbeResult>& probes,
+               const std::vector<StudyState>& studies) {
+    ResultWriter w(path, WriteMode::kForce);
+    write_meta(w, m, e.seed);
+    const int64_t L = m.config.n_layers, H = m.config.n_heads;
+    w.set_attrs("/experiment", {{"file", e.file},
+                                {"yaml", e.text},
+                                {"sha256", sha256_bytes(e.text.data(), e.text.size())},
+                                {"model", m.path},
+                                {"shard", shard.str()},
+                                {"shard_index", shard.index},
+                                {"shard_count", shard.count}});
+    for (const auto& d : data) {
+        const std::string g = "/data/" + d.name;
+        w.write(g + "/tokens", d.file_tokens(), {d.rows(), d.tokens.size(1)});
+        w.write(g + "/lengths", d.lengths, {d.rows()});
+        Attrs a = {{"kind", d.kind}, {"pad_value", int64_t(-1)}};
+        if (d.kind == "repeated") a["length"] = d.n;
+        for (const auto& spec : e.data)
+            if (spec.name == d.name) {
+                if (!spec.file.empty()) a["source_file"] = spec.file;
+                if (spec.kind == "repeated") {
+                    a["seed"] = spec.seed >= 0 ? spec.seed : e.seed;
+                    a["token_lo"] = spec.token_lo, a["token_hi"] = spec.token_hi;
+                }
+                if (spec.kind == "text") a["seq_len"] = spec.seq_len;
+            }
+        if (!d.answers.empty()) {
+            w.write(g + "/answers", d.answers, {d.rows()});
+            w.write(g + "/counterfactuals", d.counterfactuals, {d.rows()});
+        }
+        w.set_attrs(g, a);
+    }
+    for (const auto& p : probes) {
+        w.write("/scores/" + p.probe + "/score", to_floats(p.score), {L, H});
+        w.set_attrs("/scores/" + p.probe, p.attrs);
+    }
+    for (const auto& st : studies) {
+        const StudySpec& s = *st.spec;
+        const std::string g = "/ablation/" + s.name;
+        const int64_t S = static_cast<int64_t>(st.cfg.masks.size()), N = st.data->rows();
+        std::vector<uint8_t> masks;
+        for (const auto& mk : st.cfg.masks) {
+            auto c = mk.contiguous();
+            masks.insert(masks.end(), c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
+        }
+        w.write(g + "/masks", masks, {S, L, H});
+        w.write(g + "/metric", to_floats(st.rows.mean(1)), {S});
+        w.write(g + "/metric_rows", to_floats(st.rows), {S, N});
+        w.write_strings(g + "/kind", st.cfg.kinds);
+        w.write_strings(g + "/label", st.cfg.labels);
+        w.write(g + "/k", st.cfg.k, {S});
+        w.write(g + "/control_seed", st.cfg.control_seed, {S});
+        w.write(g + "/done", st.done, {S});
+        Attrs a = {{"sweep", s.sweep},
+                   {"mode", s.mode.kind},
+                   {"metric", s.metric.kind},
+                   {"dataset", s.metric.data},
+                   {"positions", (s.metric.kind == "accuracy" || s.metric.kind == "logit-diff") ? std::string("answer")
+                                                                                              : s.metric.positions},
+                   {"metric_description", metric_description(s.metric)},
+                   {"controls", s.controls},
+                   {"n_configurations", S},
+                   {"shard", shard.str()}};
+        if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
+        if (s.mode.kind == "mean" || s.mode.kind == "mean-query")
+            a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
+        if (s.mode.kind == "scale") a["mode_factor"] = s.mode.factor;
+        if (s.mode.kind == "resample") a["resample_seed"] = st.setup.resample_seed;
+        if (s.sweep == "prune") {
+            std::vector<float> fr(st.cfg.fraction.begin(), st.cfg.fraction.end());
+            w.write(g + "/fraction", fr, {S});
+            w.write(g + "/order", st.prune.order, {static_cast<int64_t>(st.prune.order.size())});
+            std::vector<float> imp;
+            for (const auto& t : st.prune.importance) {
+                auto v = to_floats(t);
+                imp.insert(imp.end(), v.begin(), v.end());
+            }
+            w.write(g + "/importance", imp, {static_cast<int64_t>(st.prune.importance.size()), L, H});
+            a["steps"] = s.steps;
+            a["recompute"] = std::string(s.recompute ? "true" : "false");
+            a["importance"] = std::string("mean over rows of |d metric / d xi_h| (autograd), L2-normalised per layer");
+        }
+        w.set_attrs(g, a);
+    }
+    w.commit();
+}
+
+std::vector<ProbeResult> compute_probes(const Experiment& e, const Model& m, const std::vector<AblationData>& data) {
+    std::vector<ProbeResult> out;
+    for (const auto& p : e.probes) {
+        const AblationData* d = nullptr;
+        for (const auto& x : data)
+            if (x.name == p.data) d = &x;
+        ProbeResult r{p.probe, p.data, {}, {{"probe", p.probe}, {"dataset", p.data}}};
+        if (p.probe == "induction-loss") {
+            if (d->kind != "repeated") e.fail(p.mark, "probe induction-loss needs a repeated dataset");
+            auto il = induction_loss(m, d->tokens, d->n);
+            r.score = il.ablated;
+            r.attrs["baseline_loss"] = il.baseline;
+            r.attrs["convention"] = std::string("stripe");
+        } else if (d->kind == "repeated") {
+            r.score = stripe_scores(m, d->tokens, d->n, {parse_stripe_kind(p.probe)}).front().score;
+            r.attrs["convention"] = std::string("stripe");
+        } else {
+            std::vector<std::vector<int64_t>> seqs;
+            auto acc = d->tokens.accessor<int64_t, 2>();
+            for (int64_t i = 0; i < d->rows(); ++i) {
+                std::vector<int64_t> s;
+                for (int64_t t = 0; t < d->lengths[i]; ++t) s.push_back(acc[i][t]);
+                seqs.push_back(std::move(s));
+            }
+            r.score = detector_scores(m, seqs, {parse_stripe_kind(p.probe)}, DetectorOptions{}).front().score;
+            r.attrs["convention"] = std::string("detector");
+        }
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+// Loads what a previous run of the same experiment recorded (--resume).
+void load_previous(const std::string& path, const Experiment& e, const Model& m, const Shard& shard,
+                   std::vector<StudyState>& studies) {
+    ResultReader r(path);
+    const auto ea = r.attrs("/experiment");
+    auto get = [&](const std::string& k) { return ea.count(k) ? attr_to_string(ea.at(k)) : std::string(); };
+    if (get("sha256") != sha256_bytes(e.text.data(), e.text.size()))
+        throw StorageError(fmt::format("{}: holds another experiment (its YAML differs from {}); refusing to resume", path, e.file));
+    const auto ma = r.attrs("/meta");
+    if (!ma.count("weights_sha256") || attr_to_string(ma.at("weights_sha256")) != m.weights_sha256())
+        throw StorageError(fmt::format("{}: holds results of another model; refusing to resume", path));
+    if (get("shard") != shard.str())
+        throw StorageError(fmt::format("{}: was run as shard {}, not {}", path, get("shard"), shard.str()));
+    for (auto& st : studies) {
+        const std::string g = "/ablation/" + st.spec->name;
+        if (!r.exists(g + "/done")) continue;
+        auto done = r.read(g + "/done"), rows = r.read(g + "/metric_rows"), masks = r.read(g + "/masks");
+        const int64_t S = static_cast<int64_t>(st.cfg.masks.size()), N = st.data->rows();
+        if (done.shape != std::vector<int64_t>{S} || rows.shape != std::vector<int64_t>{S, N})
+            throw StorageError(fmt::format("{}: {} has another shape than this experiment's; refusing to resume", path, g));
+        for (int64_t i = 0; i < S; ++i) {
+            if (done.values[i] == 0) continue;
+            // The configuration must be the same heads (a prune order could differ across builds).
+            auto mk = st.cfg.masks[i].flatten();
+            const int64_t LH = mk.numel();
+            bool same = true;
+            for (int64_t j = 0; j < LH; ++j) same &= (mk[j].item<int>() != 0) == (masks.values[i * LH + j] != 0);
+            if (!same) continue;
+            st.done[i] = 1;
+            for (int64_t n = 0; n < N; ++n) st.rows[i][n] = rows.values[i * N + n];
+        }
+    }
+}
+
+void print_summary(const StudyState& st) {
+    const auto& c = st.cfg;
+    auto metric = st.rows.mean(1);
+    const int64_t S = metric.size(0);
+    const double base = metric[0].item<double>();
+    std::string line = fmt::format("{:<14} {} {}: baseline {:.4f}", st.spec->name, st.spec->metric.kind, st.spec->sweep, base);
+    if (st.spec->sweep == "prune") {
+        for (int64_t i = 1; i < S; ++i) line += fmt::format("  {} {:.4f}", c.labels[i], metric[i].item<double>());
+        std::printf("%s\n", line.c_str());
+        return;
+    }
+    // The most harmful non-control configurations first.
+    std::vector<int64_t> idx;
+    for (int64_t i = 1; i < S; ++i)
+        if (c.kinds[i] != "control" && !std::isnan(metric[i].item<double>())) idx.push_back(i);
+    const double sign = higher_is_worse(st.spec->metric) ? 1.0 : -1.0;
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
+        return sign * metric[a].item<double>() > sign * metric[b].item<double>();
+    });
+    for (size_t i = 0; i < std::min<size_t>(5, idx.size()); ++i)
+        line += fmt::format("  {} {:.4f}", c.labels[idx[i]], metric[idx[i]].item<double>());
+    std::printf("%s\n", line.c_str());
+}
+
+}  // namespace
+
+int run_run(const RunOptions& o) {
+    const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
+    if (o.resume && o.force) throw UsageError("--resume and --force exclude each other");
+    Experiment e = parse_experiment(o.file);
+    if (!o.model.empty()) e.model = o.model;
+    std::string out = !o.out.empty() ? o.out : e.output;
+    if (out.empty()) throw UsageError(fmt::format("{}: no output: set output: in the file or pass --out", o.file));
+    if (o.out.empty() && !o.shard.empty()) out = shard_path(out, shard);
+    if (o.batch_rows > 0) e.batch_rows = o.batch_rows;
+    if (file_exists(out) && !o.resume && !o.force)
+        throw StorageError(fmt::format("{}: exists (use --resume to continue it or --force to replace it)", out));
+
+    ModelArgs ma;
+    ma.model = e.model, ma.tokenizer = e.tokenizer, ma.dtype = e.dtype, ma.device = e.device, ma.threads = e.threads;
+    Loaded l;
+    try {
+        l = open_model(ma, false);
+    } catch (const ConfigError& ex) {
+        e.fail(e.model_mark, ex.what());
+    }
+    const Model& m = *l.model;
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    torch::manual_seed(static_cast<uint64_t>(e.seed));
+
+    // Every check that needs the model, before any forward pass or file.
+    for (const auto& s : e.studies) {
+        if (s.has_heads) check_head_ranges(e, s.heads, L, H);
+        for (const auto& kv : s.sets) check_head_ranges(e, kv.second, L, H);
+        std::vector<const HeadSpec*> specs;
+        if (s.has_heads) specs.push_back(&s.heads);
+        for (const auto& kv : s.sets) specs.push_back(&kv.second);
+        for (const auto* h : specs)
+            for (const HeadSpec* x = h; x; x = x->inner.get())
+                if (x->by.find(':') != std::string::npos) resolve_score(e, *x, {}, L, H);
+    }
+    std::vector<AblationData> data;
+    data.reserve(e.data.size());
+    for (const auto& d : e.data) data.push_back(make_data(e, d, m, l.tokenizer.get()));
+    auto find = [&](const std::string& name) -> const AblationData* {
+        for (const auto& d : data)
+            if (d.name == name) return &d;
+        return nullptr;
+    };
+    for (const auto& p : e.probes)
+        if (p.probe == "induction-loss" && find(p.data)->kind != "repeated")
+            e.fail(p.data_mark, "probe induction-loss needs a repeated dataset");
+
+    auto probes = compute_probes(e, m, data);
+    std::vector<std::pair<std::string, at::Tensor>> computed;
+    for (const auto& p : probes) computed.push_back({p.probe, p.score});
+
+    std::vector<StudyState> studies;
+    for (size_t si = 0; si < e.studies.size(); ++si) {
+        const auto& s = e.studies[si];
+        StudyState st;
+        st.spec = &s;
+        st.data = find(s.metric.data);
+        st.setup.mode = parse_mode_kind(s.mode.kind);
+        st.setup.factor = s.mode.factor;
+        st.setup.per_position = s.mode.per_position;
+        st.setup.reference = s.mode.data.empty() ? nullptr : find(s.mode.data);
+        st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
+        st.setup.metric = parse_metric_kind(s.metric.kind);
+        st.setup.positions = s.metric.positions;
+        st.setup.max_rows = e.batch_rows;
+        st.setup.prefix_reuse = !o.no_prefix_reuse;
+        try {
+            st.ab = std::make_unique<Ablator>(m, *st.data, st.setup);
+        } catch (const ConfigError& ex) {
+            e.fail(s.mode.mark, ex.what());
+        }
+        if (s.sweep == "prune") {
+            st.prune = plan_prune(s, *st.ab, L, H);
+            st.cfg = st.prune.configs;
+        } else {
+            st.cfg = build_study(e, s, computed, L, H);
+        }
+        const int64_t S = static_cast<int64_t>(st.cfg.masks.size());
+        st.rows = torch::full({S, st.data->rows()}, std::numeric_limits<float>::quiet_NaN());
+        st.done.assign(S, 0);
+        studies.push_back(std::move(st));
+    }
+    if (o.resume && file_exists(out)) load_previous(out, e, m, shard, studies);
+
+    // The file exists from here on, complete after every batch.
+    write_all(out, e, m, shard, data, probes, studies);
+    int64_t ran = 0;
+    for (auto& st : studies) {
+        std::vector<int64_t> pending;
+        for (int64_t i = 0; i < static_cast<int64_t>(st.done.size()); ++i)
+            if (shard.owns(i) && !st.done[i]) pending.push_back(i);
+        if (pending.empty()) continue;
+        std::vector<at::Tensor> ms;
+        for (auto i : pending) ms.push_back(st.cfg.masks[i]);
+        const auto t0 = std::chrono::steady_clock::now();
+        const int64_t f0 = st.ab->forwards();
+        double flush_s = 0;
+        st.ab->evaluate(torch::stack(ms), [&](const std::vector<int64_t>& idx, const at::Tensor& rows) {
+            for (size_t j = 0; j < idx.size(); ++j) {
+                const int64_t c = pending[idx[j]];
+                st.rows[c].copy_(rows[j]);
+                st.done[c] = 1;
+            }
+            ran += static_cast<int64_t>(idx.size());
+            const auto w0 = std::chrono::steady_clock::now();
+            write_all(out, e, m, shard, data, probes, studies);
+            flush_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
+            if (o.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
+        });
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - flush_s;
+        log_verbose(fmt::format("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
+                                "{:.3f} s writing the file)", st.spec->name, pending.size(), secs,
+                                1e3 * secs / pending.size(), st.ab->forwards() - f0, flush_s));
+    }
+    for (const auto& st : studies) print_summary(st);
+    log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
+    return 0;
+}
+
+void setup_run(CLI::App& app) {
+    auto o = std::make_shared<RunOptions>();
+    auto* sub = app.add_subcommand(
+        "run",
+        "run a masking/ablation experiment described in YAML (docs/experiments.md): datasets, probe scores,\n"
+        "and studies (sweeps single, layer, set, cumulative, prune; modes zero, mean, resample, scale,\n"
+        "zero-query, mean-query; metrics loss, accuracy, logit-diff, kl), written to HDF5 under\n"
+        "/ablation/<study>. The file is rewritten atomically after every batch of configurations: a killed\n"
+        "run leaves the last complete file, and --resume continues it. --shard I/N runs configurations\n"
+        "i with i % N == I; `headscope merge` joins the shards.\n"
+        "Example: headscope run datasets/experiments/toy-induction.yaml");
+    sub->add_option("experiment", o->file, "the experiment's YAML file")->required();
+    sub->add_option("--model", o->model, "use this model instead of the file's model:");
+    sub->add_option("-o,--out", o->out, "write here instead of the file's output:");
+    sub->add_flag("--resume", o->resume, "continue an existing output file of the same experiment and model");
+    sub->add_flag("--force", o->force, "replace an existing output file");
+    sub->add_option("--shard", o->shard, "I/N: run every N-th configuration starting at I (output gets .shard-I-of-N)");
+    sub->add_option("--batch-rows", o->batch_rows, "rows per forward pass (configurations x dataset rows; default: "
+                                                   "the file's batch_rows, else 64)");
+    sub->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "recompute the layers below the first ablated layer per "
+                                                           "configuration (for checks and benchmarks)");
+    sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each flushed batch")
+        ->group("");
+    sub->callback([o] { set_exit_code(run_run(*o)); });
+}
+
+}  // namespace hs::cli
