@@ -17,5 +17,6 @@ void setup_train_toy(CLI::App& app);
 void setup_maps(CLI::App& app);
 void setup_copy_suppression(CLI::App& app);
 void setup_dla(CLI::App& app);
+void setup_report(CLI::App& app);
 
 }  // namespace hs::cli

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
     cli::setup_maps(app);
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);
+    cli::setup_report(app);
     cli::set_command_line(argc, argv);
     try {
         app.parse(argc, argv);
