@@ -275,7 +275,16 @@ std::string section(FileView& f, const std::string& title, const std::string& bo
 std::string provenance(FileView& f) {
     if (!f.r->exists("/meta")) return "<p class=\"note\">no /meta group: provenance unknown</p>";
     Attrs a = f.r->attrs("/meta");
-    std::string s = "<table class=\"kv\">";
+    auto get = [&](const char* k) { return a.count(k) ? attr_to_string(a.at(k)) : std::string("?"); };
+    std::string sha = get("weights_sha256");
+    std::string s = fmt::format("<p class=\"desc\"><b>{}</b> ({}, {}): {} layers x {} heads ({} key/value), d_model {}, vocabulary "
+                                "{}; weights sha256 <code>{}</code>; {} {}; headscope {} ({}), {}.</p>"
+                                "<p class=\"desc\"><code>{}</code></p>",
+                                esc(get("model_path")), esc(get("architecture")), esc(get("family")), esc(get("n_layers")),
+                                esc(get("n_heads")), esc(get("n_kv_heads")), esc(get("d_model")), esc(get("vocab_size")),
+                                esc(sha.substr(0, 16)) + (sha.size() > 16 ? "…" : ""), esc(get("dtype")), esc(get("device")),
+                                esc(get("tool_version")), esc(get("git_commit")), esc(get("utc_time")), esc(get("command_line")));
+    s += "<details><summary>all /meta attributes</summary><table class=\"kv\">";
     const std::vector<std::string> first{"model_path", "architecture", "family", "n_layers", "n_heads", "n_kv_heads", "d_model",
                                          "d_head", "vocab_size", "weights_sha256", "command_line", "tool_version", "git_commit",
                                          "utc_time", "dtype", "device", "threads", "seed"};
@@ -284,7 +293,7 @@ std::string provenance(FileView& f) {
     for (const auto& [k, v] : a)
         if (std::find(first.begin(), first.end(), k) == first.end())
             s += fmt::format("<tr><th>{}</th><td><code>{}</code></td></tr>", esc(k), esc(attr_to_string(v)));
-    return section(f, "Provenance", s + "</table>");
+    return section(f, "Provenance", s + "</table></details>");
 }
 
 std::string top_table(const std::string& probe, const std::vector<std::pair<std::string, Dataset>>& cols, int64_t H, int k,
@@ -646,7 +655,13 @@ std::string render_file(FileView& f, const ReportOptions& o) {
     auto& r = *f.r;
     std::string s = provenance(f);
     if (r.is_group("/scores")) {
-        for (const auto& p : r.children("/scores")) {
+        // The head-role probes first, in the order people read them; the rest alphabetically.
+        std::vector<std::string> probes = r.children("/scores");
+        const std::vector<std::string> order{"induction", "previous-token", "duplicate-token", "induction-loss", "attention-sink",
+                                             "retrieval", "locos"};
+        auto rank = [&](const std::string& p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
+        std::stable_sort(probes.begin(), probes.end(), [&](const std::string& x, const std::string& y) { return rank(x) < rank(y); });
+        for (const auto& p : probes) {
             const std::string g = "/scores/" + p;
             if (!r.is_group(g)) continue;
             if (p == "maps" && !r.exists(g + "/score")) {
