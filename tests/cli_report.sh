@@ -64,6 +64,11 @@ done
 # A real run: detect on the CI toy model, then its report.
 M=$(ci_toy induction)
 ok "detect on the toy model" -- "$HS" detect "$M" --probe induction,previous-token --out "$TMP/toy.h5"
+# (no --seq-len: the default 50 would need 101 positions; detect fits it to the toy model's 64 and says so)
+check "detect adapts --seq-len to the context" -- grep -q "default 50 makes 101 tokens, more than the model's context of 64; using 31" "$TMP/err"
+check "seq_len 31 recorded" -- "$PY" -c "import h5py,sys; sys.exit(0 if h5py.File(sys.argv[1])['scores/induction'].attrs['seq_len'] == 31 else 1)" "$TMP/toy.h5"
+expect "explicit --seq-len is not adapted" 5 "context of 64" -- "$HS" detect "$M" --seq-len 50 --out "$TMP/toy2.h5"
+no_file "$TMP/toy2.h5"
 ok "report of the toy run" -- "$HS" report "$TMP/toy.h5" --out "$TMP/toy.html"
 check "toy page values" -- "$PY" "$ROOT/tests/check_report_dom.py" "$TMP/toy.html" "$TMP/toy.h5"
 
