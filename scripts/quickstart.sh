@@ -5,7 +5,8 @@
 #
 #   bash scripts/quickstart.sh            # everything
 #   THREADS=2 SEED=1 bash scripts/quickstart.sh
-# Models land in models/toy-induction and models/toy-recall, scores in out/toy-induction.h5.
+# Models land in models/toy-induction and models/toy-recall, scores in out/toy-induction.h5, the
+# HTML report of them in out/report.html.
 # A model is retrained only when its training_log.json is missing or has other steps, seed or
 # recipe version (src/train.cpp kRecipeVersion).
 set -euo pipefail
@@ -128,3 +129,5 @@ if not heads:
         print(f"  note: {n}")
 EOF
 echo "scores: out/toy-induction.h5 (headscope top/export read it); ground truth: models/toy-*/training_log.json"
+"$HS" -q report out/toy-induction.h5 --out out/report.html --force --title "headscope quickstart: toy-induction"
+echo "report: $(pwd)/out/report.html (one self-contained page: open it in any browser, no network needed)"

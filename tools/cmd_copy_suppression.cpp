@@ -119,7 +119,7 @@ void setup_copy_suppression(CLI::App& app) {
     auto* sub = app.add_subcommand(
         "copy-suppression", "copy suppression per head: OV/QK ranks of each token from weights, optionally on text\n"
                             "Example: headscope copy-suppression ../shared/testdata/stories260K/stories260K.bin "
-                            "--out cs.h5 --text-file story.txt");
+                            "--out cs.h5 --text-file datasets/examples/story.txt");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--block-size", o->block_size, "rows of the [V, V] circuit formed at once")->capture_default_str();

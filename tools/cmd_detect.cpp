@@ -18,6 +18,7 @@ struct DetectOptions {
     OutputArgs out;
     std::string probes = "induction,previous-token,duplicate-token,attention-sink";
     int64_t seq_len = 50;
+    bool seq_len_given = false;  // --seq-len on the command line: never adapted
     int64_t batch = 10;
     int64_t seed = 0;
     std::string token_range;
@@ -216,9 +217,19 @@ int run_detect(const DetectOptions& o) {
         throw UsageError("--probe induction-loss needs the stripe convention (no --tokens-file/--text-file)");
     if (o.error_measure != "mul" && o.error_measure != "abs")
         throw UsageError(fmt::format("--error-measure '{}': expected mul or abs", o.error_measure));
-    const StripeInput in = stripe_input(o);
+    StripeInput in = stripe_input(o);
     auto l = open_model(o.model, !o.text_file.empty());
     const Model& m = *l.model;
+    // The default n = 50 needs 2n + 1 = 101 positions; a model with a shorter context (the toy
+    // models have 64) gets the longest n that fits, and the user is told. An explicit --seq-len is
+    // never changed (too long: exit 5 with the context named).
+    if (stripe && !o.seq_len_given && 2 * in.seq_len + 1 > m.config.max_seq_len) {
+        const int64_t n = (m.config.max_seq_len - 1) / 2;
+        if (n < 1) throw DataError(fmt::format("{}: context of {} is too short for [BOS, R, R]", o.model.model, m.config.max_seq_len));
+        log_info(fmt::format("--seq-len: the default {} makes {} tokens, more than the model's context of {}; using {} "
+                             "(give --seq-len to choose)", in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len, n));
+        in.seq_len = n;
+    }
     std::vector<std::vector<int64_t>> seqs;
     at::Tensor stripe_tokens;  // [B, 1 + 2n]; undefined in the detector convention
     if (stripe) {
@@ -262,7 +273,9 @@ void setup_detect(CLI::App& app) {
     add_output_args(sub, o->out, true);
     sub->add_option("--probe", o->probes, "comma-separated: " + fmt::format("{}", fmt::join(detector_probe_names(), ",")))
         ->capture_default_str();
-    sub->add_option("--seq-len", o->seq_len, "stripe: length n of the random sequence R")->capture_default_str();
+    auto* seq_len = sub->add_option("--seq-len", o->seq_len,
+                                    "stripe: length n of the random sequence R (default 50, or the longest n with 2n + 1\n"
+                                    "positions that fits a shorter context)");
     sub->add_option("--batch", o->batch, "stripe: rows of [BOS, R, R]")->capture_default_str();
     sub->add_option("--seed", o->seed, "stripe: seed of the token generator")->capture_default_str();
     sub->add_option("--token-range", o->token_range, "stripe: ids lo,hi to draw R from, [lo, hi) (default: whole vocabulary)");
@@ -273,7 +286,10 @@ void setup_detect(CLI::App& app) {
     sub->add_flag("--exclude-current-token", o->exclude_current_token, "detector: ignore attention to the query itself");
     sub->add_flag("--samples", o->samples, "also write per-sequence scores /scores/<probe>/samples [N, L, H]");
     sub->add_option("--max-rows", o->max_rows, "batch rows per forward pass (memory)")->capture_default_str();
-    sub->callback([o] { set_exit_code(run_detect(*o)); });
+    sub->callback([o, seq_len] {
+        o->seq_len_given = seq_len->count() > 0;
+        set_exit_code(run_detect(*o));
+    });
 }
 
 }  // namespace hs::cli

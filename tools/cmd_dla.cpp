@@ -93,8 +93,8 @@ void setup_dla(CLI::App& app) {
     auto o = std::make_shared<DlaCliOptions>();
     auto* sub = app.add_subcommand(
         "dla", "direct logit attribution of each head to logit(correct) - logit(incorrect) at the last position\n"
-               "Example: headscope dla ../shared/testdata/stories260K/stories260K.bin --prompts prompts.json "
-               "--out dla.h5 --per-position");
+               "Example: headscope dla ../shared/testdata/stories260K/stories260K.bin "
+               "--prompts datasets/examples/dla-prompts.json --out dla.h5 --per-position");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--prompts", o->prompts, "JSON list of {\"prompt\", \"correct\", \"incorrect\"}")->required();

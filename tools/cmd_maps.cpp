@@ -130,8 +130,10 @@ void setup_maps(CLI::App& app) {
     auto o = std::make_shared<MapsCliOptions>();
     auto* sub = app.add_subcommand(
         "maps", "MAPS: score each head's OV circuit on relations of [source, target] word pairs (raw weights)\n"
-                "Example: headscope maps ../shared/testdata/tinystories-656k --relations datasets/relations "
-                "--out maps.h5 --suppression");
+                "(datasets/relations needs a vocabulary whose words are single tokens, GPT-2 size; the toy relation in\n"
+                "datasets/examples/relations fits the 512-token test models)\n"
+                "Example: headscope maps ../shared/testdata/stories260K/stories260K.bin --relations "
+                "datasets/examples/relations --min-pairs 10 --out maps.h5 --suppression");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--relations", o->relations, "relation JSON files (comma-separated) or a folder of them")->required();

@@ -21,5 +21,6 @@ void setup_retrieval(CLI::App& app);
 void setup_run(CLI::App& app);
 void setup_ablate(CLI::App& app);
 void setup_merge(CLI::App& app);
+void setup_report(CLI::App& app);
 
 }  // namespace hs::cli
