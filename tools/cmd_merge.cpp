@@ -118,7 +118,10 @@ void setup_merge(CLI::App& app) {
     auto* sub = app.add_subcommand("merge",
                                    "join the shards of one `headscope run --shard I/N` experiment into one file\n"
                                    "(refuses files of different experiments, models or shard counts).\n"
-                                   "Example: headscope merge out/x.shard-0-of-2.h5 out/x.shard-1-of-2.h5 --out out/x.h5");
+                                   "Example: headscope run datasets/experiments/toy-induction.yaml --shard 0/2\n"
+                                   "Example: headscope run datasets/experiments/toy-induction.yaml --shard 1/2\n"
+                                   "Example: headscope merge out/toy-induction-ablation.shard-0-of-2.h5 "
+                                   "out/toy-induction-ablation.shard-1-of-2.h5 --out out/toy-induction-merged.h5");
     sub->add_option("inputs", o->inputs, "shard files")->required();
     sub->add_option("-o,--out", o->out, "merged HDF5 file")->required();
     sub->add_flag("--force", o->force, "replace an existing output file");

@@ -14,6 +14,8 @@
 
 #include <torch/torch.h>
 
+#include <filesystem>
+
 #include <chrono>
 #include <cmath>
 #include <thread>
@@ -281,6 +283,13 @@ int run_run(const RunOptions& o) {
     if (o.batch_rows > 0) e.batch_rows = o.batch_rows;
     if (file_exists(out) && !o.resume && !o.force)
         throw StorageError(fmt::format("{}: exists (use --resume to continue it or --force to replace it)", out));
+    // The output's folder (output: out/x.h5 in a fresh clone) is made when missing.
+    const auto parent = std::filesystem::path(out).parent_path();
+    if (!parent.empty() && !std::filesystem::exists(parent)) {
+        std::error_code ec;
+        std::filesystem::create_directories(parent, ec);
+        if (ec) throw StorageError(fmt::format("{}: cannot create the output folder {}: {}", out, parent.string(), ec.message()));
+    }
 
     ModelArgs ma;
     ma.model = e.model, ma.tokenizer = e.tokenizer, ma.dtype = e.dtype, ma.device = e.device, ma.threads = e.threads;
