@@ -10,7 +10,8 @@
 # A ratio is refused (printed as "refused") when either side failed or when the two sides' logits
 # differ by more than the tolerance below.
 # Usage: scripts/bench.sh [--smoke]   (--smoke: a tiny model, seconds; what CI runs)
-# Env: BENCH_DIR (default /tmp/headscope-bench), REPS (default 5).
+# Env: BENCH_DIR (default /tmp/headscope-bench), REPS (default 5), BENCH_SHAPES (batch:tokens list,
+# default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
@@ -30,7 +31,7 @@ else
   MODEL="$DIR/gpt2s-llama"; GQA="$DIR/gqa-llama"
   [ -f "$MODEL/config.json" ] || "$PY" scripts/make_bench_model.py "$MODEL" >/dev/null
   [ -f "$GQA/config.json" ] || "$PY" scripts/make_bench_model.py "$GQA" --heads 12 --kv-heads 4 >/dev/null
-  SHAPES="1:128 1:512 8:128 8:512"; EFF_T=512; MEM_TS="512 1024 2048 4096"
+  SHAPES=${BENCH_SHAPES:-"1:128 1:512 8:128 8:512"}; EFF_T=512; MEM_TS="512 1024 2048 4096"
 fi
 
 fail=0
