@@ -8,6 +8,7 @@
 #include "errors.h"
 #include "model.h"
 #include "needle.h"
+#include "planted_model.h"
 #include "store.h"
 #include "tmpdir.h"
 #include "tokenizer.h"
@@ -37,37 +38,15 @@ void write_file(const std::string& path, const std::string& text) {
     f << text;
 }
 
-constexpr int64_t kV = 64, kD = 64, kH = 4, kK = 2, kHd = 64;
+using planted::kD, planted::kH, planted::kHd, planted::kK, planted::kV;
 constexpr int64_t kTarget = 37;  // the token the planted head looks for
 
 // Two llama layers, embed = unembed = Q (orthonormal), v = x for every kv head. Head L0H0 attends
 // to the positions holding kTarget (planted q/k on the rotary pair of row 10, so nearer copies win
 // clearly) and writes 10 x its value: the model generates kTarget while kTarget is in view.
 std::unique_ptr<Model> planted_model() {
-    torch::manual_seed(3);
-    auto m = std::make_unique<Model>();
-    auto& c = m->config;
-    c.architecture = "planted";
-    c.n_layers = 2, c.n_heads = kH, c.n_kv_heads = kK, c.d_model = kD, c.d_head = kHd, c.d_ff = 32;
-    c.vocab_size = kV, c.max_seq_len = 64, c.norm_eps = 1e-6;
-    c.validate("planted");
-    auto q = std::get<0>(torch::linalg_qr(torch::randn({kV, kD}, torch::kDouble))).to(torch::kFloat);
-    m->weights.embed = q;
-    m->weights.unembed = q;
-    m->weights.final_norm_w = torch::ones({kD});
-    for (int l = 0; l < c.n_layers; ++l) {
-        LayerWeights lw;
-        lw.attn_norm_w = torch::ones({kD});
-        lw.mlp_norm_w = torch::ones({kD});
-        lw.wq = torch::randn({kH * kHd, kD}) * 0.1;
-        lw.wk = torch::randn({kK * kHd, kD}) * 0.1;
-        lw.wv = torch::eye(kD).repeat({kK, 1});
-        lw.wo = torch::randn({kD, kH * kHd}) * 0.02;
-        lw.w_gate = torch::randn({c.d_ff, kD}) * 0.3;
-        lw.w_up = torch::randn({c.d_ff, kD}) * 0.3;
-        lw.w_down = torch::randn({kD, c.d_ff}) * 0.05;
-        m->weights.layers.push_back(lw);
-    }
+    auto m = planted::model(3, 0.02, 0.05);
+    const auto& q = m->weights.embed;
     auto& l0 = m->weights.layers[0];
     l0.wq.index_put_({Slice(0, kHd)}, 0.0);  // head 0: only the planted row
     l0.wk.index_put_({Slice(0, kHd)}, 0.0);  // kv head 0 (query heads 0, 1)

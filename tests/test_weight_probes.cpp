@@ -7,6 +7,7 @@
 #include "dla.h"
 #include "errors.h"
 #include "maps.h"
+#include "planted_model.h"
 #include "store.h"
 #include "testdata.h"
 #include "tmpdir.h"
@@ -27,37 +28,10 @@ using namespace torch::indexing;
 
 namespace {
 
-constexpr int64_t kV = 64, kD = 64, kH = 4, kK = 2, kHd = 64;
+using planted::kD, planted::kH, planted::kHd, planted::kK, planted::kV;
 
-// A llama-family model with identity-like weights: embed = unembed = Q (orthonormal rows), d = D
-// so a head's OV can be any D x D matrix; all norm weights 1. Every head starts with OV = 0.
-std::unique_ptr<Model> planted_model(uint64_t seed) {
-    torch::manual_seed(seed);
-    auto m = std::make_unique<Model>();
-    auto& c = m->config;
-    c.architecture = "planted";
-    c.n_layers = 2, c.n_heads = kH, c.n_kv_heads = kK, c.d_model = kD, c.d_head = kHd, c.d_ff = 32;
-    c.vocab_size = kV, c.max_seq_len = 64, c.norm_eps = 1e-6;
-    c.validate("planted");
-    auto q = std::get<0>(torch::linalg_qr(torch::randn({kV, kD}, torch::kDouble))).to(torch::kFloat);
-    m->weights.embed = q;
-    m->weights.unembed = q;
-    m->weights.final_norm_w = torch::ones({kD});
-    for (int l = 0; l < c.n_layers; ++l) {
-        LayerWeights lw;
-        lw.attn_norm_w = torch::ones({kD});
-        lw.mlp_norm_w = torch::ones({kD});
-        lw.wq = torch::randn({kH * kHd, kD}) * 0.1;
-        lw.wk = torch::randn({kK * kHd, kD}) * 0.1;
-        lw.wv = torch::eye(kD).repeat({kK, 1});  // every kv head: v = x
-        lw.wo = torch::zeros({kD, kH * kHd});
-        lw.w_gate = torch::randn({c.d_ff, kD}) * 0.3;
-        lw.w_up = torch::randn({c.d_ff, kD}) * 0.3;
-        lw.w_down = torch::randn({kD, c.d_ff}) * 0.3;
-        m->weights.layers.push_back(lw);
-    }
-    return m;
-}
+// The planted two-layer model (tests/planted_model.h) with every head's OV at 0.
+std::unique_ptr<Model> planted_model(uint64_t seed) { return planted::model(seed, 0.0, 0.3); }
 
 // Sets head (l, h)'s OV so that x -> x @ ov (row vectors), given v = x.
 void set_ov(Model& m, int l, int h, const at::Tensor& ov) {
