@@ -1,19 +1,42 @@
 #include "system.h"
 
+#include <dlfcn.h>
 #include <link.h>
+#include <malloc.h>
 #include <torch/torch.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <climits>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 namespace hs {
 
+void tune_allocator() {
+    // libtorch frees and reallocates activation buffers of the same few sizes on every layer. With
+    // glibc's defaults, buffers over the (adaptive) mmap threshold are mapped and unmapped each
+    // time and freed heap tops are trimmed, so every new activation page faults and is zeroed by
+    // the kernel again (~15% of a GPT-2-small-shaped forward's time on the 2-core machine,
+    // docs/performance.md "Threads and the allocator"). Keep buffers up to 32 MiB (glibc's
+    // maximum threshold) in the heap and keep up to 512 MiB of freed heap. A user's own
+    // GLIBC_TUNABLES / MALLOC_*_ settings win.
+    const char* tunables = std::getenv("GLIBC_TUNABLES");
+    if ((tunables && std::strstr(tunables, "malloc")) || std::getenv("MALLOC_MMAP_THRESHOLD_") ||
+        std::getenv("MALLOC_TRIM_THRESHOLD_"))
+        return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
 int set_threads(int n) {
     if (n <= 0) n = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     torch::set_num_threads(n);
+    // libtorch sets only its own (OpenMP) pool; OpenBLAS's pthread pool follows the core count
+    // unless told, so --threads 1 would still run every GEMM on all cores.
+    using SetFn = void (*)(int);
+    if (auto* f = reinterpret_cast<SetFn>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) f(n);
     return n;
 }
 
@@ -74,11 +97,14 @@ double measure_gemm_gflops(int n, int reps, c10::ScalarType dtype) {
     torch::NoGradGuard ng;
     auto a = torch::randn({n, n}).to(dtype), b = torch::randn({n, n}).to(dtype);
     auto c = torch::matmul(a, b);  // warm-up
+    // Each sample times a run of products (~20 ms at 512 on two cores), so the figure is the
+    // sustained rate, not one lucky or unlucky millisecond; the best sample is the machine's rate.
+    const int per_sample = std::max(1, static_cast<int>(2e9 / (2.0 * n * n * static_cast<double>(n))));
     double best = 1e30;
     for (int i = 0; i < reps; ++i) {
         auto t0 = std::chrono::steady_clock::now();
-        c = torch::matmul(a, b);
-        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        for (int k = 0; k < per_sample; ++k) at::mm_out(c, a, b);
+        double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / per_sample;
         best = std::min(best, dt);
     }
     return 2.0 * n * n * static_cast<double>(n) / best / 1e9;

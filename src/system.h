@@ -19,6 +19,10 @@ struct SystemInfo {
 
 // Sets libtorch's intra-op threads (n <= 0: every available core) and returns the count set.
 int set_threads(int n);
+
+// Keeps activation-sized buffers (up to 32 MiB) in glibc's heap between uses instead of mapping,
+// faulting in and unmapping them on every layer. Called once at the start of main().
+void tune_allocator();
 SystemInfo system_info();
 // Measured GEMM rate (GFLOP/s) on an n x n product in `dtype` on the CPU, best of `reps`.
 double measure_gemm_gflops(int n = 512, int reps = 5, c10::ScalarType dtype = c10::kFloat);

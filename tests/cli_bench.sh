@@ -12,7 +12,7 @@ fi
 BENCH_DIR="$TMP/bench" bash scripts/bench.sh --smoke >"$TMP/bench.out" 2>&1; rc=$?
 check "bench.sh --smoke exits 0" -- test "$rc" -eq 0
 check "no refused ratio" -- bash -c "! grep -q refused '$TMP/bench.out'"
-check "eager comparison at every shape" -- test "$(grep -c 'speed-up' "$TMP/bench.out")" -eq 4
+check "eager comparison at every shape" -- test "$(grep -c 'process settings' "$TMP/bench.out")" -eq 4
 check "efficiency line" -- grep -q "forward efficiency" "$TMP/bench.out"
 check "memory lines" -- test "$(grep -c 'MiB beyond' "$TMP/bench.out")" -eq 2
 check "bf16 line" -- grep -q "bfloat16 forward" "$TMP/bench.out"

@@ -55,5 +55,11 @@ if [ -n "$TD" ]; then
 else
   echo "skipped the test-data checks: ../shared/testdata not found"
 fi
+# Process settings (src/preinit.h): libgomp starts with the passive wait policy (spin count 0)
+# unless the user chose one; without a spare environment slot (env -i) libgomp's default stays.
+spin() { env "$@" OMP_DISPLAY_ENV=VERBOSE "$HS" --version 2>&1 | sed -n "s/.*GOMP_SPINCOUNT = '\([0-9]*\)'.*/\1/p"; }
+check "OpenMP workers sleep when idle (GOMP_SPINCOUNT 0)" -- test "$(spin X=1)" = 0
+check "the user's OMP_WAIT_POLICY wins" -- test "$(spin OMP_WAIT_POLICY=ACTIVE)" = 30000000000
+check "env -i: libgomp's default kept" -- test "$(spin -i)" = 300000
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -3,7 +3,9 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "preinit.h"
 #include "progress.h"
+#include "system.h"
 
 #include <c10/util/Exception.h>
 
@@ -11,6 +13,7 @@
 
 int main(int argc, char** argv) {
     using namespace hs;
+    tune_allocator();
     CLI::App app{"headscope: find out what each attention head of a language model does.\n"
                  "Example: headscope detect models/toy-induction --probe induction,previous-token --out scores.h5"};
     app.set_help_all_flag("--help-all", "help for every subcommand");
