@@ -126,10 +126,12 @@ static at::Tensor visible_mask(int64_t T, int64_t S, int64_t past, int window, c
 
 int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T, int64_t S) {
     if (requested > 0) return std::min(requested, std::max<int64_t>(T, 1));
-    // About 32 MiB of fp32 scores per block (2^23 elements); at least 16 rows, at most T.
-    constexpr int64_t kBudget = int64_t{1} << 23;
+    // At most 128 query rows a block, so a causal block skips the keys it cannot see (T = 512 in
+    // blocks of 128 computes 62.5% of the full T x T scores), and at most ~32 MiB of fp32 scores
+    // per block (2^23 elements); never below 16 rows, never above T.
+    constexpr int64_t kBudget = int64_t{1} << 23, kMaxRows = 128;
     const int64_t per_row = std::max<int64_t>(1, B * H * S);
-    return std::max<int64_t>(1, std::min(T, std::max<int64_t>(16, kBudget / per_row)));
+    return std::max<int64_t>(1, std::min({T, kMaxRows, std::max<int64_t>(16, kBudget / per_row)}));
 }
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
@@ -158,39 +160,78 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     v = hook(hooks, Point::kAttnV, layer, v);
 
     // Query head h reads kv head h / g: expand [B, K, S, d] to [B, K, g, S, d] -> [B, H, S, d].
+    // q, k, v are made contiguous [B*H, ., d] once, so each block's products read them in place.
     const int64_t g = H / K;
     auto kh = k.permute({0, 2, 1, 3});
     auto vh = v.permute({0, 2, 1, 3});
     if (g > 1) {
-        kh = kh.unsqueeze(2).expand({B, K, g, S, d}).reshape({B, H, S, d});
-        vh = vh.unsqueeze(2).expand({B, K, g, S, d}).reshape({B, H, S, d});
+        kh = kh.unsqueeze(2).expand({B, K, g, S, d});
+        vh = vh.unsqueeze(2).expand({B, K, g, S, d});
     }
-    auto qh = q.permute({0, 2, 1, 3});  // [B, H, T, d]
-    auto kt = kh.transpose(-1, -2);     // [B, H, d, S]
+    auto k3 = kh.reshape({B * H, S, d}).contiguous();
+    auto v3 = vh.reshape({B * H, S, d}).contiguous();
+    auto q3 = q.permute({0, 2, 1, 3}).reshape({B * H, T, d}).contiguous();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    // A power-of-two scale (d_head 64: 1/8) is applied to q before the product: scaling by 2^k is
+    // exact, so the scores are bit-identical to (q k^T) * scale, at a [T, d] pass instead of [T, S].
+    int exponent = 0;
+    const bool scale_in_q = std::frexp(scale, &exponent) == 0.5;
+    if (scale_in_q) q3 = q3 * scale;
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+    const float neg_inf = -std::numeric_limits<float>::infinity();
     // Whole [B, H, T, S] scores only when someone needs them whole; otherwise query blocks, each
-    // [B, H, rows, S]: row i of a block is row q0 + i of the whole, computed the same way.
+    // against only the keys some row of the block can see: keys [lo, hi) with hi = the block's
+    // last position + 1 (causal) and lo = its first position - window + 1 (sliding window). Row i
+    // of a block is row q0 + i of the whole, computed the same way (the skipped keys are the ones
+    // the mask sets to -inf, whose softmax weight is exactly 0); observers are handed rows of full
+    // width S, padded with -inf (scores) or 0 (pattern).
     const bool whole = hooks && (hooks->needs_whole(Point::kAttnScores, layer) ||
                                  hooks->needs_whole(Point::kAttnPattern, layer));
+    const bool see_scores = !whole && hooks && hooks->wants(Point::kAttnScores, layer);
+    const bool see_pattern = !whole && hooks && hooks->wants(Point::kAttnPattern, layer);
     const int64_t rows = whole ? T : attention_block_rows(forward_context().attn_block, B, H, T, S);
+    auto full_width = [&](const at::Tensor& block, int64_t n, int64_t lo, float fill) {
+        auto b4 = block.view({B, H, n, block.size(2)});
+        if (lo == 0 && block.size(2) == S) return b4;
+        auto out = at::full({B, H, n, S}, fill, block.options());
+        out.narrow(3, lo, block.size(2)).copy_(b4);
+        return out;
+    };
     std::vector<at::Tensor> zs;
     for (int64_t q0 = 0; q0 < T; q0 += rows) {
         const int64_t n = std::min(rows, T - q0);
-        auto qb = n == T ? qh : qh.narrow(2, q0, n);
-        auto scores = torch::matmul(qb, kt) * scale;  // [B, H, n, S]
+        const int64_t first = past + q0;  // absolute position of the block's first query
+        int64_t lo = 0, hi = S;
+        if (!whole) {
+            hi = std::min(S, first + n);
+            if (window > 0) lo = std::max<int64_t>(0, first - window + 1);
+        }
+        const int64_t m = hi - lo;
+        auto qb = n == T ? q3 : q3.narrow(1, q0, n);
+        auto kb = m == S ? k3 : k3.narrow(1, lo, m);
+        auto scores = at::bmm(qb, kb.transpose(1, 2));  // [B*H, n, m]
+        if (!scale_in_q) scores.mul_(scale);
         if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
-        auto vis = visible_mask(n, S, past + q0, window, q.device());
-        scores = scores.masked_fill(vis.logical_not(), -std::numeric_limits<float>::infinity());
-        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores);
-        else if (hooks && hooks->wants(Point::kAttnScores, layer)) hooks->run_rows(Point::kAttnScores, layer, q0, scores);
-        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, n, S]
+        if (window == 0 && hi == first + n && n >= 1) {
+            // Causal only: the masked entries all lie in the last n columns, above the diagonal.
+            if (n > 1) {
+                auto upper = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+                scores.narrow(2, m - n, n).masked_fill_(upper, neg_inf);
+            }
+        } else {
+            auto vis = visible_mask(n, m, first - lo, window, q.device());
+            scores.masked_fill_(vis.logical_not(), neg_inf);
+        }
+        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * H, n, m});
+        else if (see_scores) hooks->run_rows(Point::kAttnScores, layer, q0, full_width(scores, n, lo, neg_inf));
+        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B*H, n, m]
         scores = at::Tensor();
-        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
-        else if (hooks && hooks->wants(Point::kAttnPattern, layer)) hooks->run_rows(Point::kAttnPattern, layer, q0, pattern);
-        zs.push_back(torch::matmul(pattern, vh));  // [B, H, n, d]
+        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * H, n, m});
+        else if (see_pattern) hooks->run_rows(Point::kAttnPattern, layer, q0, full_width(pattern, n, lo, 0.0f));
+        zs.push_back(at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m)));  // [B*H, n, d]
     }
-    auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
+    auto z = (zs.empty() ? torch::zeros({B * H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 1))
+                 .view({B, H, T, d})
                  .permute({0, 2, 1, 3});  // [B, T, H, d]
     zs.clear();
     if (hooks && hooks->has_z_interventions(layer)) z = hooks->apply_z(layer, z);

@@ -122,8 +122,10 @@ TEST_CASE("attention in query blocks equals whole attention on every family fixt
 }
 
 TEST_CASE("automatic attention blocks bound the scratch and cover every query") {
-    CHECK(blocks::attention_block_rows(0, 1, 12, 512, 512) == 512);     // small: one block
-    CHECK(blocks::attention_block_rows(0, 1, 12, 4096, 4096) == 170);   // 2^23 / (12 * 4096)
+    CHECK(blocks::attention_block_rows(0, 1, 12, 512, 512) == 128);     // at most 128 rows
+    CHECK(blocks::attention_block_rows(0, 1, 12, 100, 100) == 100);     // small: one block
+    CHECK(blocks::attention_block_rows(0, 1, 12, 4096, 4096) == 128);   // 2^23 / (12 * 4096) = 170, capped
+    CHECK(blocks::attention_block_rows(0, 4, 12, 4096, 4096) == 42);    // 2^23 / (48 * 4096)
     CHECK(blocks::attention_block_rows(0, 64, 32, 8192, 8192) == 16);   // never below 16 rows
     CHECK(blocks::attention_block_rows(7, 1, 1, 5, 5) == 5);            // a request above T: T
     CHECK(blocks::attention_block_rows(3, 1, 1, 5, 5) == 3);

@@ -35,12 +35,14 @@ static double median_time(int reps, const std::function<void()>& fn) {
     return t[t.size() / 2];
 }
 
-// Matmul FLOPs of one forward: projections, attention (both products), MLP, unembedding.
+// Matmul FLOPs of one forward: projections, attention (both products, causal), MLP, unembedding.
 static double forward_flops(const ModelConfig& c, int64_t B, int64_t T) {
     const double tok = static_cast<double>(B * T);
     const double proj = 2.0 * c.d_model * (c.d_q() + 2.0 * c.d_kv()) + 2.0 * c.d_q() * c.d_model;
     const double mlp = 2.0 * c.d_model * c.d_ff * (c.gated_mlp ? 3.0 : 2.0);
-    const double attn = 2.0 * 2.0 * c.n_heads * c.d_head * static_cast<double>(T);  // per query token, full T x T
+    // Attention: both products over the keys a query can see, (T + 1) / 2 on average under the
+    // causal mask: the work a forward must do, not the full T x T some implementations compute.
+    const double attn = 2.0 * 2.0 * c.n_heads * c.d_head * (static_cast<double>(T) + 1.0) / 2.0;
     return tok * (c.n_layers * (proj + mlp + attn) + 2.0 * c.d_model * c.vocab_size);
 }
 
