@@ -159,18 +159,14 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
 
-    // Query head h reads kv head h / g: expand [B, K, S, d] to [B, K, g, S, d] -> [B, H, S, d].
-    // q, k, v are made contiguous [B*H, ., d] once, so each block's products read them in place.
+    // Query head h reads kv head h / g (grouped-query attention). The g query heads of a kv head
+    // are stacked into one product against that kv head's keys, [g*n, d] x [d, S], so k and v
+    // are never expanded to H heads; products are [B*K, g*n, .], which is [B, H, n, .] in memory.
+    // q, k, v are made contiguous once per layer, so each block's products read them in place.
     const int64_t g = H / K;
-    auto kh = k.permute({0, 2, 1, 3});
-    auto vh = v.permute({0, 2, 1, 3});
-    if (g > 1) {
-        kh = kh.unsqueeze(2).expand({B, K, g, S, d});
-        vh = vh.unsqueeze(2).expand({B, K, g, S, d});
-    }
-    auto k3 = kh.reshape({B * H, S, d}).contiguous();
-    auto v3 = vh.reshape({B * H, S, d}).contiguous();
-    auto q3 = q.permute({0, 2, 1, 3}).reshape({B * H, T, d}).contiguous();
+    auto k3 = k.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+    auto v3 = v.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+    auto q3 = q.permute({0, 2, 1, 3}).reshape({B * K, g, T, d}).contiguous();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
     // A power-of-two scale (d_head 64: 1/8) is applied to q before the product: scaling by 2^k is
     // exact, so the scores are bit-identical to (q k^T) * scale, at a [T, d] pass instead of [T, S].
@@ -207,31 +203,30 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
             if (window > 0) lo = std::max<int64_t>(0, first - window + 1);
         }
         const int64_t m = hi - lo;
-        auto qb = n == T ? q3 : q3.narrow(1, q0, n);
+        auto qb = (n == T ? q3 : q3.narrow(2, q0, n)).reshape({B * K, g * n, d});
         auto kb = m == S ? k3 : k3.narrow(1, lo, m);
-        auto scores = at::bmm(qb, kb.transpose(1, 2));  // [B*H, n, m]
+        auto scores = at::bmm(qb, kb.transpose(1, 2));  // [B*K, g*n, m] = [B, H, n, m]
         if (!scale_in_q) scores.mul_(scale);
         if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
         if (window == 0 && hi == first + n && n >= 1) {
             // Causal only: the masked entries all lie in the last n columns, above the diagonal.
             if (n > 1) {
                 auto upper = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-                scores.narrow(2, m - n, n).masked_fill_(upper, neg_inf);
+                scores.view({B * K, g, n, m}).narrow(3, m - n, n).masked_fill_(upper, neg_inf);
             }
         } else {
             auto vis = visible_mask(n, m, first - lo, window, q.device());
-            scores.masked_fill_(vis.logical_not(), neg_inf);
+            scores.view({B * K, g, n, m}).masked_fill_(vis.logical_not(), neg_inf);
         }
-        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * H, n, m});
+        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_scores) hooks->run_rows(Point::kAttnScores, layer, q0, full_width(scores, n, lo, neg_inf));
-        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B*H, n, m]
+        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B*K, g*n, m]
         scores = at::Tensor();
-        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * H, n, m});
+        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_pattern) hooks->run_rows(Point::kAttnPattern, layer, q0, full_width(pattern, n, lo, 0.0f));
-        zs.push_back(at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m)));  // [B*H, n, d]
+        zs.push_back(at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m)).view({B, H, n, d}));
     }
-    auto z = (zs.empty() ? torch::zeros({B * H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 1))
-                 .view({B, H, T, d})
+    auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
                  .permute({0, 2, 1, 3});  // [B, T, H, d]
     zs.clear();
     if (hooks && hooks->has_z_interventions(layer)) z = hooks->apply_z(layer, z);
