@@ -186,11 +186,31 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     const bool see_scores = !whole && hooks && hooks->wants(Point::kAttnScores, layer);
     const bool see_pattern = !whole && hooks && hooks->wants(Point::kAttnPattern, layer);
     const int64_t rows = whole ? T : attention_block_rows(forward_context().attn_block, B, H, T, S);
+    // Blocks reuse one scratch buffer per tensor for the whole layer (allocated once, at the largest
+    // block), instead of allocating, page-faulting and freeing fresh [B, H, rows, m] tensors block
+    // after block: at T = 4096 that was ~4 x 25 MiB x 32 blocks per layer. Row observers are told
+    // not to keep what they are handed (src/hooks.h); whole-tensor hooks get fresh tensors.
+    const bool reuse = !whole && T > rows;
+    const bool fp32 = q.scalar_type() == at::kFloat;
+    const int64_t cap = B * H * rows * S;
+    at::Tensor scores_buf, pattern_buf, wide_buf;
+    if (reuse) {
+        scores_buf = at::empty({cap}, q3.options());
+        if (fp32) pattern_buf = at::empty({cap}, q3.options());
+    }
+    auto from = [](const at::Tensor& buf, at::IntArrayRef shape) {
+        return buf.narrow(0, 0, c10::multiply_integers(shape)).view(shape);
+    };
+    // Observers see rows of full width S: the block's columns [lo, hi), the rest -inf or 0.
     auto full_width = [&](const at::Tensor& block, int64_t n, int64_t lo, float fill) {
-        auto b4 = block.view({B, H, n, block.size(2)});
-        if (lo == 0 && block.size(2) == S) return b4;
-        auto out = at::full({B, H, n, S}, fill, block.options());
-        out.narrow(3, lo, block.size(2)).copy_(b4);
+        const int64_t m = block.size(2);
+        auto b4 = block.view({B, H, n, m});
+        if (lo == 0 && m == S) return b4;
+        if (!wide_buf.defined()) wide_buf = at::empty({cap}, b4.options());
+        auto out = from(wide_buf, {B, H, n, S});
+        if (lo > 0) out.narrow(3, 0, lo).fill_(fill);
+        if (lo + m < S) out.narrow(3, lo + m, S - lo - m).fill_(fill);
+        out.narrow(3, lo, m).copy_(b4);
         return out;
     };
     std::vector<at::Tensor> zs;
@@ -204,10 +224,16 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         }
         const int64_t m = hi - lo;
         auto qb = (n == T ? q3 : q3.narrow(2, q0, n)).reshape({B * K, g * n, d});
-        auto kb = m == S ? k3 : k3.narrow(1, lo, m);
-        auto scores = at::bmm(qb, kb.transpose(1, 2));  // [B*K, g*n, m] = [B, H, n, m]
+        auto kt = (m == S ? k3 : k3.narrow(1, lo, m)).transpose(1, 2);
+        at::Tensor scores;  // [B*K, g*n, m] = [B, H, n, m]
+        if (reuse) {
+            scores = from(scores_buf, {B * K, g * n, m});
+            at::bmm_out(scores, qb, kt);
+        } else {
+            scores = at::bmm(qb, kt);
+        }
         if (!scale_in_q) scores.mul_(scale);
-        if (cfg.attn_softcap > 0) scores = torch::tanh(scores / cfg.attn_softcap) * cfg.attn_softcap;
+        if (cfg.attn_softcap > 0) scores.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
         if (window == 0 && hi == first + n && n >= 1) {
             // Causal only: the masked entries all lie in the last n columns, above the diagonal.
             if (n > 1) {
@@ -220,7 +246,13 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         }
         if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_scores) hooks->run_rows(Point::kAttnScores, layer, q0, full_width(scores, n, lo, neg_inf));
-        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B*K, g*n, m]
+        at::Tensor pattern;  // [B*K, g*n, m], softmax in fp32
+        if (reuse && fp32) {
+            pattern = from(pattern_buf, {B * K, g * n, m});
+            at::_softmax_out(pattern, scores, -1, false);
+        } else {
+            pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());
+        }
         scores = at::Tensor();
         if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_pattern) hooks->run_rows(Point::kAttnPattern, layer, q0, full_width(pattern, n, lo, 0.0f));

@@ -64,7 +64,8 @@ public:
     // layer -1 subscribes to every layer.
     void capture(Point p, CaptureFn fn, int layer = -1);
     void edit(Point p, EditFn fn, int layer = -1);
-    // Only attn.scores and attn.pattern (ConfigError otherwise).
+    // Only attn.scores and attn.pattern (ConfigError otherwise). The rows handed to `fn` live in
+    // scratch that the next block overwrites: reduce them, or clone what must be kept.
     void capture_rows(Point p, RowCaptureFn fn, int layer = -1);
     // Head-level interventions on z (before W_O) and on the query (after RoPE). A zeroed query
     // gives uniform attention over the visible prefix: the retrieval-head masking convention.
