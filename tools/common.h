@@ -44,9 +44,6 @@ LoadOptions load_options(const ModelArgs& a);
 void warn_if_slow_dtype(const LoadOptions& o);
 WriteMode write_mode(const OutputArgs& o);
 
-// "1,2,3" -> ids (DataError naming `what` on a bad entry).
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
-
 // /meta attributes every result file carries (docs/hdf5-schema.md).
 void write_meta(ResultWriter& w, const Model& m, int64_t seed);
 // Refuses to --append results of another model into a file (StorageError naming both).
