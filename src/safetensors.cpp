@@ -92,6 +92,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
             throw ModelLoadError(where + ": entry lacks dtype, shape or data_offsets");
         TensorEntry e;
         e.name = name;
+        // Every shape entry and offset must be a JSON integer: nlohmann casts a float (1e32) to
+        // an integer type without a range check, which is undefined behaviour.
+        for (const char* key : {"shape", "data_offsets"}) {
+            if (!v[key].is_array()) throw ModelLoadError(fmt::format("{}: {} is not a list", where, key));
+            for (const auto& x : v[key])
+                if (!x.is_number_integer()) throw ModelLoadError(fmt::format("{}: {} holds a non-integer", where, key));
+        }
         try {
             e.dtype = v["dtype"].get<std::string>();
             e.shape = v["shape"].get<std::vector<int64_t>>();
