@@ -4,6 +4,7 @@
 #include "model.h"
 #include "store.h"
 #include "tokenizer.h"
+#include "util.h"  // parse_token_list (moved to the library for the fuzz targets)
 
 #include <CLI/CLI.hpp>
 
