@@ -17,9 +17,32 @@ enum class ExitCode : int {
     kStorage = 6,      // cannot write or read a result file
 };
 
+// Messages quote what they found in a file (a token, a key, a line); one_line() escapes the
+// control characters such a quote may hold (newline -> \n, others -> \xNN), so that every error
+// stays the one line README promises whatever the input was.
+inline std::string one_line(const std::string& msg) {
+    static const char kHex[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(msg.size());
+    for (unsigned char c : msg) {
+        if (c == '\n') {
+            out += "\\n";
+        } else if (c == '\r') {
+            out += "\\r";
+        } else if ((c < 0x20 && c != '\t') || c == 0x7f) {
+            out += "\\x";
+            out += kHex[c >> 4];
+            out += kHex[c & 15];
+        } else {
+            out += static_cast<char>(c);
+        }
+    }
+    return out;
+}
+
 class Error : public std::runtime_error {
 public:
-    Error(ExitCode code, const std::string& msg) : std::runtime_error(msg), code_(code) {}
+    Error(ExitCode code, const std::string& msg) : std::runtime_error(one_line(msg)), code_(code) {}
     ExitCode code() const { return code_; }
 
 private:

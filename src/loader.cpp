@@ -97,30 +97,48 @@ static std::vector<std::string> weight_files(const std::string& dir) {
     return files;
 }
 
-static std::unique_ptr<Model> load_hf(const std::string& dir, const LoadOptions& opts) {
-    const std::string cfg_path = path_join(dir, "config.json");
-    if (!file_exists(cfg_path)) throw ConfigError(fmt::format("{}: no config.json in the folder", dir));
-    auto j = read_json(cfg_path, true);
-    if (!j.is_object()) throw ConfigError(fmt::format("{}: not a JSON object", cfg_path));
+ModelConfig parse_model_config(const std::string& json_text, const std::string& where) {
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(json_text);
+    } catch (const std::exception&) {
+        throw ConfigError(fmt::format("{}: not valid JSON", where));
+    }
+    if (!j.is_object()) throw ConfigError(fmt::format("{}: not a JSON object", where));
     std::string arch;
     if (j.contains("architectures") && j["architectures"].is_array() && !j["architectures"].empty() &&
         j["architectures"][0].is_string())
         arch = j["architectures"][0].get<std::string>();
     else
-        throw ConfigError(fmt::format("{}: no \"architectures\" list naming the model class", cfg_path));
+        throw ConfigError(fmt::format("{}: no \"architectures\" list naming the model class", where));
     const ArchSpec* spec = find_arch(arch);
     if (!spec) {
         std::string names;
         for (const auto& s : arch_specs()) names += (names.empty() ? "" : ", ") + s.architecture;
-        throw ConfigError(fmt::format("{}: unknown architecture '{}' (supported: {})", cfg_path, arch, names));
+        throw ConfigError(fmt::format("{}: unknown architecture '{}' (supported: {})", where, arch, names));
+    }
+    ModelConfig c;
+    c.architecture = arch;
+    spec->parse_config(j, where, c);
+    c.family = spec->family;
+    c.validate(where);
+    return c;
+}
+
+static std::unique_ptr<Model> load_hf(const std::string& dir, const LoadOptions& opts) {
+    const std::string cfg_path = path_join(dir, "config.json");
+    if (!file_exists(cfg_path)) throw ConfigError(fmt::format("{}: no config.json in the folder", dir));
+    std::string text;
+    try {
+        text = read_text_file(cfg_path);
+    } catch (const DataError& e) {
+        throw ConfigError(e.what());
     }
     auto m = std::make_unique<Model>();
     m->path = dir;
     m->options = opts;
-    m->config.architecture = arch;
-    spec->parse_config(j, cfg_path, m->config);
-    m->config.family = spec->family;
-    m->config.validate(cfg_path);
+    m->config = parse_model_config(text, cfg_path);
+    const ArchSpec* spec = find_arch(m->config.architecture);
     WeightSource src(weight_files(dir), opts);
     m->weight_files.clear();
     for (const auto& f : src.files()) m->weight_files += (m->weight_files.empty() ? "" : ";") + f;
@@ -170,11 +188,18 @@ static std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOp
     c.validate(path);
 
     const int64_t D = c.d_model, F = c.d_ff, L = c.n_layers, V = c.vocab_size, KV = c.d_kv(), hs = c.d_head;
-    const int64_t n_floats = V * D + L * D + L * D * D + 2 * L * KV * D + L * D * D + L * D + 3 * L * F * D + D +
-                             c.max_seq_len * hs + (shared ? 0 : V * D);
-    const uint64_t need = 28 + static_cast<uint64_t>(n_floats) * 4;
-    if (f.size() < need)
-        throw ModelLoadError(fmt::format("{}: truncated: {} bytes, header promises {}", path, f.size(), need));
+    // Every field is a positive int32, so a product of three is below 2^93: 128-bit arithmetic
+    // cannot wrap, and a header promising more than the file holds is refused before any read.
+    using u128 = unsigned __int128;
+    const u128 n_floats = u128(V) * D + u128(L) * D + u128(L) * D * D + 2 * u128(L) * KV * D + u128(L) * D * D +
+                          u128(L) * D + 3 * u128(L) * F * D + D + u128(c.max_seq_len) * hs + (shared ? 0 : u128(V) * D);
+    const u128 need128 = 28 + n_floats * 4;
+    if (need128 > u128(f.size())) {
+        const std::string promised = need128 > u128(UINT64_MAX) ? std::string("more than 2^64")
+                                                                : std::to_string(static_cast<uint64_t>(need128));
+        throw ModelLoadError(fmt::format("{}: truncated: {} bytes, header promises {}", path, f.size(), promised));
+    }
+    const uint64_t need = static_cast<uint64_t>(need128);
     if (f.size() > need)
         throw ModelLoadError(fmt::format("{}: {} bytes but header promises {}: wrong header or trailing data", path, f.size(), need));
     const float* p = reinterpret_cast<const float*>(f.data() + 28);

@@ -101,6 +101,10 @@ private:
 // the file and the problem.
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts = {});
 
+// The text of a config.json -> a validated ModelConfig (what load_model reads first). Throws
+// ConfigError naming `where`: not JSON, no or unknown "architectures", a bad or missing field.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& where);
+
 // Architectures named in config.json that this build supports.
 std::vector<std::string> supported_architectures();
 

@@ -92,6 +92,13 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
             throw ModelLoadError(where + ": entry lacks dtype, shape or data_offsets");
         TensorEntry e;
         e.name = name;
+        // Every shape entry and offset must be a JSON integer: nlohmann casts a float (1e32) to
+        // an integer type without a range check, which is undefined behaviour.
+        for (const char* key : {"shape", "data_offsets"}) {
+            if (!v[key].is_array()) throw ModelLoadError(fmt::format("{}: {} is not a list", where, key));
+            for (const auto& x : v[key])
+                if (!x.is_number_integer()) throw ModelLoadError(fmt::format("{}: {} holds a non-integer", where, key));
+        }
         try {
             e.dtype = v["dtype"].get<std::string>();
             e.shape = v["shape"].get<std::vector<int64_t>>();
@@ -107,14 +114,22 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
         if (e.end < e.begin || e.end > data_size)
             throw ModelLoadError(fmt::format("{}: offsets [{}, {}) past end of data ({} bytes)", where,
                                              e.begin, e.end, data_size));
-        uint64_t numel = 1;
+        // 128-bit product: a shape whose element count wraps 64 bits (e.g. [2^62, 4]) must not
+        // pass as an empty tensor.
+        unsigned __int128 need = di.bytes;
+        bool huge = false;
         for (int64_t d : e.shape) {
             if (d < 0) throw ModelLoadError(where + ": negative dimension");
-            numel *= static_cast<uint64_t>(d);
+            need *= static_cast<uint64_t>(d);
+            if (need > static_cast<unsigned __int128>(UINT64_MAX)) huge = true, need = UINT64_MAX;
         }
-        if (numel * di.bytes != e.end - e.begin)
-            throw ModelLoadError(fmt::format("{}: {} bytes stored but shape {} of {} needs {}", where,
-                                             e.end - e.begin, shape_str(e.shape), e.dtype, numel * di.bytes));
+        bool zero = false;
+        for (int64_t d : e.shape) zero = zero || d == 0;
+        if (zero) huge = false, need = 0;
+        if (huge || static_cast<uint64_t>(need) != e.end - e.begin)
+            throw ModelLoadError(fmt::format("{}: {} bytes stored but shape {} of {} needs {}", where, e.end - e.begin,
+                                             shape_str(e.shape), e.dtype,
+                                             huge ? std::string("more than 2^64") : std::to_string(static_cast<uint64_t>(need))));
         spans.emplace_back(e.begin, e.end);
         e.begin += data_start;
         e.end += data_start;

@@ -285,18 +285,48 @@ std::vector<std::string> ResultReader::children(const std::string& group) const 
     return out;
 }
 
+// Element counts read from a file's headers are checked against the file's length before anything
+// is allocated: every stored element takes at least one byte of the file, or, for a compressed
+// (filtered) dataset, at least 1/1100 of one (deflate's best ratio is ~1032:1). A header that
+// asks for more is corrupt (or, for a dataset, was never written: headscope always writes the
+// data), and refused with a StorageError instead of a huge allocation.
+static uint64_t checked_count(hid_t file, hid_t space, bool compressed, const std::string& path, const std::string& what) {
+    const int rank = H5Sget_simple_extent_ndims(space);
+    if (rank < 0 || rank > 32) throw StorageError(fmt::format("{}: {}: unreadable dataspace", path, what));
+    std::vector<hsize_t> dims(rank);
+    if (rank > 0 && H5Sget_simple_extent_dims(space, dims.data(), nullptr) < 0)
+        throw StorageError(fmt::format("{}: {}: unreadable dataspace", path, what));
+    hsize_t file_size = 0;
+    if (H5Fget_filesize(file, &file_size) < 0) throw StorageError(fmt::format("{}: cannot get the file size", path));
+    const uint64_t limit = compressed ? uint64_t(file_size) * 1100 : uint64_t(file_size);
+    uint64_t n = 1;
+    for (hsize_t x : dims) {
+        if (x != 0 && n > limit / x) {
+            n = UINT64_MAX;
+            break;
+        }
+        n *= x;
+    }
+    if (H5Sget_simple_extent_type(space) == H5S_NULL) n = 0;
+    if (n > limit)
+        throw StorageError(fmt::format("{}: {}: shape {} claims more elements than the file's {} bytes can hold", path,
+                                       what, fmt::join(dims, "x"), file_size));
+    return n;
+}
+
 Dataset ResultReader::read(const std::string& ds) const {
     if (!exists(ds)) throw StorageError(fmt::format("{}: no dataset {}", path_, ds));
     auto d = check(H5Dopen2(file_->get(), ds.c_str(), H5P_DEFAULT), path_, "cannot open dataset " + ds);
     H5Handle space(H5Dget_space(d.get()));
-    const int rank = H5Sget_simple_extent_ndims(space.get());
-    std::vector<hsize_t> dims(rank);
-    H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+    H5Handle dcpl(H5Dget_create_plist(d.get()));
+    const bool compressed = dcpl.valid() && H5Pget_nfilters(dcpl.get()) > 0;
+    const size_t n = checked_count(file_->get(), space.get(), compressed, path_, "dataset " + ds);
     Dataset out;
-    size_t n = 1;
-    for (auto x : dims) {
-        out.shape.push_back(static_cast<int64_t>(x));
-        n *= x;
+    {
+        std::vector<hsize_t> dims(H5Sget_simple_extent_ndims(space.get()));
+        if (!dims.empty()) H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+        for (auto x : dims) out.shape.push_back(static_cast<int64_t>(x));
+        if (H5Sget_simple_extent_type(space.get()) == H5S_NULL) out.shape = {0};
     }
     H5Handle type(H5Dget_type(d.get()));
     if (H5Tget_class(type.get()) == H5T_STRING) {
@@ -317,49 +347,67 @@ Dataset ResultReader::read(const std::string& ds) const {
 
 struct AttrCollect {
     Attrs* out;
+    hid_t file;
+    const std::string* path;
+    std::string error;  // set by the callback (exceptions must not cross HDF5's C frames)
 };
 
-static herr_t collect_attr(hid_t loc, const char* name, const H5A_info_t*, void* data) {
-    Attrs& out = *static_cast<AttrCollect*>(data)->out;
+static void read_one_attr(hid_t loc, const char* name, AttrCollect& c) {
+    Attrs& out = *c.out;
+    const std::string what = fmt::format("attribute '{}'", name);
     H5Handle a(H5Aopen(loc, name, H5P_DEFAULT));
+    if (!a.valid()) throw StorageError(fmt::format("{}: cannot open {}", *c.path, what));
     H5Handle type(H5Aget_type(a.get()));
     H5Handle space(H5Aget_space(a.get()));
-    const hssize_t n = H5Sget_simple_extent_npoints(space.get());
+    if (!type.valid() || !space.valid()) throw StorageError(fmt::format("{}: unreadable {}", *c.path, what));
+    const size_t n = checked_count(c.file, space.get(), false, *c.path, what);
     const bool scalar = H5Sget_simple_extent_type(space.get()) == H5S_SCALAR;
+    auto fail_read = [&] { throw StorageError(fmt::format("{}: cannot read {}", *c.path, what)); };
     switch (H5Tget_class(type.get())) {
         case H5T_STRING: {
             auto st = string_type();
             if (H5Tis_variable_str(type.get()) > 0) {
                 std::vector<char*> ptrs(n, nullptr);
-                H5Aread(a.get(), st.get(), ptrs.data());
+                if (n && H5Aread(a.get(), st.get(), ptrs.data()) < 0) fail_read();
                 std::vector<std::string> v;
                 for (auto* p : ptrs) v.emplace_back(p ? p : "");
-                H5Dvlen_reclaim(st.get(), space.get(), H5P_DEFAULT, ptrs.data());
+                if (n) H5Dvlen_reclaim(st.get(), space.get(), H5P_DEFAULT, ptrs.data());
                 if (scalar) out[name] = v.empty() ? std::string() : v[0];
                 else out[name] = v;
             } else {
-                size_t sz = H5Tget_size(type.get());
+                const size_t sz = H5Tget_size(type.get());
+                if (sz == 0 || (n && sz > (size_t(1) << 30) / n)) fail_read();
                 std::string s(sz * n, '\0');
-                H5Aread(a.get(), type.get(), s.data());
+                if (n && H5Aread(a.get(), type.get(), s.data()) < 0) fail_read();
                 out[name] = std::string(s.c_str());
             }
             break;
         }
         case H5T_INTEGER: {
             std::vector<int64_t> v(n);
-            H5Aread(a.get(), H5T_NATIVE_INT64, v.data());
-            if (scalar) out[name] = v[0];
+            if (n && H5Aread(a.get(), H5T_NATIVE_INT64, v.data()) < 0) fail_read();
+            if (scalar && !v.empty()) out[name] = v[0];
             else out[name] = v;
             break;
         }
         case H5T_FLOAT: {
             std::vector<double> v(n);
-            H5Aread(a.get(), H5T_NATIVE_DOUBLE, v.data());
-            if (scalar) out[name] = v[0];
+            if (n && H5Aread(a.get(), H5T_NATIVE_DOUBLE, v.data()) < 0) fail_read();
+            if (scalar && !v.empty()) out[name] = v[0];
             else out[name] = v;
             break;
         }
         default: out[name] = std::string("<unsupported attribute type>");
+    }
+}
+
+static herr_t collect_attr(hid_t loc, const char* name, const H5A_info_t*, void* data) {
+    auto& c = *static_cast<AttrCollect*>(data);
+    try {
+        read_one_attr(loc, name, c);
+    } catch (const std::exception& e) {
+        c.error = e.what();
+        return -1;  // stops the iteration
     }
     return 0;
 }
@@ -368,9 +416,11 @@ static Attrs read_attrs(hid_t file, const std::string& path, const std::string& 
     Attrs out;
     hid_t o = H5Oopen(file, obj.c_str(), H5P_DEFAULT);
     if (o < 0) throw StorageError(fmt::format("{}: no object {}", path, obj));
-    AttrCollect c{&out};
-    H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attr, &c);
+    AttrCollect c{&out, file, &path, {}};
+    const herr_t r = H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_attr, &c);
     H5Oclose(o);
+    if (!c.error.empty()) throw StorageError(c.error);
+    if (r < 0) throw StorageError(fmt::format("{}: cannot read the attributes of {}", path, obj));
     return out;
 }
 

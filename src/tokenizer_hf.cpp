@@ -29,6 +29,22 @@ public:
         int32_t n = 0;
         for (const auto& [tok, id] : p_.model->vocab()) n = std::max(n, id + 1);
         for (const auto& a : p_.added) n = std::max(n, a.id + 1);
+        // The id table is sized by the largest id: refuse ids far beyond the number of tokens the
+        // file holds (real vocabularies are dense) before allocating for them.
+        const size_t entries = p_.model->vocab().size() + p_.added.size();
+        if (entries == 0) throw DataError(fmt::format("{}: the vocabulary is empty", p_.path));
+        if (static_cast<size_t>(n) > 2 * entries + 1024)
+            throw DataError(fmt::format("{}: token id {} but only {} tokens in the file (a corrupt vocabulary?)",
+                                        p_.path, n - 1, entries));
+        // Ids the tokenizer itself emits (template specials, BOS/EOS, unk) must be tokens.
+        auto in_vocab = [&](int32_t id, const char* what) {
+            if (id < 0 || id >= n)
+                throw DataError(fmt::format("{}: {} id {} is outside the vocabulary ({} tokens)", p_.path, what, id, n));
+        };
+        for (auto id : p_.prefix_ids) in_vocab(id, "post_processor");
+        for (auto id : p_.suffix_ids) in_vocab(id, "post_processor");
+        if (p_.bos) in_vocab(*p_.bos, "bos_token");
+        if (p_.eos) in_vocab(*p_.eos, "eos_token");
         id_to_token_.resize(static_cast<size_t>(n));
         special_.assign(static_cast<size_t>(n), false);
         for (const auto& [tok, id] : p_.model->vocab()) id_to_token_[id] = tok;

@@ -151,4 +151,23 @@ void AtomicFile::commit() {
     committed_ = true;
 }
 
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
+    std::vector<int64_t> out;
+    for (const auto& part : split(s, ',')) {
+        auto t = trim(part);
+        if (t.empty()) continue;
+        size_t used = 0;
+        long long v = 0;
+        try {
+            v = std::stoll(t, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != t.size()) throw DataError(fmt::format("{}: '{}' is not a token id", what, t));
+        out.push_back(v);
+    }
+    if (out.empty()) throw DataError(fmt::format("{}: no token ids", what));
+    return out;
+}
+
 }  // namespace hs

@@ -19,6 +19,8 @@ std::string sha256_bytes(const void* data, size_t n);
 std::string utc_now_iso8601();
 std::vector<std::string> split(const std::string& s, char sep);
 std::string trim(const std::string& s);
+// "1,2,3" -> ids (DataError naming `what` on a bad entry; blank entries are skipped).
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
 
 // Writes to "<path>.tmp-<pid>" and renames onto path in commit(); the destructor removes the
 // temporary file if commit() was never reached, so a failed run leaves nothing behind.

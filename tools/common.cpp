@@ -97,25 +97,6 @@ Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     return l;
 }
 
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
-    std::vector<int64_t> out;
-    for (const auto& part : split(s, ',')) {
-        auto t = trim(part);
-        if (t.empty()) continue;
-        size_t used = 0;
-        long long v = 0;
-        try {
-            v = std::stoll(t, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != t.size()) throw DataError(fmt::format("{}: '{}' is not a token id", what, t));
-        out.push_back(v);
-    }
-    if (out.empty()) throw DataError(fmt::format("{}: no token ids", what));
-    return out;
-}
-
 void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     const auto& c = m.config;
     Attrs a;

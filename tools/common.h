@@ -4,6 +4,7 @@
 #include "model.h"
 #include "store.h"
 #include "tokenizer.h"
+#include "util.h"  // parse_token_list (moved to the library for the fuzz targets)
 
 #include <CLI/CLI.hpp>
 
@@ -43,9 +44,6 @@ LoadOptions load_options(const ModelArgs& a);
 // One warning line when a CPU dtype's products run much slower than float32 (measured).
 void warn_if_slow_dtype(const LoadOptions& o);
 WriteMode write_mode(const OutputArgs& o);
-
-// "1,2,3" -> ids (DataError naming `what` on a bad entry).
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
 
 // /meta attributes every result file carries (docs/hdf5-schema.md).
 void write_meta(ResultWriter& w, const Model& m, int64_t seed);

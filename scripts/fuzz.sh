@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Runs every libFuzzer target (fuzz/targets/*.cpp) for SECONDS each (default 60), one after
+# another at nice 10, and prints executions, coverage and findings per target.
+#   bash scripts/fuzz.sh [SECONDS] [TARGET...]
+# Builds build-fuzz/ with clang (ASan + UBSan + libFuzzer; Debian: clang, libclang-rt-14-dev) when
+# needed. Each target starts from its committed seeds fuzz/corpus/<target>/ plus
+# fuzz/regressions/<target>/ and grows a working corpus in build-fuzz/fuzz-work/<target>/corpus
+# (not committed). Limits: -rss_limit_mb=2048, -malloc_limit_mb=512 (one allocation above 512 MB,
+# e.g. a header asking for 10^12 elements, is a finding), -timeout=10 s per input.
+# Every crash, timeout, leak or out-of-memory input is copied to fuzz/regressions/<target>/ (commit
+# it with the fix: ctest fuzz_replay replays it ever after). Exit status 1 when anything was found.
+# HEADSCOPE_FUZZ_RUNS=N also stops each target after N executions (the long run in
+# docs/reliability.md: HEADSCOPE_FUZZ_RUNS=1000000 bash scripts/fuzz.sh 1800).
+set -eu
+cd "$(dirname "$0")/.."
+SECS=${1:-60}
+shift || true
+BUILD=${HEADSCOPE_FUZZ_BUILD:-build-fuzz}
+JOBS=${HEADSCOPE_FUZZ_JOBS:-2}
+
+CXX_BIN=$(command -v clang++ || command -v clang++-14 || true)
+CC_BIN=$(command -v clang || command -v clang-14 || true)
+if [ -z "$CXX_BIN" ] || [ -z "$CC_BIN" ]; then
+  echo "fuzz.sh: clang not found (Debian: apt-get install clang libclang-rt-14-dev, or scripts/install_deps.sh)" >&2
+  exit 2
+fi
+export CCACHE_SLOPPINESS=pch_defines,time_macros,include_file_mtime,include_file_ctime
+if [ ! -f "$BUILD/CMakeCache.txt" ]; then
+  cmake -S . -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHEADSCOPE_FUZZ=ON \
+        -DCMAKE_CXX_COMPILER="$CXX_BIN" -DCMAKE_C_COMPILER="$CC_BIN" >/dev/null
+fi
+# Serialised, so that several fuzz.sh runs side by side (one target each) share one build.
+mkdir -p "$BUILD"
+if [ -z "${HEADSCOPE_FUZZ_NOBUILD:-}" ]; then
+  flock "$BUILD/.build.lock" nice -n 10 cmake --build "$BUILD" --target fuzz_all -j"$JOBS" >/dev/null
+fi
+
+if [ $# -gt 0 ]; then
+  TARGETS=("$@")
+else
+  TARGETS=()
+  for f in fuzz/targets/*.cpp; do TARGETS+=("$(basename "$f" .cpp)"); done
+fi
+
+# Leaks are findings (fuzz/lsan.supp: one inside libhdf5). allocator_may_return_null=1: a huge
+# malloc() inside the uninstrumented C libraries (libhdf5 on a corrupt header) returns NULL as it
+# does in production, and the library reports the error; C++ `new` failing still aborts, and any
+# allocation above -malloc_limit_mb is still a finding.
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1:handle_abort=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+export LSAN_OPTIONS=${LSAN_OPTIONS:-suppressions=$PWD/fuzz/lsan.supp:print_suppressions=0}
+
+printf '%-16s %12s %9s %8s %8s %7s %9s %6s %7s\n' target executions exec/s cov ft corpus crashes leaks timeouts
+found=0
+for t in "${TARGETS[@]}"; do
+  bin="$BUILD/fuzz_$t"
+  [ -x "$bin" ] || { echo "fuzz.sh: no target $t ($bin)" >&2; exit 2; }
+  work="$BUILD/fuzz-work/$t"
+  mkdir -p "$work/corpus" "$work/artifacts" "fuzz/regressions/$t"
+  rm -f "$work/artifacts/"*
+  dirs=("$work/corpus" "fuzz/corpus/$t")
+  [ -n "$(ls -A "fuzz/regressions/$t" 2>/dev/null)" ] && dirs+=("fuzz/regressions/$t")
+  set +e
+  nice -n 10 "$bin" -max_total_time="$SECS" -rss_limit_mb=2048 -malloc_limit_mb=512 -timeout=10 \
+    ${HEADSCOPE_FUZZ_RUNS:+-runs=$HEADSCOPE_FUZZ_RUNS} -print_final_stats=1 -artifact_prefix="$work/artifacts/" "${dirs[@]}" >"$work/log" 2>&1
+  set -e
+  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/log" | tail -1 | awk '{print $2}' || true)
+  rate=$(grep -oE 'stat::average_exec_per_sec: +[0-9]+' "$work/log" | tail -1 | awk '{print $2}' || true)
+  last=$(grep -E '^#[0-9]+.*cov: ' "$work/log" | tail -1 || true)
+  cov=$(echo "$last" | grep -o 'cov: [0-9]*' | awk '{print $2}')
+  ft=$(echo "$last" | grep -o 'ft: [0-9]*' | awk '{print $2}')
+  corp=$(echo "$last" | grep -o 'corp: [0-9]*' | awk '{print $2}')
+  crashes=0 leaks=0 timeouts=0
+  for a in "$work/artifacts/"*; do
+    [ -e "$a" ] || continue
+    case "$(basename "$a")" in
+      crash-*|oom-*|deadly-*) crashes=$((crashes + 1)) ;;
+      leak-*) leaks=$((leaks + 1)) ;;
+      timeout-*) timeouts=$((timeouts + 1)) ;;
+      *) continue ;;
+    esac
+    cp "$a" "fuzz/regressions/$t/"
+    found=1
+  done
+  # A run that died before printing its final stats (e.g. a crash in a seed) counts as a finding.
+  if [ -z "$execs" ]; then crashes=$((crashes > 0 ? crashes : 1)); found=1; fi
+  printf '%-16s %12s %9s %8s %8s %7s %9s %6s %7s\n' "$t" "${execs:--}" "${rate:--}" "${cov:--}" "${ft:--}" \
+    "${corp:--}" "$crashes" "$leaks" "$timeouts"
+  if [ "$crashes$leaks$timeouts" != "000" ]; then
+    echo "  log: $work/log; inputs copied to fuzz/regressions/$t/" >&2
+  fi
+done
+exit $found
