@@ -108,10 +108,21 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
             throw ModelLoadError(fmt::format("{}: offsets [{}, {}) past end of data ({} bytes)", where,
                                              e.begin, e.end, data_size));
         uint64_t numel = 1;
+        bool zero = false;
         for (int64_t d : e.shape) {
             if (d < 0) throw ModelLoadError(where + ": negative dimension");
+            zero = zero || d == 0;
+        }
+        // Every size is checked against the stored bytes (which the file's length bounds) as it
+        // is multiplied in, so a shape like [2^32, 2^32] cannot wrap to a small element count.
+        for (int64_t d : e.shape) {
+            if (zero) break;
+            if (static_cast<uint64_t>(d) > (e.end - e.begin) / (numel * di.bytes))
+                throw ModelLoadError(fmt::format("{}: shape {} of {} needs more than the {} bytes stored", where,
+                                                 shape_str(e.shape), e.dtype, e.end - e.begin));
             numel *= static_cast<uint64_t>(d);
         }
+        if (zero) numel = 0;
         if (numel * di.bytes != e.end - e.begin)
             throw ModelLoadError(fmt::format("{}: {} bytes stored but shape {} of {} needs {}", where,
                                              e.end - e.begin, shape_str(e.shape), e.dtype, numel * di.bytes));

@@ -1,5 +1,6 @@
 // headscope detect: pattern-based head scores (induction, previous-token, duplicate-token,
 // attention-sink) and the causal induction-loss ablation, written to HDF5 (docs/hdf5-schema.md).
+#include "guard.h"
 #include "attention_detectors.h"
 #include "commands.h"
 #include "common.h"
@@ -53,7 +54,7 @@ static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, 
     const auto& cfg = l.model->config;
     std::vector<std::vector<int64_t>> seqs;
     int line_no = 0;
-    for (const auto& raw : split(read_text_file(file), '\n')) {
+    for (const auto& raw : split(read_utf8_text_file(file), '\n')) {
         ++line_no;
         auto line = trim(raw);
         if (line.empty()) continue;
