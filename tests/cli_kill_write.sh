@@ -55,7 +55,7 @@ kill_test() {
     fi
     if [ "$name" = run ] && [ "$(attr "$out")" = 0 ]; then
       # An earlier complete state of the run: --resume must finish it to the reference result.
-      if "$HS" -q run "$E" --model "$TOY" --out "$out" --resume >/dev/null 2>"$TMP/err" \
+      if "$HS" -q run "$E" --model "$TOY" --batch-rows 64 --out "$out" --resume >/dev/null 2>"$TMP/err" \
          && [ "$(attr "$out")" = 1 ] && "$PY" "$TMP/same.py" "$TMP/ref-$name.h5" "$out" >"$TMP/why"; then
         pass=$((pass+1)); resumed=$((resumed+1))
       else
@@ -75,6 +75,7 @@ kill_test() {
 E=datasets/experiments/toy-induction.yaml
 kill_test detect "$TMP/d.h5" -- "$HS" -q detect "$TOY" --probe previous-token,induction,duplicate-token --samples --batch 64
 kill_test copy-suppression "$TMP/c.h5" -- "$HS" -q copy-suppression "$TOY"
-kill_test run "$TMP/r.h5" -- "$HS" -q run "$E" --model "$TOY" --batch-rows 64
+# A pause after each flushed batch spreads the kills over many intermediate states of the file.
+kill_test run "$TMP/r.h5" -- "$HS" -q run "$E" --model "$TOY" --batch-rows 64 --pause-after-batch 100
 echo "cli-kill-write: $kills kills ($absent left no file, $complete a complete file, $resumed an earlier state that --resume finished), $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
