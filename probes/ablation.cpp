@@ -1,8 +1,8 @@
-#include "guard.h"
 #include "ablation.h"
 
 #include "attention_detectors.h"
 #include "errors.h"
+#include "guard.h"
 #include "hooks.h"
 #include "progress.h"
 #include "store.h"

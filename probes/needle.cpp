@@ -1,7 +1,7 @@
-#include "guard.h"
 #include "needle.h"
 
 #include "errors.h"
+#include "guard.h"
 #include "util.h"
 
 #include <torch/torch.h>

@@ -1,9 +1,9 @@
 // headscope ablate: one ablation without a YAML file; prints the metric with and without it.
-#include "guard.h"
 #include "ablation.h"
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "experiment.h"
 #include "util.h"
 

@@ -1,11 +1,11 @@
 // headscope copy-suppression: per-head OV and QK copy-suppression ranks from weights (folded and
 // centred, effective embedding), and on request the dynamic score on a text file.
 // Method: probes/copy_suppression.h, docs/methods-weights.md.
-#include "guard.h"
 #include "commands.h"
 #include "common.h"
 #include "copy_suppression.h"
 #include "errors.h"
+#include "guard.h"
 #include "progress.h"
 #include "util.h"
 

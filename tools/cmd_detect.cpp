@@ -1,10 +1,10 @@
 // headscope detect: pattern-based head scores (induction, previous-token, duplicate-token,
 // attention-sink) and the causal induction-loss ablation, written to HDF5 (docs/hdf5-schema.md).
-#include "guard.h"
 #include "attention_detectors.h"
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "progress.h"
 #include "util.h"
 

@@ -1,10 +1,10 @@
 // headscope retrieval: needle-in-a-haystack trials scored as retrieval heads (Wu et al. 2024) and
 // LOCOS from one greedy decode pass each, with query ablation and random controls.
 // Methods: docs/methods.md ("Retrieval heads and LOCOS"); output: docs/hdf5-schema.md ("/retrieval").
-#include "guard.h"
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "needle.h"
 #include "progress.h"
 #include "util.h"
