@@ -2,6 +2,7 @@
 
 #include "attention_detectors.h"
 #include "errors.h"
+#include "guard.h"
 #include "hooks.h"
 #include "progress.h"
 #include "store.h"
@@ -93,7 +94,7 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
         out.name = d.name;
         return out;
     }
-    const std::string text = read_text_file(d.file);
+    const std::string text = read_utf8_text_file(d.file);
     std::vector<std::vector<int64_t>> seqs;
     std::vector<int64_t> answers, cfs;
     if (d.kind == "text") {
@@ -545,7 +546,7 @@ at::Tensor resolve_score(const Experiment& e, const HeadSpec& h, const std::vect
         try {
             ResultReader r(file);
             if (!r.exists(path) || r.is_group(path)) e.fail(h.by_mark, fmt::format("by: {} has no dataset {}", file, path));
-            ds = r.read(path);
+            ds = r.read_numbers(path);
         } catch (const StorageError& ex) {
             e.fail(h.by_mark, fmt::format("by: {}", ex.what()));
         }

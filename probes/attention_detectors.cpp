@@ -1,6 +1,7 @@
 #include "attention_detectors.h"
 
 #include "errors.h"
+#include "guard.h"
 #include "hooks.h"
 #include "progress.h"
 #include "tokenizer.h"
@@ -120,9 +121,12 @@ std::pair<int64_t, int64_t> token_range(const Model& m, const StripeInput& in) {
 at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const Tokenizer* tok) {
     if (in.seq_len < 2) throw UsageError(fmt::format("--seq-len {}: need at least 2", in.seq_len));
     if (in.batch < 1) throw UsageError(fmt::format("--batch {}: need at least 1", in.batch));
-    if (2 * in.seq_len + 1 > m.config.max_seq_len)
+    if (in.seq_len > (m.config.max_seq_len - 1) / 2)  // 2n + 1 > context, without overflow for huge n
         throw DataError(fmt::format("--seq-len {}: [BOS, R, R] has {} tokens, more than the model's context of {}",
-                                    in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len));
+                                    in.seq_len, static_cast<double>(in.seq_len) * 2 + 1, m.config.max_seq_len));
+    // The ids, the drawn rows and the result: three [B, 2n + 1] int64 tensors at least.
+    check_fits_in_memory(size_product({static_cast<double>(in.batch), 2.0 * in.seq_len + 1, 3 * 8.0}),
+                         fmt::format("{} rows of [BOS, R, R] with |R| = {}", in.batch, in.seq_len));
     int64_t bos = m.config.bos_id;
     if (bos < 0 && tok && tok->bos_id()) bos = *tok->bos_id();
     if (bos < 0) throw ConfigError(fmt::format("{}: no BOS token id known (config or tokenizer)", m.path));

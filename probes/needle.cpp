@@ -1,6 +1,7 @@
 #include "needle.h"
 
 #include "errors.h"
+#include "guard.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -59,7 +60,7 @@ double rouge1_recall(const std::string& reference, const std::string& candidate)
 // ---- needles file ----
 
 std::vector<Needle> read_needles(const std::string& path) {
-    const std::string text = read_text_file(path);
+    const std::string text = read_utf8_text_file(path);
     std::vector<Needle> out;
     int line_no = 0;
     for (const auto& raw : split(text, '\n')) {

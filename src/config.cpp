@@ -29,6 +29,8 @@ void ModelConfig::validate(const std::string& where) const {
     need(d_model > 0, fmt::format("hidden_size must be positive (got {})", d_model));
     need(d_head > 0, fmt::format("head dim must be positive (hidden_size {} / heads {})", d_model, n_heads));
     need(d_head % 2 == 0 || family == Family::kGpt2, fmt::format("head dim {} must be even for RoPE", d_head));
+    need(static_cast<int64_t>(n_heads) * d_head <= (1 << 30) && static_cast<int64_t>(n_kv_heads) * d_head <= (1 << 30),
+         fmt::format("heads x head dim ({} x {}) is out of range", n_heads, d_head));
     need(d_ff > 0, fmt::format("intermediate_size must be positive (got {})", d_ff));
     need(vocab_size > 0, fmt::format("vocab_size must be positive (got {})", vocab_size));
     need(max_seq_len > 0, fmt::format("max_position_embeddings must be positive (got {})", max_seq_len));

@@ -1,6 +1,7 @@
 #include "experiment.h"
 
 #include "errors.h"
+#include "guard.h"
 #include "util.h"
 
 #include <fmt/format.h>
@@ -343,7 +344,15 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
 
 }  // namespace
 
-Experiment parse_experiment(const std::string& path) { return parse_experiment_text(read_text_file(path), path); }
+Experiment parse_experiment(const std::string& path) {
+    std::string text = read_text_file(path);
+    try {
+        check_utf8(text, path);
+    } catch (const DataError& e) {
+        throw ConfigError(e.what());  // a YAML experiment is configuration (exit 3), FILE:LINE as the others
+    }
+    return parse_experiment_text(text, path);
+}
 
 Experiment parse_experiment_text(const std::string& text, const std::string& file_name) {
     Experiment e;

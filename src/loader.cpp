@@ -25,6 +25,19 @@ const SafetensorsFile* WeightSource::find(const std::string& name) const {
     return nullptr;
 }
 
+double WeightSource::stored_values(double* largest) const {
+    double n = 0, big = 0;
+    for (const auto& s : st_)
+        for (const auto& [name, e] : s->entries()) {
+            double k = 1;
+            for (auto d : e.shape) k *= static_cast<double>(d);
+            n += k;
+            big = std::max(big, k);
+        }
+    if (largest) *largest = big;
+    return n;
+}
+
 bool WeightSource::has(const std::string& name) const { return find(name) != nullptr; }
 
 std::string WeightSource::describe() const {
@@ -97,6 +110,31 @@ static std::vector<std::string> weight_files(const std::string& dir) {
     return files;
 }
 
+// The fewest values any supported family stores for this config: embedding, q/k/v/o, the MLP's
+// two or three matrices, learned positions. Counted in double so that absurd sizes cannot wrap.
+static double implied_parameters(const ModelConfig& c) {
+    const double D = c.d_model, L = c.n_layers, V = c.vocab_size, F = c.d_ff;
+    const double Q = static_cast<double>(c.n_heads) * c.d_head, KV = static_cast<double>(c.n_kv_heads) * c.d_head;
+    const double per_layer = D * Q + 2 * D * KV + Q * D + (c.gated_mlp ? 3 : 2) * D * F;
+    return V * D + L * per_layer + (c.learned_positions ? static_cast<double>(c.max_seq_len) * D : 0);
+}
+
+// A config whose sizes need more values than the checkpoint's files hold (beyond the slack of its
+// largest tensor) is refused here, before
+// any tensor is built (a layer count of 2^31 would otherwise allocate its layer table first).
+static void check_config_fits_checkpoint(const ModelConfig& c, const std::string& cfg_path, const WeightSource& src) {
+    double largest = 0;
+    const double stored = src.stored_values(&largest);
+    const double need = implied_parameters(c);
+    // The slack of one tensor keeps a checkpoint that merely lacks one tensor on the path that
+    // names it ("missing tensor ..."); a config off by orders of magnitude never fits in it.
+    if (need > stored + largest)
+        throw ModelLoadError(fmt::format(
+            "{}: {} describes at least {:.4g} parameters ({} layers, hidden {}, {} heads of {}, MLP {}, vocabulary {}), "
+            "but the checkpoint holds only {:.4g} values",
+            src.describe(), cfg_path, need, c.n_layers, c.d_model, c.n_heads, c.d_head, c.d_ff, c.vocab_size, stored));
+}
+
 ModelConfig parse_model_config(const std::string& json_text, const std::string& where) {
     nlohmann::json j;
     try {
@@ -140,6 +178,7 @@ static std::unique_ptr<Model> load_hf(const std::string& dir, const LoadOptions&
     m->config = parse_model_config(text, cfg_path);
     const ArchSpec* spec = find_arch(m->config.architecture);
     WeightSource src(weight_files(dir), opts);
+    check_config_fits_checkpoint(m->config, cfg_path, src);
     m->weight_files.clear();
     for (const auto& f : src.files()) m->weight_files += (m->weight_files.empty() ? "" : ";") + f;
     spec->load_weights(src, *m);

@@ -318,7 +318,7 @@ bool signed_probe(const std::string& p) { return p == "dla" || p == "locos"; }
 // One /scores/<probe> group that holds a score [L, H] (and maybe other [L, H] datasets).
 std::string score_group(FileView& f, const std::string& g, const std::string& probe, int top_k) {
     auto& r = *f.r;
-    Dataset sc = r.read(g + "/score");
+    Dataset sc = r.read_numbers(g + "/score");
     if (!is_lh(sc, -1, -1)) return fmt::format("<p class=\"note\">{}/score has shape {}: not drawn</p>", esc(g), shape_str(sc.shape));
     const int64_t L = sc.shape[0], H = sc.shape[1];
     Attrs ga = r.attrs(g);
@@ -335,14 +335,14 @@ std::string score_group(FileView& f, const std::string& g, const std::string& pr
     std::vector<std::string> extra;
     for (const auto& c : r.children(g)) {
         if (c == "score" || r.is_group(g + "/" + c)) continue;
-        Dataset d = r.read(g + "/" + c);
+        Dataset d = r.read_numbers(g + "/" + c);
         if (is_lh(d, L, H)) cols.emplace_back(c, std::move(d)), extra.push_back(c);
     }
     s += top_table(probe, cols, H, top_k, fmt::format("top {} heads by score", std::min<int64_t>(top_k, L * H))) + "</div>";
     if (probe == "locos" && ga.count("ci_level") == 0 && r.exists(g + "/ci_low"))
         s += "<p class=\"note\">ci_low / ci_high: the bootstrap confidence interval of each head's LOCOS score.</p>";
     if (r.exists(g + "/baseline")) {
-        Dataset b = r.read(g + "/baseline");
+        Dataset b = r.read_numbers(g + "/baseline");
         if (!b.values.empty()) s += fmt::format("<p>baseline (no head ablated): <b>{}</b></p>", num(b.values[0]));
     }
     // The other [L, H] maps of the group (copy suppression's rank summaries, LOCOS intervals, ...).
@@ -361,7 +361,7 @@ std::string score_group(FileView& f, const std::string& g, const std::string& pr
         s += "</div></details>";
     }
     if (r.exists(g + "/samples")) {
-        Dataset d = r.read(g + "/samples");
+        Dataset d = r.read_numbers(g + "/samples");
         if (d.shape.size() == 3) s += fmt::format("<p class=\"note\">per-sequence samples stored: {} rows.</p>", d.shape[0]);
     }
     s += "<details><summary>attributes</summary>" + attrs_table(ga, {"description", "convention"}) + "</details>";
@@ -370,7 +370,7 @@ std::string score_group(FileView& f, const std::string& g, const std::string& pr
 
 std::string dla_extra(FileView& f, const std::string& g, int64_t L, int64_t H) {
     auto& r = *f.r;
-    Dataset sc = r.read(g + "/score");
+    Dataset sc = r.read_numbers(g + "/score");
     std::vector<int64_t> idx(sc.values.size());
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return std::fabs(sc.values[a]) > std::fabs(sc.values[b]); });
@@ -395,7 +395,7 @@ std::string dla_extra(FileView& f, const std::string& g, int64_t L, int64_t H) {
     // The decomposition, averaged over prompts: the terms sum to the logit difference.
     auto mean_of = [&](const std::string& name) -> double {
         if (!r.exists(g + "/" + name)) return NAN;
-        Dataset d = r.read(g + "/" + name);
+        Dataset d = r.read_numbers(g + "/" + name);
         if (d.values.empty()) return NAN;
         const int64_t P = d.shape.empty() ? 1 : d.shape[0];
         return std::accumulate(d.values.begin(), d.values.end(), 0.0) / static_cast<double>(P);
@@ -416,7 +416,7 @@ std::string maps_group(FileView& f, const std::string& g, int top_k) {
     for (const auto& rel : r.children(g)) {
         const std::string rg = g + "/" + rel;
         if (!r.is_group(rg) || !r.exists(rg + "/score")) continue;
-        Dataset d = r.read(rg + "/score");
+        Dataset d = r.read_numbers(rg + "/score");
         if (!is_lh(d, -1, -1)) continue;
         Attrs a = r.attrs(rg);
         auto idx = order_desc(d.values);
@@ -439,15 +439,15 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
     auto& r = *f.r;
     for (const char* need : {"masks", "metric", "kind"})
         if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
-    Dataset masks = r.read(g + "/masks"), metric = r.read(g + "/metric"), kind = r.read(g + "/kind");
+    Dataset masks = r.read_numbers(g + "/masks"), metric = r.read_numbers(g + "/metric"), kind = r.read(g + "/kind");
     if (masks.shape.size() != 3 || metric.values.size() != static_cast<size_t>(masks.shape[0]) ||
         kind.strings.size() != metric.values.size())
         return fmt::format("<p class=\"note\">{}: masks {}, metric {}, kind {} disagree; not drawn</p>", esc(g),
                            shape_str(masks.shape), shape_str(metric.shape), shape_str(kind.shape));
     const int64_t S = masks.shape[0], L = masks.shape[1], H = masks.shape[2];
     std::vector<double> kk(S, NAN), seed(S, -1);
-    if (r.exists(g + "/k")) kk = r.read(g + "/k").values;
-    if (r.exists(g + "/control_seed")) seed = r.read(g + "/control_seed").values;
+    if (r.exists(g + "/k")) kk = r.read_numbers(g + "/k").values;
+    if (r.exists(g + "/control_seed")) seed = r.read_numbers(g + "/control_seed").values;
     Attrs a = r.attrs(g);
     const std::string metric_name = attr_str(a, "metric").empty() ? "metric" : attr_str(a, "metric");
     auto heads_of = [&](int64_t s) {
@@ -537,10 +537,10 @@ std::string retrieval_trials(FileView& f, const std::string& g) {
     auto& r = *f.r;
     for (const char* need : {"length", "depth", "rouge1_recall"})
         if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
-    auto len = r.read(g + "/length").values, dep = r.read(g + "/depth").values, rec = r.read(g + "/rouge1_recall").values;
+    auto len = r.read_numbers(g + "/length").values, dep = r.read_numbers(g + "/depth").values, rec = r.read_numbers(g + "/rouge1_recall").values;
     std::vector<double> passed(rec.size(), NAN), needle(rec.size(), -1);
-    if (r.exists(g + "/passed")) passed = r.read(g + "/passed").values;
-    if (r.exists(g + "/needle")) needle = r.read(g + "/needle").values;
+    if (r.exists(g + "/passed")) passed = r.read_numbers(g + "/passed").values;
+    if (r.exists(g + "/needle")) needle = r.read_numbers(g + "/needle").values;
     std::vector<std::string> resp;
     if (r.exists(g + "/response")) resp = r.read(g + "/response").strings;
     const size_t N = rec.size();
@@ -606,12 +606,12 @@ std::string retrieval_trials(FileView& f, const std::string& g) {
 std::string retrieval_ablation(FileView& f, const std::string& g) {
     auto& r = *f.r;
     if (!r.exists(g + "/masks") || !r.exists(g + "/accuracy")) return "<p class=\"note\">" + esc(g) + ": no masks/accuracy; not drawn</p>";
-    Dataset masks = r.read(g + "/masks");
-    auto acc = r.read(g + "/accuracy").values;
+    Dataset masks = r.read_numbers(g + "/masks");
+    auto acc = r.read_numbers(g + "/accuracy").values;
     std::vector<double> rec;
     int64_t N = 0;
     if (r.exists(g + "/rouge1_recall")) {
-        Dataset d = r.read(g + "/rouge1_recall");
+        Dataset d = r.read_numbers(g + "/rouge1_recall");
         if (d.shape.size() == 2) N = d.shape[1], rec = d.values;
     }
     if (masks.shape.size() != 3 || static_cast<size_t>(masks.shape[0]) != acc.size())
@@ -623,7 +623,7 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
         if (a.count(k) && std::holds_alternative<double>(a.at(k))) base = std::get<double>(a.at(k));
     for (const char* k : {"baseline_accuracy", "baseline"})
         if (!std::isfinite(base) && r.exists(g + "/" + k) && !r.is_group(g + "/" + k)) {
-            auto d = r.read(g + "/" + k);
+            auto d = r.read_numbers(g + "/" + k);
             if (!d.values.empty()) base = d.values[0];
         }
     Series named{"heads under test (set 0)", "main", {}, false}, ctl{"random controls", "control", {}, false}, bl{"baseline", "base", {}};
@@ -669,7 +669,7 @@ std::string render_file(FileView& f, const ReportOptions& o) {
                 ++f.known;
             } else if (r.exists(g + "/score")) {
                 std::string body = score_group(f, g, p, o.top_k);
-                Dataset sc = r.read(g + "/score");
+                Dataset sc = r.read_numbers(g + "/score");
                 if (p == "dla" && is_lh(sc, -1, -1)) body += dla_extra(f, g, sc.shape[0], sc.shape[1]);
                 s += section(f, "Score: " + p, body);
                 ++f.known;
@@ -700,12 +700,12 @@ std::map<std::string, Dataset> scores_of(ResultReader& r) {
     for (const auto& p : r.children("/scores")) {
         const std::string g = "/scores/" + p;
         if (r.exists(g + "/score")) {
-            Dataset d = r.read(g + "/score");
+            Dataset d = r.read_numbers(g + "/score");
             if (is_lh(d, -1, -1)) out.emplace(p, std::move(d));
         } else if (r.is_group(g)) {
             for (const auto& c : r.children(g))
                 if (r.exists(g + "/" + c + "/score")) {
-                    Dataset d = r.read(g + "/" + c + "/score");
+                    Dataset d = r.read_numbers(g + "/" + c + "/score");
                     if (is_lh(d, -1, -1)) out.emplace(p + "/" + c, std::move(d));
                 }
         }

@@ -1,10 +1,16 @@
 #include "store.h"
 
 #include "errors.h"
+#include "guard.h"
 #include "util.h"
 
 #include <fmt/format.h>
 #include <hdf5.h>
+
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <cstdio>
 #include <fstream>
@@ -28,6 +34,11 @@ public:
     H5Handle(const H5Handle&) = delete;
     H5Handle& operator=(const H5Handle&) = delete;
     hid_t get() const { return id_; }
+    hid_t release() {
+        hid_t id = id_;
+        id_ = -1;
+        return id;
+    }
     bool valid() const { return id_ >= 0; }
     void reset() {
         if (id_ < 0) return;
@@ -78,30 +89,41 @@ H5Handle string_type() {
     return t;
 }
 
-void copy_file(const std::string& from, const std::string& to) {
-    std::ifstream in(from, std::ios::binary);
-    std::ofstream out(to, std::ios::binary);
-    if (!in || !out) throw StorageError(fmt::format("{}: cannot copy for append", from));
-    out << in.rdbuf();
-    if (!out) throw StorageError(fmt::format("{}: cannot copy for append", to));
-}
-
 }  // namespace
 
+// The file is built in memory (HDF5's core driver, no backing store) and written to the temporary
+// file only in commit(), by us, with every error checked. HDF5 never writes to the disk itself: when
+// it did, a full disk left a file whose close failed, and HDF5's exit handler then crashed on it.
+static H5Handle core_fapl() {
+    H5Handle fapl(H5Pcreate(H5P_FILE_ACCESS));
+    H5Pset_fapl_core(fapl.get(), 1 << 20, /*backing_store=*/0);
+    return fapl;
+}
+
 ResultWriter::ResultWriter(const std::string& path, WriteMode mode) : path_(path), tmp_(temp_path_for(path)) {
+    remove_stale_temps(path);
     const bool exists = file_exists(path);
     if (exists && mode == WriteMode::kCreate)
         throw StorageError(fmt::format("{}: exists (use --force to replace it or --append to add to it)", path));
+    if (is_directory(path)) throw StorageError(fmt::format("{}: is a directory", path));
+    // Claim the temporary name now, so that an unwritable folder fails before any work is done.
+    std::FILE* probe = std::fopen(tmp_.c_str(), "wb");
+    if (!probe) throw StorageError(fmt::format("{}: cannot create (is the folder writable?): {}", path, std::strerror(errno)));
+    std::fclose(probe);
+    auto fapl = core_fapl();
     if (exists && mode == WriteMode::kAppend) {
-        if (H5Fis_hdf5(path.c_str()) <= 0) throw StorageError(fmt::format("{}: exists and is not an HDF5 file", path));
-        copy_file(path, tmp_);
-        file_ = std::make_unique<H5Handle>(H5Fopen(tmp_.c_str(), H5F_ACC_RDWR, H5P_DEFAULT));
+        if (H5Fis_hdf5(path.c_str()) <= 0) {
+            std::remove(tmp_.c_str());
+            throw StorageError(fmt::format("{}: exists and is not an HDF5 file", path));
+        }
+        // Read whole into memory; changes stay there until commit() (the original is never touched).
+        file_ = std::make_unique<H5Handle>(H5Fopen(path.c_str(), H5F_ACC_RDWR, fapl.get()));
     } else {
-        file_ = std::make_unique<H5Handle>(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT));
+        file_ = std::make_unique<H5Handle>(H5Fcreate(tmp_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl.get()));
     }
     if (!file_->valid()) {
         std::remove(tmp_.c_str());
-        throw StorageError(fmt::format("{}: cannot create (is the folder writable?)", path));
+        throw StorageError(fmt::format("{}: cannot {}", path, exists && mode == WriteMode::kAppend ? "open for append" : "create"));
     }
 }
 
@@ -248,7 +270,19 @@ std::string ResultWriter::read_attr_string(const std::string& obj, const std::st
 
 void ResultWriter::commit() {
     if (H5Fflush(file_->get(), H5F_SCOPE_GLOBAL) < 0) throw StorageError(fmt::format("{}: flush failed", path_));
-    file_.reset();
+    const ssize_t n = H5Fget_file_image(file_->get(), nullptr, 0);
+    if (n <= 0) throw StorageError(fmt::format("{}: cannot serialise the file", path_));
+    std::vector<char> image(static_cast<size_t>(n));
+    if (H5Fget_file_image(file_->get(), image.data(), image.size()) != n)
+        throw StorageError(fmt::format("{}: cannot serialise the file", path_));
+    file_.reset();  // in memory: closing cannot fail on the disk
+    std::FILE* f = std::fopen(tmp_.c_str(), "wb");
+    if (!f) throw StorageError(fmt::format("{}: cannot write: {}", path_, std::strerror(errno)));
+    const bool ok = std::fwrite(image.data(), 1, image.size(), f) == image.size() && std::fflush(f) == 0 &&
+                    ::fsync(::fileno(f)) == 0;  // on disk before the rename: a crash leaves the old file or the new
+    const int err = errno;
+    if (std::fclose(f) != 0 || !ok)
+        throw StorageError(fmt::format("{}: write failed: {}", path_, std::strerror(ok ? errno : err)));
     rename_into_place(tmp_, path_);
     committed_ = true;
 }
@@ -343,6 +377,12 @@ Dataset ResultReader::read(const std::string& ds) const {
     if (n && H5Dread(d.get(), H5T_NATIVE_DOUBLE, H5S_ALL, H5S_ALL, H5P_DEFAULT, out.values.data()) < 0)
         throw StorageError(fmt::format("{}: cannot read {}", path_, ds));
     return out;
+}
+
+Dataset ResultReader::read_numbers(const std::string& ds) const {
+    Dataset d = read(ds);
+    if (d.is_string) throw StorageError(fmt::format("{}: {} holds strings, expected numbers", path_, ds));
+    return d;
 }
 
 struct AttrCollect {

@@ -67,6 +67,9 @@ public:
     bool is_group(const std::string& obj) const;
     std::vector<std::string> children(const std::string& group) const;  // sorted names
     Dataset read(const std::string& dataset) const;
+    // A numeric dataset (StorageError naming the file when it holds strings): values.size() is
+    // the product of shape, so callers may index by shape.
+    Dataset read_numbers(const std::string& dataset) const;
     Attrs attrs(const std::string& obj) const;
     const std::string& path() const { return path_; }
 

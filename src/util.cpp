@@ -1,6 +1,7 @@
 #include "util.h"
 
 #include "errors.h"
+#include "guard.h"
 
 #include <fmt/format.h>
 #include <openssl/evp.h>
@@ -23,10 +24,12 @@ std::string shape_str(const std::vector<int64_t>& shape) {
 }
 
 std::string read_text_file(const std::string& path) {
+    if (is_directory(path)) throw DataError(fmt::format("{}: is a directory, expected a file", path));
     std::ifstream in(path, std::ios::binary);
     if (!in) throw DataError(fmt::format("{}: cannot open: {}", path, std::strerror(errno)));
     std::ostringstream ss;
     ss << in.rdbuf();
+    if (in.bad()) throw DataError(fmt::format("{}: read failed: {}", path, std::strerror(errno)));
     return ss.str();
 }
 
@@ -129,6 +132,7 @@ void rename_into_place(const std::string& tmp, const std::string& path) {
 }
 
 AtomicFile::AtomicFile(const std::string& path) : path_(path), tmp_(temp_path_for(path)) {
+    remove_stale_temps(path);
     f_ = std::fopen(tmp_.c_str(), "wb");
     if (!f_) throw StorageError(fmt::format("{}: cannot write: {}", path, std::strerror(errno)));
 }

@@ -27,6 +27,8 @@ public:
     at::Tensor convert(const at::Tensor& t) const;  // to compute dtype and device, contiguous
     std::string describe() const;                   // first file name (+ N shards)
     const std::vector<std::string>& files() const { return files_; }
+    // Elements of every tensor in every file (and of the largest one, when asked).
+    double stored_values(double* largest = nullptr) const;
 
 private:
     const SafetensorsFile* find(const std::string& name) const;

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "experiment.h"
 #include "util.h"
 
@@ -19,7 +20,7 @@ struct AblateOptions {
 
 static std::string guess_kind(const std::string& file) {
     if (file.size() > 6 && file.substr(file.size() - 6) == ".jsonl") return "prompts";
-    for (const auto& line : split(read_text_file(file), '\n')) {
+    for (const auto& line : split(read_utf8_text_file(file), '\n')) {
         const auto t = trim(line);
         if (t.empty()) continue;
         return t.find_first_not_of("0123456789, ") == std::string::npos ? "tokens" : "text";

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "patterns.h"
 #include "system.h"
 
@@ -50,6 +51,9 @@ int run_bench(const BenchOptions& o) {
     auto l = open_model(o.model, false);
     const auto& c = l.model->config;
     if (o.seq > c.max_seq_len) throw UsageError(fmt::format("--seq {} exceeds the model's context {}", o.seq, c.max_seq_len));
+    // The ids and the logits at least: [batch, seq] int64 and [batch, seq, vocab] float.
+    check_fits_in_memory(size_product({static_cast<double>(o.batch), static_cast<double>(o.seq), 8.0 + 4.0 * c.vocab_size}),
+                         fmt::format("--batch {} --seq {}", o.batch, o.seq));
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     auto tokens = torch::randint(0, c.vocab_size, {o.batch, o.seq}, torch::kLong).to(l.model->options.device);
     c10::InferenceMode im;

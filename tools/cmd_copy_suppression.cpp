@@ -5,6 +5,7 @@
 #include "common.h"
 #include "copy_suppression.h"
 #include "errors.h"
+#include "guard.h"
 #include "progress.h"
 #include "util.h"
 
@@ -32,7 +33,7 @@ static std::vector<float> floats(const at::Tensor& t) {
 // The text as windows of at most `window` tokens (BOS first when the tokenizer has one).
 static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOptions& o, const Tokenizer& tok,
                                                       int64_t context) {
-    auto ids = tok.encode(read_text_file(o.text_file), false, false);
+    auto ids = tok.encode(read_utf8_text_file(o.text_file), false, false);
     if (ids.size() < 2) throw DataError(fmt::format("{}: fewer than 2 tokens of text", o.text_file));
     if (static_cast<int64_t>(ids.size()) > o.max_tokens) ids.resize(o.max_tokens);
     const auto bos = tok.bos_id();

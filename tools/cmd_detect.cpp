@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "progress.h"
 #include "util.h"
 
@@ -53,7 +54,7 @@ static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, 
     const auto& cfg = l.model->config;
     std::vector<std::vector<int64_t>> seqs;
     int line_no = 0;
-    for (const auto& raw : split(read_text_file(file), '\n')) {
+    for (const auto& raw : split(read_utf8_text_file(file), '\n')) {
         ++line_no;
         auto line = trim(raw);
         if (line.empty()) continue;

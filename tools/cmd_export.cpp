@@ -37,7 +37,7 @@ static Table read_table(const ResultReader& r, std::string group) {
         throw UsageError(fmt::format("{}: no score table {} (expected a group holding 'score')", r.path(), group));
     Table t;
     t.probe = group.substr(group.find_last_of('/') + 1);
-    t.score = r.read(group + "/score");
+    t.score = r.read_numbers(group + "/score");
     if (t.score.shape.size() != 2 || t.score.is_string)
         throw StorageError(fmt::format("{}: {}/score is {}, expected numeric [layers, heads]", r.path(), group,
                                        shape_str(t.score.shape)));

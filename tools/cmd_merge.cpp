@@ -68,7 +68,10 @@ int run_merge(const MergeOptions& o) {
         ResultWriter w(tmp, WriteMode::kAppend);
         for (const auto& study : first.children("/ablation")) {
             const std::string g = "/ablation/" + study;
-            auto masks0 = first.read(g + "/masks");
+            auto masks0 = first.read_numbers(g + "/masks");
+            if (masks0.shape.size() != 3)
+                throw StorageError(fmt::format("{}: {}/masks has shape {}, expected [S, L, H]", first.path(), g,
+                                               shape_str(masks0.shape)));
             const int64_t S = masks0.shape[0];
             std::vector<float> rows;
             std::vector<uint8_t> done(S, 0);
@@ -76,10 +79,16 @@ int run_merge(const MergeOptions& o) {
             for (const auto& r : rs) {
                 if (!r->exists(g + "/done"))
                     throw StorageError(fmt::format("{}: has no study '{}'; refusing to merge", r->path(), study));
-                auto d = r->read(g + "/done"), mr = r->read(g + "/metric_rows"), mk = r->read(g + "/masks");
+                auto d = r->read_numbers(g + "/done"), mr = r->read_numbers(g + "/metric_rows"), mk = r->read_numbers(g + "/masks");
                 if (mk.shape != masks0.shape || mk.values != masks0.values)
                     throw StorageError(fmt::format("{}: study '{}' has other configurations than {}; refusing to merge",
                                                    r->path(), study, first.path()));
+                // Shapes are checked before any index: a damaged shard must not read past its arrays.
+                if (d.shape != std::vector<int64_t>{S} || mr.shape.size() != 2 || mr.shape[0] != S ||
+                    (!rows.empty() && mr.shape[1] != N))
+                    throw StorageError(fmt::format("{}: study '{}': done {} and metric_rows {} do not fit {} configurations"
+                                                   "{}; refusing to merge", r->path(), study, shape_str(d.shape),
+                                                   shape_str(mr.shape), S, rows.empty() ? "" : fmt::format(" of {} rows", N)));
                 N = mr.shape[1];
                 if (rows.empty()) rows.assign(S * N, std::nanf(""));
                 for (int64_t i = 0; i < S; ++i)
@@ -104,7 +113,8 @@ int run_merge(const MergeOptions& o) {
         w.set_attrs("/experiment", {{"shard", std::string("merged")},
                                     {"merged_from", o.inputs},
                                     {"shard_index", int64_t(0)},
-                                    {"shard_count", int64_t(1)}});
+                                    {"shard_count", int64_t(1)},
+                                    {"complete", int64_t(missing == 0)}});
         w.commit();
     }
     rename_into_place(tmp, o.out);

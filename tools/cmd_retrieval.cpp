@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "needle.h"
 #include "progress.h"
 #include "util.h"
@@ -155,7 +156,7 @@ static at::Tensor read_score(const std::string& spec, int L, int H) {
     if (ds.front() != '/') ds = "/" + ds;
     ResultReader r(file);
     if (!r.exists(ds) || r.is_group(ds)) throw UsageError(fmt::format("--from: {} has no dataset {}", file, ds));
-    auto d = r.read(ds);
+    auto d = r.read_numbers(ds);
     if (d.is_string || d.shape.size() != 2 || d.shape[0] != L || d.shape[1] != H)
         throw UsageError(fmt::format("--from: {}:{} is {}, expected [{}, {}] (this model's layers x heads)", file, ds,
                                      shape_str(d.shape), L, H));
@@ -200,7 +201,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const std::string needles_path = o.needles.empty() ? shipped_file("datasets/needles/needles.jsonl") : o.needles;
     const std::string hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
     const auto needles = read_needles(needles_path);
-    const std::string hay_text = read_text_file(hay_path);
+    const std::string hay_text = read_utf8_text_file(hay_path);
     const auto hay_enc = trim(hay_text).empty() ? std::vector<int32_t>{} : tok.encode(hay_text, false);
     if (hay_enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", hay_path));
     const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());

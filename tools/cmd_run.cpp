@@ -91,6 +91,16 @@ std::string metric_description(const MetricSpec& m) {
     return "logit(answer) - logit(counterfactual) at the last prompt position";
 }
 
+// 1 when every configuration this shard owns is done: the file a killed run leaves is a valid
+// file (it is written whole after each batch) but says 0 here, and its /ablation/<study>/done
+// says which configurations are missing.
+int64_t run_complete(const Shard& shard, const std::vector<StudyState>& studies) {
+    for (const auto& st : studies)
+        for (int64_t i = 0; i < static_cast<int64_t>(st.done.size()); ++i)
+            if (shard.owns(i) && !st.done[i]) return 0;
+    return 1;
+}
+
 void write_all(const std::string& path, const Experiment& e, const Model& m, const Shard& shard,
                const std::vector<AblationData>& data, const std::vector<ProbeResult>& probes,
                const std::vector<StudyState>& studies) {
@@ -103,7 +113,8 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
                                 {"model", m.path},
                                 {"shard", shard.str()},
                                 {"shard_index", shard.index},
-                                {"shard_count", shard.count}});
+                                {"shard_count", shard.count},
+                                {"complete", run_complete(shard, studies)}});
     for (const auto& d : data) {
         const std::string g = "/data/" + d.name;
         w.write(g + "/tokens", d.file_tokens(), {d.rows(), d.tokens.size(1)});
@@ -228,9 +239,11 @@ void load_previous(const std::string& path, const Experiment& e, const Model& m,
     for (auto& st : studies) {
         const std::string g = "/ablation/" + st.spec->name;
         if (!r.exists(g + "/done")) continue;
-        auto done = r.read(g + "/done"), rows = r.read(g + "/metric_rows"), masks = r.read(g + "/masks");
+        auto done = r.read_numbers(g + "/done"), rows = r.read_numbers(g + "/metric_rows"), masks = r.read_numbers(g + "/masks");
         const int64_t S = static_cast<int64_t>(st.cfg.masks.size()), N = st.data->rows();
-        if (done.shape != std::vector<int64_t>{S} || rows.shape != std::vector<int64_t>{S, N})
+        const int64_t LH = static_cast<int64_t>(m.config.n_layers) * m.config.n_heads;
+        if (done.shape != std::vector<int64_t>{S} || rows.shape != std::vector<int64_t>{S, N} ||
+            static_cast<int64_t>(masks.values.size()) != S * LH)
             throw StorageError(fmt::format("{}: {} has another shape than this experiment's; refusing to resume", path, g));
         for (int64_t i = 0; i < S; ++i) {
             if (done.values[i] == 0) continue;

@@ -27,7 +27,7 @@ int run_top(const TopOptions& o) {
         throw UsageError(fmt::format("{}: no probe '{}' (the file has: {})", o.file, o.probe,
                                      have.empty() ? std::string("none") : fmt::format("{}", fmt::join(have, ", "))));
     }
-    auto d = r.read(ds);
+    auto d = r.read_numbers(ds);
     if (d.shape.size() != 2 || d.is_string)
         throw StorageError(fmt::format("{}: {} is {}, expected numeric [layers, heads]", o.file, ds, shape_str(d.shape)));
     const int64_t H = d.shape[1];

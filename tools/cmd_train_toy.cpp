@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "guard.h"
 #include "progress.h"
 #include "train.h"
 
@@ -113,6 +114,10 @@ int run_train_toy(const TrainToyOptions& o) {
     t.with_mlp = o.with_mlp;
     if (o.steps < 0 || o.batch < 0 || o.lr < 0 || o.log_every <= 0)
         throw UsageError("--steps, --batch, --lr must be >= 0 and --log-every > 0");
+    // A training batch holds at least 16 tokens a row with their int64 ids and float logits over
+    // the toy vocabulary (68 ids), forward and backward: refuse what no machine here could hold.
+    check_fits_in_memory(size_product({static_cast<double>(o.batch), 16.0, 2 * (8.0 + 4.0 * 68)}),
+                         fmt::format("--batch {}", o.batch));
     StagedFolder stage(o.out, o.force);  // fails now, not after training, when --out is unusable
     log_info(fmt::format("training toy-{} (seed {}) into {}", o.task, o.seed, o.out));
     ToyTrainResult r = train_toy(t);

@@ -9,11 +9,16 @@
 
 #include <c10/util/Exception.h>
 
+#include <csignal>
 #include <cstdio>
+#include <new>
 
 int main(int argc, char** argv) {
     using namespace hs;
     tune_allocator();
+    // Past a file-size limit (RLIMIT_FSIZE) a write should fail with EFBIG, which the writers turn
+    // into one line and exit 6; the default action of SIGXFSZ would kill the process instead.
+    std::signal(SIGXFSZ, SIG_IGN);
     CLI::App app{"headscope: find out what each attention head of a language model does.\n"
                  "Example: headscope detect models/toy-induction --probe induction,previous-token --out scores.h5"};
     app.set_help_all_flag("--help-all", "help for every subcommand");
@@ -55,6 +60,11 @@ int main(int argc, char** argv) {
     } catch (const hs::Error& e) {
         std::fprintf(stderr, "headscope: error: %s\n", e.what());
         return static_cast<int>(e.code());
+    } catch (const std::bad_alloc&) {
+        // Sizes from files and options are checked against the memory before allocating
+        // (docs/reliability.md), so this is either a machine short of memory or a missed check.
+        std::fprintf(stderr, "headscope: error: out of memory\n");
+        return static_cast<int>(ExitCode::kFailure);
     } catch (const c10::Error& e) {
         std::fprintf(stderr, "headscope: error: %s\n", e.what_without_backtrace());
         return static_cast<int>(ExitCode::kFailure);

@@ -11,6 +11,7 @@ using cfgjson::get_or;
 static void parse_rope_scaling(const nlohmann::json& j, const std::string& where, ModelConfig& cfg) {
     if (!j.contains("rope_scaling") || j["rope_scaling"].is_null()) return;
     const auto& rs = j["rope_scaling"];
+    if (!rs.is_object()) throw ConfigError(fmt::format("{}: \"rope_scaling\" is not an object", where));
     std::string type = rs.contains("rope_type") ? get<std::string>(rs, "rope_type", where)
                                                 : get_or<std::string>(rs, "type", "default", where);
     if (type == "default") return;

@@ -1,0 +1,107 @@
+// The checks behind the bad-input guarantee (docs/reliability.md): UTF-8 validation with the line
+// named, sizes that could wrap, a config that implies more than its checkpoint holds, and the
+// temporary files a killed writer leaves.
+#include <doctest/doctest.h>
+
+#include "ci_toy.h"
+#include "errors.h"
+#include "guard.h"
+#include "model.h"
+#include "safetensors.h"
+#include "store.h"
+#include "tmpdir.h"
+#include "util.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+using namespace hs;
+
+namespace {
+
+std::string utf8_error(const std::string& text) {
+    try {
+        check_utf8(text, "f.txt");
+    } catch (const DataError& e) {
+        return e.what();
+    }
+    return "";
+}
+
+}  // namespace
+
+TEST_CASE("guard: check_utf8 accepts well-formed text and names the line of the first bad byte") {
+    CHECK(utf8_error("plain\nen d\xc3\xa9j\xc3\xa0 \xe2\x82\xac \xf0\x9f\x98\x80\n") == "");
+    CHECK(utf8_error("") == "");
+    CHECK(utf8_error("ok\nab\xff") == "f.txt:2: not valid UTF-8 (byte 3 of the line is 0xff)");
+    // Overlong '/', a UTF-16 surrogate, past U+10FFFF, a sequence cut by the end, a lone continuation.
+    for (const char* bad : {"\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "x\xe2\x82", "\x80"}) {
+        INFO("bytes: " << bad);
+        CHECK(utf8_error(bad).rfind("f.txt:1: not valid UTF-8", 0) == 0);
+    }
+}
+
+TEST_CASE("guard: a safetensors shape whose element count wraps 64 bits is refused") {
+    TempDir dir;
+    const auto p = dir.file("w.safetensors");
+    const std::string header = R"({"w":{"dtype":"F32","shape":[4294967296,4294967296,1],"data_offsets":[0,0]}})";
+    {
+        std::ofstream f(p, std::ios::binary);
+        uint64_t n = header.size();
+        f.write(reinterpret_cast<const char*>(&n), 8);
+        f << header;
+    }
+    std::string got;
+    try {
+        SafetensorsFile f(p);
+    } catch (const ModelLoadError& e) {
+        got = e.what();
+    }
+    CHECK(got.find("w.safetensors: tensor 'w': shape [4294967296, 4294967296, 1] of F32 needs more than the 0 bytes") !=
+          std::string::npos);
+}
+
+TEST_CASE("guard: a config implying more parameters than the checkpoint holds is refused before loading") {
+    const std::string toy = ci_toy_model("induction");
+    TempDir dir;
+    for (const char* f : {"model.safetensors", "tokenizer.json"}) {
+        std::ifstream in(toy + "/" + f, std::ios::binary);
+        std::ofstream out(dir.file(f), std::ios::binary);
+        out << in.rdbuf();
+    }
+    auto cfg = nlohmann::json::parse(read_text_file(toy + "/config.json"));
+    const auto base = cfg;
+    // 2e9 layers: the layer table alone would take ~1 TB; the checkpoint holds 54k values.
+    cfg["num_hidden_layers"] = 2000000000;
+    std::ofstream(dir.file("config.json")) << cfg.dump();
+    std::string got;
+    try {
+        load_model(dir.path);
+    } catch (const ModelLoadError& e) {
+        got = e.what();
+    }
+    INFO(got);
+    CHECK(got.find("describes at least") != std::string::npos);
+    CHECK(got.find("2000000000 layers") != std::string::npos);
+    // The unchanged config still loads: the bound is a lower bound, not an estimate.
+    std::ofstream(dir.file("config.json")) << base.dump();
+    CHECK(load_model(dir.path)->config.n_layers == 2);
+}
+
+TEST_CASE("guard: a writer removes the temporary files of dead writers, not of live ones") {
+    TempDir dir;
+    const std::string out = dir.file("r.h5");
+    const std::string dead = out + ".tmp-999999999", live = out + ".tmp-" + std::to_string(::getppid());
+    std::ofstream(dead) << "half";
+    std::ofstream(live) << "half";
+    ResultWriter w(out, WriteMode::kCreate);
+    w.write("/x", std::vector<float>{1, 2}, {2});
+    w.commit();
+    CHECK_FALSE(file_exists(dead));
+    CHECK(file_exists(live));
+    ResultReader r(out);
+    CHECK(r.read_numbers("/x").values == std::vector<double>{1, 2});
+    CHECK_THROWS_AS(r.read_numbers("/nope"), StorageError);
+}
