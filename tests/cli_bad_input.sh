@@ -134,7 +134,7 @@ p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h 
 k = next(k for k in h if k != "__metadata__"); h[k]["shape"] = "big"
 s = json.dumps(h).encode(); open(p, "wb").write(struct.pack("<Q", len(s)) + s + b[8+n:])
 PY
-bad logits model.safetensors "shape a string" 4 "model.safetensors: tensor .*malformed" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
+bad logits model.safetensors "shape a string" 4 "model.safetensors: tensor .*(malformed|shape is not a list)" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
 mkmodel; python3 - "$T/m/model.safetensors" <<'PY'
 import json, struct, sys
 p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8+n])
