@@ -213,6 +213,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         out.narrow(3, lo, m).copy_(b4);
         return out;
     };
+    at::Tensor upper;  // the causal corner mask, built once per block height
     std::vector<at::Tensor> zs;
     for (int64_t q0 = 0; q0 < T; q0 += rows) {
         const int64_t n = std::min(rows, T - q0);
@@ -237,7 +238,8 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         if (window == 0 && hi == first + n && n >= 1) {
             // Causal only: the masked entries all lie in the last n columns, above the diagonal.
             if (n > 1) {
-                auto upper = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
+                if (!upper.defined() || upper.size(0) != n)
+                    upper = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
                 scores.view({B * K, g, n, m}).narrow(3, m - n, n).masked_fill_(upper, neg_inf);
             }
         } else {

@@ -32,7 +32,6 @@ namespace hs::detail {
 inline char g_env_omp[] = "OMP_WAIT_POLICY=PASSIVE";
 inline char g_env_openblas[] = "OPENBLAS_THREAD_TIMEOUT=16";  // idle OpenBLAS threads sleep after 2^16 cycles
 inline char* const g_env_wanted[] = {g_env_omp, g_env_openblas};
-inline char** g_env_slot[2] = {nullptr, nullptr};
 inline char* g_env_lent[2] = {nullptr, nullptr};
 
 #ifndef HS_PREINIT_STATE_ONLY  // a test reads the state above without adding a second entry
@@ -49,11 +48,10 @@ static void preinit_lend_env_slots(int, char**, char** envp) {
     size_t next_spare = 0;
     for (size_t w = 0; w < 2; ++w) {
         if (env_has(envp, g_env_wanted[w])) continue;
-        for (; next_spare < 3 && !g_env_slot[w]; ++next_spare) {
+        for (; next_spare < 3 && !g_env_lent[w]; ++next_spare) {
             const char* spare = kSpare[next_spare];
             for (char** e = envp; *e; ++e) {
                 if (std::strncmp(*e, spare, std::strlen(spare)) == 0) {
-                    g_env_slot[w] = e;
                     g_env_lent[w] = *e;
                     *e = g_env_wanted[w];
                     break;
