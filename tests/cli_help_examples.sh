@@ -19,7 +19,10 @@ HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$(dirname "$0")/lib_cli.sh"
 if [ -z "$TD" ]; then
-  echo "cli-help-examples: ../shared/testdata not found: the examples name it, so they cannot run"; exit 1
+  # Like the other suites' test-data checks: skipped, and said so, where the data is not beside the
+  # checkout (e.g. a clone in /tmp); set HEADSCOPE_TESTDATA to run it there.
+  echo "cli-help-examples: skipped: ../shared/testdata not found (the examples name it; set HEADSCOPE_TESTDATA)"
+  echo "cli-help-examples: 0 passed, 0 failed"; exit 0
 fi
 TDA="$(cd "$TD" && pwd)"
 scratch() {  # scratch DIR: a repository-like folder with the links above
