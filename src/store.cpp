@@ -7,7 +7,17 @@
 #include <fmt/format.h>
 #include <hdf5.h>
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
 
 #include <cerrno>
 #include <cstring>
@@ -112,6 +122,12 @@ ResultWriter::ResultWriter(const std::string& path, WriteMode mode) : path_(path
     std::fclose(probe);
     auto fapl = core_fapl();
     if (exists && mode == WriteMode::kAppend) {
+        try {
+            check_hdf5_file_isolated(path);  // the existing file is read whole first, as a reader would
+        } catch (...) {
+            std::remove(tmp_.c_str());
+            throw;
+        }
         if (H5Fis_hdf5(path.c_str()) <= 0) {
             std::remove(tmp_.c_str());
             throw StorageError(fmt::format("{}: exists and is not an HDF5 file", path));
@@ -289,8 +305,10 @@ void ResultWriter::commit() {
 
 // ---- reading ----
 
-ResultReader::ResultReader(const std::string& path) : path_(path) {
+ResultReader::ResultReader(const std::string& path, Hdf5Open how) : path_(path) {
     if (!file_exists(path)) throw StorageError(fmt::format("{}: no such file", path));
+    if (is_directory(path)) throw StorageError(fmt::format("{}: is a directory", path));
+    if (how == Hdf5Open::kIsolatedCheck) check_hdf5_file_isolated(path);
     if (H5Fis_hdf5(path.c_str()) <= 0) throw StorageError(fmt::format("{}: not an HDF5 file", path));
     file_ = std::make_unique<H5Handle>(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
     if (!file_->valid()) throw StorageError(fmt::format("{}: cannot open", path));
@@ -465,6 +483,207 @@ static Attrs read_attrs(hid_t file, const std::string& path, const std::string& 
 }
 
 Attrs ResultReader::attrs(const std::string& obj) const { return read_attrs(file_->get(), path_, obj); }
+
+// ---- reading a whole file, and doing so in a child process first ----
+
+namespace {
+
+enum class ObjKind { kGroup, kDataset, kOther };
+
+ObjKind object_kind(hid_t file, const std::string& obj) {
+    H5Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT));
+    if (!o.valid()) return ObjKind::kOther;
+    switch (H5Iget_type(o.get())) {
+        case H5I_GROUP: return ObjKind::kGroup;
+        case H5I_DATASET: return ObjKind::kDataset;
+        default: return ObjKind::kOther;
+    }
+}
+
+}  // namespace
+
+void ResultReader::read_everything(const std::function<void(uint64_t)>& before_data) const {
+    constexpr size_t kMaxObjects = 100000;
+    constexpr int kMaxDepth = 32;
+    std::vector<std::string> objects{"/"}, datasets;
+    uint64_t declared = 0;
+    std::function<void(const std::string&, int)> walk = [&](const std::string& g, int depth) {
+        if (depth > kMaxDepth)
+            throw StorageError(fmt::format("{}: groups nested more than {} deep (a link cycle?)", path_, kMaxDepth));
+        for (const auto& c : children(g)) {
+            const std::string p = g == "/" ? "/" + c : g + "/" + c;
+            if (objects.size() >= kMaxObjects)
+                throw StorageError(fmt::format("{}: more than {} objects (a link cycle?)", path_, kMaxObjects));
+            if (!exists(p)) continue;  // a dangling soft or external link: nothing to read
+            const ObjKind kind = object_kind(file_->get(), p);
+            if (kind == ObjKind::kOther) continue;  // a committed datatype: no data of its own
+            objects.push_back(p);
+            if (kind == ObjKind::kGroup) {
+                walk(p, depth + 1);
+                continue;
+            }
+            datasets.push_back(p);
+            auto d = check(H5Dopen2(file_->get(), p.c_str(), H5P_DEFAULT), path_, "cannot open dataset " + p);
+            H5Handle space(H5Dget_space(d.get()));
+            H5Handle dcpl(H5Dget_create_plist(d.get()));
+            H5Handle type(H5Dget_type(d.get()));
+            const bool compressed = dcpl.valid() && H5Pget_nfilters(dcpl.get()) > 0;
+            const uint64_t n = checked_count(file_->get(), space.get(), compressed, path_, "dataset " + p);
+            const uint64_t per = H5Tget_class(type.get()) == H5T_STRING ? 8 + sizeof(std::string) : sizeof(double);
+            declared += n * per;
+        }
+    };
+    walk("/", 0);
+    if (before_data) before_data(declared);
+    for (const auto& o : objects) (void)attrs(o);
+    for (const auto& d : datasets) (void)read(d);
+}
+
+namespace {
+
+// HEADSCOPE_HDF5_CHECK_TIMEOUT, or 30 s + 1 s per 10 MB of file (reading a 186 MB result file whole took 3 s on a loaded 2-core VM).
+double check_timeout_s(uint64_t file_size) {
+    if (const char* e = std::getenv("HEADSCOPE_HDF5_CHECK_TIMEOUT")) {
+        char* end = nullptr;
+        const double v = std::strtod(e, &end);
+        if (end != e && *end == '\0' && v > 0 && v < 1e6) return v;
+    }
+    return 30.0 + double(file_size) / 10e6;
+}
+
+uint64_t virtual_memory_bytes() {  // this process's address space now (/proc/self/statm, first field)
+    std::FILE* f = std::fopen("/proc/self/statm", "r");
+    if (!f) return 0;
+    unsigned long long pages = 0;
+    const int got = std::fscanf(f, "%llu", &pages);
+    std::fclose(f);
+    return got == 1 ? pages * uint64_t(::sysconf(_SC_PAGESIZE)) : 0;
+}
+
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+void write_all(int fd, const std::string& s) {
+    size_t off = 0;
+    while (off < s.size()) {
+        const ssize_t w = ::write(fd, s.data() + off, s.size() - off);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        off += size_t(w);
+    }
+}
+
+// The child: reads the file whole, writes "ok" or the one-line error to `fd`, and _exits (no exit
+// handlers: HDF5's and libtorch's belong to the parent).
+[[noreturn]] void check_in_child(const std::string& path, int fd, uint64_t file_size, double timeout_s) {
+    const int devnull = ::open("/dev/null", O_WRONLY);
+    if (devnull >= 0) ::dup2(devnull, STDERR_FILENO);  // a crash report must not add lines to ours
+    struct rlimit no_core{0, 0};
+    ::setrlimit(RLIMIT_CORE, &no_core);
+    ::alarm(static_cast<unsigned>(timeout_s) + 2);  // in case the parent is gone
+    uint64_t cap = 0;
+    try {
+        ResultReader r(path, Hdf5Open::kInProcess);
+        r.read_everything([&](uint64_t declared) {
+            if (kAddressSanitizer) return;  // ASan reserves terabytes of address space up front
+            const uint64_t now = virtual_memory_bytes();
+            if (now == 0) return;
+            cap = now + (uint64_t(512) << 20) + 2 * declared + 16 * file_size;
+            struct rlimit lim{};
+            if (::getrlimit(RLIMIT_AS, &lim) != 0) return;
+            if (lim.rlim_cur != RLIM_INFINITY && lim.rlim_cur < cap) cap = lim.rlim_cur;  // never raise a user's limit
+            lim.rlim_cur = cap;
+            ::setrlimit(RLIMIT_AS, &lim);
+        });
+        write_all(fd, "ok");
+        ::_exit(0);
+    } catch (const std::bad_alloc&) {
+        write_all(fd, fmt::format("{}: reading it needs more memory than its declared contents account for ({} MiB "
+                                  "for this process): the file is damaged",
+                                  path, cap >> 20));
+    } catch (const std::exception& e) {
+        write_all(fd, e.what());
+    } catch (...) {
+        write_all(fd, fmt::format("{}: cannot read", path));
+    }
+    ::_exit(3);
+}
+
+}  // namespace
+
+void check_hdf5_file_isolated(const std::string& path) {
+    if (const char* e = std::getenv("HEADSCOPE_HDF5_CHECK"); e && std::string(e) == "0") return;
+    struct stat st{};
+    if (::stat(path.c_str(), &st) != 0) throw StorageError(fmt::format("{}: {}", path, std::strerror(errno)));
+    const uint64_t file_size = uint64_t(st.st_size);
+    const double timeout_s = check_timeout_s(file_size);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+        throw StorageError(fmt::format("{}: cannot start the process that checks it: {}", path, std::strerror(errno)));
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        const int err = errno;
+        ::close(fds[0]);
+        ::close(fds[1]);
+        throw StorageError(fmt::format("{}: cannot start the process that checks it: {} (HEADSCOPE_HDF5_CHECK=0 reads "
+                                       "it without the check)",
+                                       path, std::strerror(err)));
+    }
+    if (pid == 0) {
+        ::close(fds[0]);
+        check_in_child(path, fds[1], file_size, timeout_s);
+    }
+    ::close(fds[1]);
+    std::string msg;
+    bool timed_out = false;
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    for (;;) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+        if (left.count() <= 0) {
+            timed_out = true;
+            break;
+        }
+        struct pollfd p{fds[0], POLLIN, 0};
+        const int r = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left.count(), 1 << 30)));
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) continue;  // woken without data: the deadline decides
+        char buf[4096];
+        const ssize_t n = ::read(fds[0], buf, sizeof buf);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) break;  // EOF: the child has exited (or closed its end)
+        if (msg.size() < 65536) msg.append(buf, size_t(n));
+    }
+    ::close(fds[0]);
+    if (timed_out) ::kill(pid, SIGKILL);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    if (timed_out)
+        throw StorageError(fmt::format("{}: libhdf5 did not finish reading it within {:.0f} s: the file is damaged "
+                                       "(HEADSCOPE_HDF5_CHECK_TIMEOUT sets the limit)",
+                                       path, timeout_s));
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && msg == "ok") return;
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !msg.empty()) throw StorageError(msg);
+    if (WIFSIGNALED(status)) {
+        const int sig = WTERMSIG(status);
+        throw StorageError(fmt::format("{}: libhdf5 {} while reading it ({}): the file is damaged or was not "
+                                       "written by headscope",
+                                       path, sig == SIGALRM ? "ran past its time limit" : "crashed",
+                                       sig == SIGALRM ? "SIGALRM" : strsignal(sig)));
+    }
+    throw StorageError(fmt::format("{}: the process that checks it stopped with exit code {}: the file is damaged or "
+                                   "was not written by headscope",
+                                   path, WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+}
 
 std::string attr_to_string(const AttrValue& v) {
     struct V {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -59,10 +60,29 @@ struct Dataset {
     bool is_string = false;
 };
 
+// How a ResultReader opens its file. libhdf5 itself can hang, crash or allocate gigabytes on a
+// corrupt file (docs/reliability.md, "libhdf5 on corrupt files"), below any check our code can make,
+// so by default the file is first read whole in a child process with a time limit and an address-
+// space limit derived from the file's declared contents; only a file the child read to the end is
+// opened here. kInProcess skips that (the fuzz target, which needs the coverage of the read, and the
+// child itself).
+enum class Hdf5Open { kIsolatedCheck, kInProcess };
+
+// Reads `path` whole in a child process (see Hdf5Open) and throws StorageError naming the file, with
+// the child's own message or what stopped it (signal, time limit, memory limit). Seconds allowed:
+// HEADSCOPE_HDF5_CHECK_TIMEOUT when set (a positive number), else 30 + 1 per 10 MB of the file.
+void check_hdf5_file_isolated(const std::string& path);
+
 class ResultReader {
 public:
-    explicit ResultReader(const std::string& path);  // throws StorageError naming the file
+    // Throws StorageError naming the file.
+    explicit ResultReader(const std::string& path, Hdf5Open how = Hdf5Open::kIsolatedCheck);
     ~ResultReader();
+    // Visits every group (at most 100,000 objects, 32 levels: a file may link a group into itself),
+    // reads every attribute and every dataset, and checks that each dataset's element count equals
+    // its shape. `before_data` (optional) is called once the structure is known, with the number of
+    // bytes the datasets declare, before any data is read.
+    void read_everything(const std::function<void(uint64_t declared_bytes)>& before_data = {}) const;
     bool exists(const std::string& obj) const;
     bool is_group(const std::string& obj) const;
     std::vector<std::string> children(const std::string& group) const;  // sorted names
