@@ -26,12 +26,12 @@ if [ $SMOKE = 1 ]; then
   MODEL="$DIR/smoke"; GQA="$DIR/smoke-gqa"
   [ -f "$MODEL/config.json" ] || "$PY" scripts/make_bench_model.py "$MODEL" --layers 2 --heads 4 --d-model 64 --d-ff 128 --vocab 512 --ctx 512 >/dev/null
   [ -f "$GQA/config.json" ] || "$PY" scripts/make_bench_model.py "$GQA" --layers 2 --heads 4 --kv-heads 2 --d-model 64 --d-ff 128 --vocab 512 --ctx 512 >/dev/null
-  SHAPES="1:64 4:64"; EFF_T=128; MEM_TS="128 256"; REPS=2
+  SHAPES="1:64 4:64"; EFF_T=128; MEM_TS="128 192 256"; REPS=2
 else
   MODEL="$DIR/gpt2s-llama"; GQA="$DIR/gqa-llama"
   [ -f "$MODEL/config.json" ] || "$PY" scripts/make_bench_model.py "$MODEL" >/dev/null
   [ -f "$GQA/config.json" ] || "$PY" scripts/make_bench_model.py "$GQA" --heads 12 --kv-heads 4 >/dev/null
-  SHAPES=${BENCH_SHAPES:-"1:128 1:512 8:128 8:512"}; EFF_T=512; MEM_TS="512 1024 2048 4096"
+  SHAPES=${BENCH_SHAPES:-"1:128 1:512 8:128 8:512"}; EFF_T=512; MEM_TS="512 1024 1536 2048 2560 3072 3584 4096"
 fi
 
 fail=0
@@ -96,7 +96,7 @@ done
 
 echo "-- 4. peak resident memory of detect (induction, previous-token; one row [BOS, R, R])"
 W=$(du -m "$MODEL/model.safetensors" | cut -f1)
-prev=""
+prev=""; mem_pts=""
 for T in $MEM_TS; do
   n=$(( (T - 1) / 2 ))
   if [ -n "$TIME" ]; then
@@ -106,6 +106,7 @@ for T in $MEM_TS; do
       line="T=$((2*n+1)): peak $rss MiB ($((rss - W)) MiB beyond the $W MiB of weights)"
       [ -n "$prev" ] && line="$line, +$((rss - prev)) MiB since the previous T"
       echo "$line"; prev=$rss
+      mem_pts="$mem_pts $((2*n+1)):$rss"
     else
       echo "T=$T: detect failed: $(head -1 "$DIR/err")"; fail=1
     fi
@@ -113,6 +114,21 @@ for T in $MEM_TS; do
     echo "no /usr/bin/time (apt-get install time): memory not measured"; break
   fi
 done
+
+# Linear or not: a least-squares line through the points (glibc's heap grows in steps, so single
+# increments mislead), and what one layer's whole [H, T, T] fp32 pattern would take at the largest T.
+H=$("$PY" -c "import json,sys; print(json.load(open(sys.argv[1]))['num_attention_heads'])" "$MODEL/config.json" 2>/dev/null || echo 0)
+if [ -n "$mem_pts" ] && [ "$(echo $mem_pts | wc -w)" -ge 3 ]; then
+  "$PY" - "$H" $mem_pts <<'PYEOF'
+import sys
+h = int(sys.argv[1]); pts = [tuple(map(int, a.split(":"))) for a in sys.argv[2:]]
+n = len(pts); mt = sum(t for t, _ in pts) / n; mm = sum(m for _, m in pts) / n
+b = sum((t - mt) * (m - mm) for t, m in pts) / sum((t - mt) ** 2 for t, _ in pts); a = mm - b * mt
+dev = max(abs(m - (a + b * t)) for t, m in pts); tmax = max(t for t, _ in pts)
+print(f"linear fit: {b * 1024:.1f} MiB per 1024 tokens + {a:.0f} MiB, every point within {dev:.0f} MiB of the line "
+      f"(one layer's [{h}, {tmax}, {tmax}] fp32 pattern alone: {h * tmax * tmax * 4 / 2**20:.0f} MiB)")
+PYEOF
+fi
 
 echo "-- 5. bfloat16 against float32"
 if a=$(hs_bench "$MODEL" 1 "$EFF_T") && b=$(hs_bench "$MODEL" 1 "$EFF_T" bfloat16 2>"$DIR/bf16.err"); then

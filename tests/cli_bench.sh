@@ -14,7 +14,8 @@ check "bench.sh --smoke exits 0" -- test "$rc" -eq 0
 check "no refused ratio" -- bash -c "! grep -q refused '$TMP/bench.out'"
 check "eager comparison at every shape" -- test "$(grep -c 'process settings' "$TMP/bench.out")" -eq 4
 check "efficiency line" -- grep -q "forward efficiency" "$TMP/bench.out"
-check "memory lines" -- test "$(grep -c 'MiB beyond' "$TMP/bench.out")" -eq 2
+check "memory lines" -- test "$(grep -c 'MiB beyond' "$TMP/bench.out")" -eq 3
+check "memory fit line" -- grep -q "^linear fit: .* MiB per 1024 tokens" "$TMP/bench.out"
 check "bf16 line" -- grep -q "bfloat16 forward" "$TMP/bench.out"
 [ "$fail" -eq 0 ] || cat "$TMP/bench.out"
 echo "cli-bench: $pass passed, $fail failed"
