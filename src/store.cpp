@@ -611,7 +611,11 @@ void write_all(int fd, const std::string& s) {
                                   "for this process): the file is damaged",
                                   path, cap >> 20));
     } catch (const std::exception& e) {
-        write_all(fd, e.what());
+        // A read that failed under the memory cap says so: libhdf5 reports an allocation it
+        // could not make as a plain read error.
+        write_all(fd, cap ? fmt::format("{} (read under a memory limit of {} MiB, from what the file declares)",
+                                        e.what(), cap >> 20)
+                          : std::string(e.what()));
     } catch (...) {
         write_all(fd, fmt::format("{}: cannot read", path));
     }
