@@ -117,9 +117,9 @@ for t in "${TARGETS[@]}"; do
       ${HEADSCOPE_FUZZ_RUNS:+-runs=$HEADSCOPE_FUZZ_RUNS} -print_final_stats=1 -artifact_prefix="$work/artifacts/" "${dirs[@]}" >"$work/log" 2>&1
   fi
   set -e
-  execs=$(grep -o 'stat::number_of_executed_units: [0-9]*' "$work/log" | tail -1 | awk '{print $2}' || true)
-  rate=$(grep -oE 'stat::average_exec_per_sec: +[0-9]+' "$work/log" | tail -1 | awk '{print $2}' || true)
-  last=$(grep -E '^#[0-9]+.*cov: ' "$work/log" | tail -1 || true)
+  execs=$(grep -ao 'stat::number_of_executed_units: [0-9]*' "$work/log" | tail -1 | awk '{print $2}' || true)
+  rate=$(grep -aoE 'stat::average_exec_per_sec: +[0-9]+' "$work/log" | tail -1 | awk '{print $2}' || true)
+  last=$(grep -aE '^#[0-9]+.*cov: ' "$work/log" | tail -1 || true)
   if [ $fork = 1 ]; then  # fork mode prints "#N: cov: C ft: F corp: K exec/s: E oom/timeout/crash: ..."
     execs=$(echo "$last" | grep -oE '^#[0-9]+' | tr -d '#')
     rate=$(echo "$last" | grep -oE 'exec/s: [0-9]+' | awk '{print $2}')
