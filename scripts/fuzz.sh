@@ -65,6 +65,7 @@ HS_BIN=${HEADSCOPE_BIN:-build/headscope}
 # triage TARGET WORK: classifies the inputs a fork-mode run stopped on (see the header). Prints
 # "N_LIBHDF5 N_FINDINGS"; findings are copied to fuzz/regressions/TARGET/.
 triage() {
+  set +e  # runs in a subshell (process substitution); the replays below exit non-zero by design
   local t="$1" work="$2" nlib=0 nfind=0 a log frame rc lines
   mkdir -p "$work/libhdf5"
   for a in "$work/artifacts/"*; do
@@ -129,7 +130,7 @@ for t in "${TARGETS[@]}"; do
   corp=$(echo "$last" | grep -o 'corp: [0-9]*' | awk '{print $2}')
   crashes=0 leaks=0 timeouts=0 inlib=""
   if [ $fork = 1 ]; then
-    read -r nlib nfind < <(triage "$t" "$work")
+    read -r nlib nfind < <(triage "$t" "$work") || { nlib=0; nfind=1; echo "  triage of $t failed" >&2; }
     inlib=$nlib; crashes=$nfind; [ "$nfind" -gt 0 ] && found=1
     rm -f "$work/artifacts/"*
   fi
