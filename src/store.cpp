@@ -92,6 +92,18 @@ bool link_exists(hid_t file, const std::string& obj) {
     return true;
 }
 
+enum class ObjKind { kGroup, kDataset, kOther };
+
+ObjKind object_kind(hid_t file, const std::string& obj) {
+    H5Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT));
+    if (!o.valid()) return ObjKind::kOther;
+    switch (H5Iget_type(o.get())) {
+        case H5I_GROUP: return ObjKind::kGroup;
+        case H5I_DATASET: return ObjKind::kDataset;
+        default: return ObjKind::kOther;
+    }
+}
+
 H5Handle string_type() {
     H5Handle t(H5Tcopy(H5T_C_S1));
     H5Tset_size(t.get(), H5T_VARIABLE);
@@ -319,9 +331,7 @@ ResultReader::~ResultReader() = default;
 bool ResultReader::exists(const std::string& obj) const { return link_exists(file_->get(), obj); }
 
 bool ResultReader::is_group(const std::string& obj) const {
-    if (!exists(obj)) return false;
-    H5Handle o(H5Oopen(file_->get(), obj.c_str(), H5P_DEFAULT));
-    return o.valid() && H5Iget_type(o.get()) == H5I_GROUP;
+    return exists(obj) && object_kind(file_->get(), obj) == ObjKind::kGroup;
 }
 
 static herr_t collect_name(hid_t, const char* name, const H5L_info_t*, void* data) {
@@ -485,22 +495,6 @@ static Attrs read_attrs(hid_t file, const std::string& path, const std::string& 
 Attrs ResultReader::attrs(const std::string& obj) const { return read_attrs(file_->get(), path_, obj); }
 
 // ---- reading a whole file, and doing so in a child process first ----
-
-namespace {
-
-enum class ObjKind { kGroup, kDataset, kOther };
-
-ObjKind object_kind(hid_t file, const std::string& obj) {
-    H5Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT));
-    if (!o.valid()) return ObjKind::kOther;
-    switch (H5Iget_type(o.get())) {
-        case H5I_GROUP: return ObjKind::kGroup;
-        case H5I_DATASET: return ObjKind::kDataset;
-        default: return ObjKind::kOther;
-    }
-}
-
-}  // namespace
 
 void ResultReader::read_everything(const std::function<void(uint64_t)>& before_data) const {
     constexpr size_t kMaxObjects = 100000;
@@ -677,13 +671,10 @@ void check_hdf5_file_isolated(const std::string& path) {
                                        path, timeout_s));
     if (WIFEXITED(status) && WEXITSTATUS(status) == 0 && msg == "ok") return;
     if (WIFEXITED(status) && WEXITSTATUS(status) == 3 && !msg.empty()) throw StorageError(msg);
-    if (WIFSIGNALED(status)) {
-        const int sig = WTERMSIG(status);
-        throw StorageError(fmt::format("{}: libhdf5 {} while reading it ({}): the file is damaged or was not "
+    if (WIFSIGNALED(status))
+        throw StorageError(fmt::format("{}: libhdf5 crashed while reading it ({}): the file is damaged or was not "
                                        "written by headscope",
-                                       path, sig == SIGALRM ? "ran past its time limit" : "crashed",
-                                       sig == SIGALRM ? "SIGALRM" : strsignal(sig)));
-    }
+                                       path, strsignal(WTERMSIG(status))));
     throw StorageError(fmt::format("{}: the process that checks it stopped with exit code {}: the file is damaged or "
                                    "was not written by headscope",
                                    path, WIFEXITED(status) ? WEXITSTATUS(status) : -1));
