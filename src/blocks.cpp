@@ -98,6 +98,12 @@ Rope rope_tables(const ModelConfig& cfg, const at::Tensor& positions, double the
     return r;
 }
 
+at::Tensor query_pre_rope(const Hooks* hooks, int layer, at::Tensor q) {
+    if (!hooks) return q;
+    if (hooks->has_q_pre_rope_interventions(layer)) q = hooks->apply_q_pre_rope(layer, q);
+    return hook(hooks, Point::kAttnQPreRope, layer, std::move(q));
+}
+
 at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
     if (rope.rot_dim == 0) return x;
     const int64_t d = x.size(-1), half = rope.rot_dim / 2;

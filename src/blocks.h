@@ -44,6 +44,11 @@ Rope rope_tables(const ModelConfig& cfg, const at::Tensor& positions, double the
 // x [B, T, N, d]: rotates the first rot_dim dims of each head (rotate_half), passes the rest.
 at::Tensor apply_rope(const at::Tensor& x, const Rope& rope);
 
+// The query before RoPE, q [B, T, H, d] after the family's q-norm (if any): the layer's pre-RoPE
+// query interventions, then the attn.q_pre_rope capture point. Every family calls it on its way
+// to RoPE (GPT-2, which has none, just before attention).
+at::Tensor query_pre_rope(const Hooks* hooks, int layer, at::Tensor q);
+
 // The attention of one layer from projected q [B,T,H,d] (after RoPE) and k, v [B,T,K,d]:
 // query interventions, cache, scores, mask (causal, sliding window), soft-cap, softmax,
 // z interventions, W_O, with every capture point from attn.q to attn_out. Returns attn_out [B,T,D].

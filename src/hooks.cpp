@@ -8,7 +8,7 @@ namespace hs {
 
 namespace {
 const char* const kPointNames[kNumPoints] = {
-    "resid_pre", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
+    "resid_pre", "attn.q_pre_rope", "attn.q", "attn.k", "attn.v", "attn.scores", "attn.pattern", "attn.z",
     "attn.head_out", "attn_out", "resid_mid", "mlp_out", "resid_post"};
 }
 
@@ -40,11 +40,13 @@ void Hooks::edit(Point p, EditFn fn, int layer) {
 
 void Hooks::intervene_z(const HeadIntervention& iv) { z_ivs_.push_back(iv); }
 void Hooks::intervene_q(const HeadIntervention& iv) { q_ivs_.push_back(iv); }
+void Hooks::intervene_q_pre_rope(const HeadIntervention& iv) { q_pre_ivs_.push_back(iv); }
 
 void Hooks::clear() {
     for (auto& e : entries_) e.clear();
     z_ivs_.clear();
     q_ivs_.clear();
+    q_pre_ivs_.clear();
 }
 
 bool Hooks::wants(Point p, int layer) const {
@@ -60,7 +62,7 @@ bool Hooks::needs_whole(Point p, int layer) const {
 }
 
 bool Hooks::has_row_specific_interventions() const {
-    for (const auto* v : {&z_ivs_, &q_ivs_})
+    for (const auto* v : {&z_ivs_, &q_ivs_, &q_pre_ivs_})
         for (const auto& iv : *v)
             if (iv.row >= 0) return true;
     return false;
@@ -74,6 +76,7 @@ static bool any_for_layer(const std::vector<HeadIntervention>& v, int layer) {
 
 bool Hooks::has_z_interventions(int layer) const { return any_for_layer(z_ivs_, layer); }
 bool Hooks::has_q_interventions(int layer) const { return any_for_layer(q_ivs_, layer); }
+bool Hooks::has_q_pre_rope_interventions(int layer) const { return any_for_layer(q_pre_ivs_, layer); }
 
 at::Tensor Hooks::run(Point p, int layer, at::Tensor x) const {
     for (const auto& e : entries_[static_cast<int>(p)]) {
@@ -130,5 +133,8 @@ static at::Tensor apply_heads(const std::vector<HeadIntervention>& ivs, int laye
 
 at::Tensor Hooks::apply_z(int layer, const at::Tensor& z) const { return apply_heads(z_ivs_, layer, z, "z"); }
 at::Tensor Hooks::apply_q(int layer, const at::Tensor& q) const { return apply_heads(q_ivs_, layer, q, "query"); }
+at::Tensor Hooks::apply_q_pre_rope(int layer, const at::Tensor& q) const {
+    return apply_heads(q_pre_ivs_, layer, q, "pre-RoPE query");
+}
 
 }  // namespace hs

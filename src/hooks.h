@@ -5,6 +5,7 @@
 // Shapes (B batch rows, T query positions, S key positions incl. any cache, H query heads,
 // K key/value heads, d head dim, D model dim). Query head h reads key/value head h / (H / K).
 //   resid_pre, resid_mid, resid_post, attn_out, mlp_out   [B, T, D]
+//   attn.q_pre_rope                                         [B, T, H, d]  after q-norm, before RoPE
 //   attn.q                                                  [B, T, H, d]  after RoPE (and q-norm)
 //   attn.k, attn.v                                          [B, S, K, d]  after RoPE (k)
 //   attn.scores                                             [B, H, T, S]  scaled, soft-capped, masked (-inf)
@@ -24,7 +25,7 @@
 namespace hs {
 
 enum class Point : int {
-    kResidPre, kAttnQ, kAttnK, kAttnV, kAttnScores, kAttnPattern, kAttnZ, kAttnHeadOut,
+    kResidPre, kAttnQPreRope, kAttnQ, kAttnK, kAttnV, kAttnScores, kAttnPattern, kAttnZ, kAttnHeadOut,
     kAttnOut, kResidMid, kMlpOut, kResidPost, kCount
 };
 constexpr int kNumPoints = static_cast<int>(Point::kCount);
@@ -71,6 +72,10 @@ public:
     // gives uniform attention over the visible prefix: the retrieval-head masking convention.
     void intervene_z(const HeadIntervention& iv);
     void intervene_q(const HeadIntervention& iv);
+    // Head-level interventions on the query before RoPE (after q-norm where the family has one):
+    // the family then rotates the result at each position like any query. A replaced pre-RoPE
+    // query is LOCOS's mean-query ablation (docs/methods.md); a zeroed one equals a zeroed query.
+    void intervene_q_pre_rope(const HeadIntervention& iv);
     void clear();
 
     bool wants(Point p, int layer) const;
@@ -81,6 +86,7 @@ public:
     bool has_row_specific_interventions() const;
     bool has_z_interventions(int layer) const;
     bool has_q_interventions(int layer) const;
+    bool has_q_pre_rope_interventions(int layer) const;
     // Applies edits (in subscription order) then captures; returns the possibly replaced tensor.
     // Row-block observers see the whole tensor here with q0 = 0.
     at::Tensor run(Point p, int layer, at::Tensor x) const;
@@ -89,6 +95,7 @@ public:
     // z [B,T,H,d] / q [B,T,H,d] with this layer's head interventions applied (out of place).
     at::Tensor apply_z(int layer, const at::Tensor& z) const;
     at::Tensor apply_q(int layer, const at::Tensor& q) const;
+    at::Tensor apply_q_pre_rope(int layer, const at::Tensor& q) const;
 
 private:
     struct Entry {
@@ -98,7 +105,7 @@ private:
         RowCaptureFn rows;
     };
     std::array<std::vector<Entry>, kNumPoints> entries_;
-    std::vector<HeadIntervention> z_ivs_, q_ivs_;
+    std::vector<HeadIntervention> z_ivs_, q_ivs_, q_pre_ivs_;
 };
 
 }  // namespace hs

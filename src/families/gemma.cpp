@@ -49,7 +49,7 @@ at::Tensor forward_gemma(const Model& m, const at::Tensor& tokens, const Hooks* 
             q = blocks::rms_norm(q, lw.q_norm_w, cfg.norm_eps, true);
             k = blocks::rms_norm(k, lw.k_norm_w, cfg.norm_eps, true);
         }
-        q = blocks::apply_rope(q, rope);
+        q = blocks::apply_rope(blocks::query_pre_rope(hooks, l, q), rope);
         k = blocks::apply_rope(k, rope);
         auto attn_out = blocks::attention(m, l, q, k, v, hooks, cache);  // [B, T, D], soft-cap and window inside
         auto attn_add = cfg.sandwich_norm ? blocks::norm(cfg, attn_out, lw.post_attn_norm_w, {}) : attn_out;

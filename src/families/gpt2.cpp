@@ -23,7 +23,7 @@ at::Tensor forward_gpt2(const Model& m, const at::Tensor& tokens, const Hooks* h
         const LayerWeights& lw = w.layers[l];
         x = hook(hooks, Point::kResidPre, l, x);
         auto h = blocks::norm(cfg, x, lw.attn_norm_w, lw.attn_norm_b);
-        auto q = blocks::linear(h, lw.wq, lw.bq).view({B, T, H, d});  // c_attn's q third
+        auto q = blocks::query_pre_rope(hooks, l, blocks::linear(h, lw.wq, lw.bq).view({B, T, H, d}));  // c_attn's q third (no RoPE)
         auto k = blocks::linear(h, lw.wk, lw.bk).view({B, T, H, d});
         auto v = blocks::linear(h, lw.wv, lw.bv).view({B, T, H, d});
         auto attn_out = blocks::attention(m, l, q, k, v, hooks, cache);  // [B, T, D]

@@ -29,7 +29,7 @@ at::Tensor forward_gpt_neox(const Model& m, const at::Tensor& tokens, const Hook
         const LayerWeights& lw = w.layers[l];
         x = hook(hooks, Point::kResidPre, l, x);
         auto h = blocks::norm(cfg, x, lw.attn_norm_w, lw.attn_norm_b);
-        auto q = blocks::apply_rope(blocks::linear(h, lw.wq, lw.bq).view({B, T, H, d}), rope);
+        auto q = blocks::apply_rope(blocks::query_pre_rope(hooks, l, blocks::linear(h, lw.wq, lw.bq).view({B, T, H, d})), rope);
         auto k = blocks::apply_rope(blocks::linear(h, lw.wk, lw.bk).view({B, T, H, d}), rope);
         auto v = blocks::linear(h, lw.wv, lw.bv).view({B, T, H, d});
         auto attn_out = blocks::attention(m, l, q, k, v, hooks, cache);  // [B, T, D]

@@ -29,7 +29,7 @@ at::Tensor forward_llama(const Model& m, const at::Tensor& tokens, const Hooks* 
             q = blocks::rms_norm(q, lw.q_norm_w, cfg.norm_eps, false);
             k = blocks::rms_norm(k, lw.k_norm_w, cfg.norm_eps, false);
         }
-        q = blocks::apply_rope(q, rope);
+        q = blocks::apply_rope(blocks::query_pre_rope(hooks, l, q), rope);
         k = blocks::apply_rope(k, rope);
         auto attn_out = blocks::attention(m, l, q, k, v, hooks, cache);  // [B, T, D]
         x = hook(hooks, Point::kResidMid, l, x + attn_out);

@@ -30,7 +30,7 @@ at::Tensor forward_olmo2(const Model& m, const at::Tensor& tokens, const Hooks* 
         auto q = blocks::rms_norm(blocks::linear(x, lw.wq, lw.bq), lw.q_norm_w, cfg.norm_eps, false);  // [B, T, H*d]
         auto k = blocks::rms_norm(blocks::linear(x, lw.wk, lw.bk), lw.k_norm_w, cfg.norm_eps, false);  // [B, T, K*d]
         auto v = blocks::linear(x, lw.wv, lw.bv).view({B, T, K, d});
-        q = blocks::apply_rope(q.view({B, T, H, d}), rope);
+        q = blocks::apply_rope(blocks::query_pre_rope(hooks, l, q.view({B, T, H, d})), rope);
         k = blocks::apply_rope(k.view({B, T, K, d}), rope);
         auto attn_out = blocks::attention(m, l, q, k, v, hooks, cache);  // [B, T, D]
         x = hook(hooks, Point::kResidMid, l, x + blocks::norm(cfg, attn_out, lw.post_attn_norm_w, {}));
