@@ -25,38 +25,6 @@ using torch::indexing::Slice;
 
 const char* const kDefaultTemplate = "{context}Based on the content of the book, Question: {question}\nAnswer:";
 
-// ---- rouge ----
-
-std::vector<std::string> rouge_tokens(const std::string& text) {
-    std::vector<std::string> out;
-    std::string cur;
-    for (unsigned char c : text) {
-        const char l = static_cast<char>(std::tolower(c));
-        if ((l >= 'a' && l <= 'z') || (l >= '0' && l <= '9')) {
-            cur += l;
-        } else if (!cur.empty()) {
-            out.push_back(cur);
-            cur.clear();
-        }
-    }
-    if (!cur.empty()) out.push_back(cur);
-    return out;
-}
-
-double rouge1_recall(const std::string& reference, const std::string& candidate) {
-    const auto ref = rouge_tokens(reference), cand = rouge_tokens(candidate);
-    if (ref.empty()) return 0.0;
-    std::map<std::string, int64_t> rc, cc;
-    for (const auto& t : ref) ++rc[t];
-    for (const auto& t : cand) ++cc[t];
-    int64_t overlap = 0;
-    for (const auto& [t, n] : rc) {
-        auto it = cc.find(t);
-        if (it != cc.end()) overlap += std::min(n, it->second);
-    }
-    return static_cast<double>(overlap) / static_cast<double>(ref.size());
-}
-
 // ---- needles file ----
 
 std::vector<Needle> read_needles(const std::string& path) {
@@ -87,11 +55,11 @@ std::vector<Needle> read_needles(const std::string& path) {
         // Every word of the answer must occur in the needle's text (case-insensitive).
         std::string low;
         for (unsigned char c : n.needle) low += static_cast<char>(std::tolower(c));
-        for (const auto& w : rouge_tokens(n.answer))
+        for (const auto& w : rouge_tokens(n.answer, false))
             if (low.find(w) == std::string::npos)
                 throw DataError(fmt::format("{}: the answer \"{}\" is not in the needle (word \"{}\" missing)", where,
                                             n.answer, w));
-        if (rouge_tokens(n.answer).empty())
+        if (rouge_tokens(n.answer, false).empty())
             throw DataError(fmt::format("{}: the answer \"{}\" has no word (letters or digits)", where, n.answer));
         out.push_back(std::move(n));
     }
@@ -124,8 +92,30 @@ std::string PromptTemplate::suffix(const std::string& q) const {
 
 // ---- tokens ----
 
-TokenFacts token_facts(const Tokenizer& tok) {
+StopRule parse_stop_rule(const std::string& s) {
+    if (s == "newline") return StopRule::kNewline;
+    if (s == "eos") return StopRule::kEos;
+    if (s == "none") return StopRule::kNone;
+    throw UsageError(fmt::format("stop rule '{}': expected newline, eos or none", s));
+}
+
+const char* stop_rule_name(StopRule r) {
+    switch (r) {
+        case StopRule::kNewline: return "newline";
+        case StopRule::kEos: return "eos";
+        default: return "none";
+    }
+}
+
+bool TokenFacts::stop(int64_t id) const {
+    if (stop_rule == StopRule::kNone) return false;
+    if (std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end()) return true;
+    return stop_rule == StopRule::kNewline && std::find(newline_ids.begin(), newline_ids.end(), id) != newline_ids.end();
+}
+
+TokenFacts token_facts(const Tokenizer& tok, StopRule rule) {
     TokenFacts f;
+    f.stop_rule = rule;
     const auto with = tok.encode("a", true), without = tok.encode("a", false);
     // The specials before the text: what `with` has before `without` begins.
     for (size_t i = 0; i + without.size() <= with.size(); ++i)
@@ -144,18 +134,52 @@ TokenFacts token_facts(const Tokenizer& tok) {
         const std::string& s = text_of(id);
         return !s.empty() && (s.back() == '.' || s.back() == '!' || s.back() == '?' || s.back() == '\n');
     };
-    const auto eos = tok.eos_id();
-    f.stop = [text_of, eos](int64_t id) {
-        if (eos && id == *eos) return true;
-        return text_of(id).find('\n') != std::string::npos;
-    };
+    if (const auto eos = tok.eos_id()) f.eos_ids.push_back(*eos);
+    // Every token that decodes to exactly "\n" (a byte-fallback <0x0A>, GPT-2's "\u010a", ...), not
+    // tokens that merely contain one (".\n", "\n\n"): those are text and do not end a response.
+    for (int32_t id = 0; id < tok.vocab_size(); ++id)
+        if (!tok.is_special(id) && tok.decode({id}, false) == "\n") f.newline_ids.push_back(id);
     return f;
+}
+
+std::optional<std::pair<int64_t, int64_t>> answer_span(const Tokenizer& tok, const std::vector<int64_t>& needle,
+                                                       const std::string& answer) {
+    // ends[i] = length of the decoded text of needle[0, i]: token i adds chars [ends[i-1], ends[i]).
+    const int64_t n = static_cast<int64_t>(needle.size());
+    std::vector<int32_t> ids;
+    std::vector<size_t> ends;
+    std::string text;
+    for (int64_t i = 0; i < n; ++i) {
+        ids.push_back(static_cast<int32_t>(needle[i]));
+        text = tok.decode(ids, true);
+        ends.push_back(text.size());
+    }
+    auto lower = [](std::string s) {
+        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    };
+    const std::string a = lower(trim(answer));
+    if (a.empty()) return std::nullopt;
+    const size_t at = lower(text).find(a);
+    if (at == std::string::npos) return std::nullopt;
+    int64_t first = -1, last = -1;
+    for (int64_t i = 0; i < n; ++i) {
+        const size_t b = i == 0 ? 0 : ends[i - 1], e = ends[i];
+        if (e > at && b < at + a.size()) {
+            if (first < 0) first = i;
+            last = i;
+        }
+    }
+    if (first < 0) return std::nullopt;
+    return std::make_pair(first, last + 1);
 }
 
 Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack, const std::vector<int64_t>& prefix,
                   const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
-                  int needle_index) {
+                  int needle_index, std::pair<int64_t, int64_t> answer) {
     const int64_t n = static_cast<int64_t>(needle.size());
+    if (answer.first < 0 || answer.second > n || answer.first >= answer.second)
+        throw std::invalid_argument("build_trial: the answer span lies outside the needle");
     if (n >= length)
         throw DataError(fmt::format("needle {} has {} tokens, no shorter than the context length {}", needle_index, n, length));
     if (haystack.empty()) throw DataError("the haystack has no tokens");
@@ -172,6 +196,7 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
     t.needle_start = static_cast<int64_t>(t.prompt.size());
     t.prompt.insert(t.prompt.end(), needle.begin(), needle.end());
     t.needle_end = static_cast<int64_t>(t.prompt.size());
+    t.answer_start = t.needle_start + answer.first, t.answer_end = t.needle_start + answer.second;
     t.prompt.insert(t.prompt.end(), hay.begin() + at, hay.end());
     t.prompt.insert(t.prompt.end(), suffix.begin(), suffix.end());
     return t;
@@ -195,12 +220,20 @@ const char* ablation_name(Ablation a) {
     }
 }
 
+AblationScope parse_ablation_scope(const std::string& s) {
+    if (s == "all") return AblationScope::kAll;
+    if (s == "decode") return AblationScope::kDecode;
+    throw UsageError(fmt::format("ablation scope '{}': expected all or decode", s));
+}
+
+const char* ablation_scope_name(AblationScope s) { return s == AblationScope::kAll ? "all" : "decode"; }
+
 void HeadSet::apply(Hooks& hooks) const {
     for (auto [l, h] : heads) {
         switch (mode) {
             case Ablation::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
             case Ablation::kMeanQuery:
-                hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
+                hooks.intervene_q_pre_rope(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
                 break;
             case Ablation::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
             default: break;
@@ -208,23 +241,51 @@ void HeadSet::apply(Hooks& hooks) const {
     }
 }
 
-at::Tensor QueryMean::mean() const { return (sum / static_cast<double>(std::max<int64_t>(1, count))).to(torch::kFloat); }
+at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<int64_t>>& prompts, int64_t prefill_chunk,
+                                const std::function<void()>& after_each) {
+    torch::NoGradGuard ng;
+    const auto& cfg = m.config;
+    if (prompts.empty()) throw std::invalid_argument("calibrate_query_mean: no prompt");
+    auto total = torch::zeros({cfg.n_layers, cfg.n_heads, cfg.d_head}, torch::kDouble);
+    at::Tensor sum;  // this prompt's per-position sum, on the model's device, in double
+    Hooks hooks;
+    hooks.capture(Point::kAttnQPreRope, [&sum](int l, const at::Tensor& q) {  // q [1, T, H, d]
+        sum[l].add_(q.to(torch::kDouble).sum(at::IntArrayRef{0, 1}));
+    });
+    ForwardOptions no_logits;
+    no_logits.compute_logits = false;
+    const int64_t chunk = std::max<int64_t>(1, prefill_chunk);
+    for (const auto& p : prompts) {
+        const int64_t P = static_cast<int64_t>(p.size());
+        if (P == 0) throw std::invalid_argument("calibrate_query_mean: empty prompt");
+        sum = torch::zeros({cfg.n_layers, cfg.n_heads, cfg.d_head}, torch::TensorOptions(torch::kDouble).device(m.options.device));
+        auto ids = torch::tensor(p, torch::kLong).view({1, P}).to(m.options.device);
+        KVCache cache;
+        for (int64_t p0 = 0; p0 < P; p0 += chunk)
+            m.forward(ids.index({Slice(), Slice(p0, std::min(P, p0 + chunk))}), &hooks, &cache, no_logits);
+        total.add_(sum.to(torch::kCPU) / static_cast<double>(P));  // this prompt's mean, weight 1
+        if (after_each) after_each();
+    }
+    return (total / static_cast<double>(prompts.size())).to(torch::kFloat);
+}
 
 // ---- scoring ----
 
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
-                      const std::vector<int64_t>& prompt, int64_t ns, int64_t ne, int64_t y) {
+                      const std::vector<int64_t>& prompt, const StepSpans& sp, int64_t y) {
     const int64_t H = pattern.size(0), S = pattern.size(1), K = v.size(1), d = v.size(2), g = H / K;
+    const int64_t ns = sp.needle_start, ne = sp.needle_end, as = sp.answer_start, ae = sp.answer_end;
     auto a = pattern.to(torch::kDouble);
-    // Retrieval: argmax key (first of ties) in the needle holding the generated token.
+    // Retrieval: argmax key (first of ties) in the answer's span holding the generated token.
     auto jstar = a.argmax(1).to(torch::kCPU);
     auto credit = torch::zeros({H}, torch::kDouble);
-    const double n = static_cast<double>(ne - ns);
     auto js = jstar.accessor<int64_t, 1>();
     for (int64_t h = 0; h < H; ++h) {
         const int64_t j = js[h];
-        if (j >= ns && j < ne && j < static_cast<int64_t>(prompt.size()) && prompt[j] == y) credit[h] = 1.0 / n;
+        if (j >= as && j < ae && j < static_cast<int64_t>(prompt.size()) && prompt[j] == y)
+            credit[h] = 1.0 / static_cast<double>(ae - as);
     }
+    const double n = static_cast<double>(ne - ns);
     // LOCOS: phi[h, j] = a[h, j] * (W_O^h^T u) . v[j, h / g], in float32 (or wider) without
     // expanding v to H heads: [K, S, d] x [K, d, g] -> [K, S, g] -> [H, S]. O(H x S) memory.
     const auto ct = v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
@@ -235,12 +296,15 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
                        .to(torch::kDouble);
     auto phi = a * contrib;
     auto lplus = phi.index({Slice(), Slice(ns, ne)}).sum(1);
-    auto lminus = (phi.sum(1) - lplus) * (n / static_cast<double>(S - (ne - ns)));
+    // The other keys the heads can see: all S, or the sliding window's; 0 when there are none.
+    const int64_t lo = std::max<int64_t>(0, sp.first_visible);
+    const int64_t others = (S - lo) - std::max<int64_t>(0, std::min(ne, S) - std::max(ns, lo));
+    auto lminus = others > 0 ? (phi.sum(1) - lplus) * (n / static_cast<double>(others)) : torch::zeros({H}, torch::kDouble);
     return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
 }
 
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate, QueryMean* calibrate) {
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate) {
     torch::NoGradGuard ng;
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
@@ -253,23 +317,13 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
             throw std::invalid_argument("decode_batch: every trial of a batch needs the same prompt length");
         flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
     }
-    if (calibrate && B != 1) throw std::invalid_argument("decode_batch: calibration runs one trial at a time");
     auto dev = m.options.device;
     auto ids = torch::tensor(flat, torch::kLong).view({B, P}).to(dev);
 
     Hooks prefill, step;
     if (ablate) {
-        ablate->apply(prefill);
+        if (s.scope == AblationScope::kAll) ablate->apply(prefill);
         ablate->apply(step);
-    }
-    if (calibrate) {
-        if (!calibrate->sum.defined()) calibrate->sum = torch::zeros({L, cfg.n_heads, cfg.d_head}, torch::kDouble);
-        auto acc = [calibrate](int l, const at::Tensor& q) {  // q [1, T, H, d]
-            calibrate->sum[l].add_(q.to(torch::kCPU, torch::kDouble).sum(at::IntArrayRef{0, 1}));
-            if (l == 0) calibrate->count += q.size(0) * q.size(1);
-        };
-        prefill.capture(Point::kAttnQ, acc);
-        step.capture(Point::kAttnQ, acc);
     }
     std::vector<at::Tensor> rows(L), vals(L);
     if (s.score) {
@@ -310,7 +364,9 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
             auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
             auto u = m.weights.unembed[y];
             for (int l = 0; l < L; ++l) {
-                auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, tr.needle_start, tr.needle_end, y);
+                StepSpans sp{tr.needle_start, tr.needle_end, tr.answer_start, tr.answer_end, 0};
+                if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
+                auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, sp, y);
                 c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus;
             }
             credit[b].push_back(c), lplus[b].push_back(lp), lminus[b].push_back(lm);
@@ -326,8 +382,8 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
 }
 
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
-                       const HeadSet* ablate, QueryMean* calibrate) {
-    return std::move(decode_batch(m, {&trial}, s, stop, ablate, calibrate).front());
+                       const HeadSet* ablate) {
+    return std::move(decode_batch(m, {&trial}, s, stop, ablate).front());
 }
 
 std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& gen, const std::string& answer) {

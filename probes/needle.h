@@ -10,6 +10,7 @@
 
 #include "hooks.h"
 #include "model.h"
+#include "rouge.h"
 #include "tokenizer.h"
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -33,11 +35,6 @@ struct Needle {
 // an empty file.
 std::vector<Needle> read_needles(const std::string& path);
 
-// ROUGE-1 as the rouge-score package tokenises (no stemmer): lowercase, every run of characters
-// outside [a-z0-9] splits words. Recall = clipped unigram overlap / reference unigrams (0 for an
-// empty reference).
-std::vector<std::string> rouge_tokens(const std::string& text);
-double rouge1_recall(const std::string& reference, const std::string& candidate);
 
 // The prompt template split at {context}, {question} substituted. UsageError when {context} is not
 // there exactly once or {question} is missing.
@@ -54,76 +51,114 @@ struct Trial {
     double depth = 0;    // percent
     int needle = 0;      // index into the needles
     std::vector<int64_t> prompt;
-    int64_t needle_start = 0, needle_end = 0;  // [start, end) in prompt positions
+    int64_t needle_start = 0, needle_end = 0;  // [start, end) in prompt positions: LOCOS's L+ keys
+    int64_t answer_start = 0, answer_end = 0;  // the answer's tokens inside the needle: Wu's span
 };
+
+// When the decode loop stops (before keeping or scoring the token): kNewline on any token that
+// decodes to exactly "\n" (LOCOS: the id of encode("\n"); Wu: "<0x0A>") and on EOS; kEos on EOS
+// only; kNone never (max_new_tokens steps).
+enum class StopRule { kNewline, kEos, kNone };
+StopRule parse_stop_rule(const std::string& s);  // newline | eos | none (UsageError naming "stop")
+const char* stop_rule_name(StopRule r);
 
 // Token-level facts about the tokenizer the trials need, computed once.
 struct TokenFacts {
     std::vector<int64_t> bos_prefix;  // specials encode() puts before text (BOS), possibly empty
+    std::vector<int64_t> newline_ids;  // tokens that decode to exactly "\n"
+    std::vector<int64_t> eos_ids;      // the tokenizer's EOS (callers may add config.json's)
+    StopRule stop_rule = StopRule::kNewline;
     std::function<bool(int64_t)> sentence_end;  // token text ends in . ! ? or a newline
-    std::function<bool(int64_t)> stop;          // EOS or a token whose text holds a newline
+    bool stop(int64_t id) const;                 // by stop_rule
 };
-TokenFacts token_facts(const Tokenizer& tok);
+TokenFacts token_facts(const Tokenizer& tok, StopRule rule = StopRule::kNewline);
 
-// Builds one trial. haystack: the haystack file's tokens (repeated to fill). Throws DataError when
-// the needle does not fit the length (naming the needle's line).
+// The answer's tokens inside the needle's tokens: the shortest run of needle tokens whose decoded
+// text covers the first case-insensitive occurrence of the answer in the decoded needle (offsets
+// from decoding growing prefixes, so a token's text is what it adds in context). [start, end)
+// relative to the needle's first token; nullopt when the decoded needle does not contain the answer.
+std::optional<std::pair<int64_t, int64_t>> answer_span(const Tokenizer& tok, const std::vector<int64_t>& needle,
+                                                       const std::string& answer);
+
+// Builds one trial. haystack: the haystack file's tokens (repeated to fill); answer: the answer's
+// span inside the needle (answer_span). Throws DataError when the needle does not fit the length.
 Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack, const std::vector<int64_t>& prefix,
                   const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
-                  int needle_index);
+                  int needle_index, std::pair<int64_t, int64_t> answer);
 
 // The head interventions of one ablation run.
 enum class Ablation { kNone, kZeroQuery, kMeanQuery, kZero };
 Ablation parse_ablation(const std::string& s);  // zero-query | mean-query | zero (UsageError)
 const char* ablation_name(Ablation a);
 
+// Zero-query and zero act on the query after RoPE and on z; mean-query replaces the query BEFORE
+// RoPE (after q-norm) with q_mean, which the family then rotates at each position (LOCOS's
+// nolima_ablation.py). `rows` >= 0 aims the ablation at one batch row only.
 struct HeadSet {
     std::vector<std::pair<int, int>> heads;
     Ablation mode = Ablation::kNone;
-    at::Tensor q_mean;  // [L, H, d] for kMeanQuery
+    at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
     void apply(Hooks& hooks) const;
 };
+
+// Which forwards an ablation acts in: kAll = the prefill and every decode step (LOCOS,
+// nolima_ablation.py: hooks on q_proj during generate); kDecode = decode steps only (Wu et al.,
+// needle_in_haystack_with_mask.py: block_list is passed to the decode loop, not to the prefill).
+enum class AblationScope { kAll, kDecode };
+AblationScope parse_ablation_scope(const std::string& s);  // all | decode (UsageError)
+const char* ablation_scope_name(AblationScope s);
 
 struct DecodeSettings {
     int64_t max_new_tokens = 50;
     int64_t prefill_chunk = 512;
     bool score = true;  // capture rows and compute per-step scores
+    AblationScope scope = AblationScope::kAll;
 };
 
-// Sum and count of every query vector seen (calibration of mean-query ablation).
-struct QueryMean {
-    at::Tensor sum;  // [L, H, d] double
-    int64_t count = 0;
-    at::Tensor mean() const;  // [L, H, d] float
-};
+// LOCOS's mean-query calibration (nolima_ablation.py calibrate_mean_activations): one prefill
+// forward per prompt (no decode, unablated), the pre-RoPE query averaged over that prompt's
+// positions, then the prompts' means averaged, each prompt weighing equally. [L, H, d] float.
+// after_each (optional) runs after each prompt (progress).
+at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<int64_t>>& prompts, int64_t prefill_chunk,
+                                const std::function<void()>& after_each = {});
 
 // One greedy decode. Step t feeds prompt[P-1] (t = 0) or generated[t-1] and produces
 // generated[t] from that query's logits; a stop token ends the loop without being kept or scored.
 struct DecodeOut {
     std::vector<int64_t> generated;
-    // Per step t and head: retrieval credit (1/|span| when the head's argmax key lies in the needle
-    // and holds generated[t]), LOCOS L+ and L- (already scaled by n/(K-n)). [steps, L, H] double.
+    // Per step t and head: retrieval credit (1/|answer span| when the head's argmax key lies in the
+    // answer's span and holds generated[t]), LOCOS L+ and L- (already scaled by n/(K-n)).
+    // [steps, L, H] double.
     at::Tensor credit, lplus, lminus;
     int64_t peak_keys = 0;
 };
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
-                       const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
-                       QueryMean* calibrate = nullptr);
+                       const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
 
 // Several trials of the same prompt length decoded as rows of one batch (each row equals its
 // trial decoded alone: the forward is batch-independent). A finished row keeps feeding its last
-// token until every row stops; its outputs are not extended. Calibration needs one trial a call.
+// token until every row stops; its outputs are not extended.
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
-                                    QueryMean* calibrate = nullptr);
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
 
+// The spans one step is scored on (prompt positions, [start, end)) and the first key the layer's
+// heads can see (0, or the sliding window's start).
+struct StepSpans {
+    int64_t needle_start = 0, needle_end = 0, answer_start = 0, answer_end = 0;
+    int64_t first_visible = 0;
+};
 // The per-step arithmetic on one layer, exposed for the tests. pattern [H, S] (one query row),
 // v [S, K, d], wo [D, H*d], u [D] (raw unembedding row of y), prompt ids (positions >= its size
-// never count as needle). Returns credit, L+, L- each [H] double.
+// never count). Retrieval credit: 1/|answer| when the argmax key (first of ties) lies in the answer
+// span and holds y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of phi
+// over the needle, L- = the sum over the other keys times n / (keys visible - needle keys visible)
+// (logit_contrib.py compute_logit_contribution_per_step; 0 when no other key is visible).
+// Returns credit, L+, L- each [H] double.
 struct StepScores {
     at::Tensor credit, lplus, lminus;
 };
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
-                      const std::vector<int64_t>& prompt, int64_t needle_start, int64_t needle_end, int64_t y);
+                      const std::vector<int64_t>& prompt, const StepSpans& spans, int64_t y);
 
 // Decode steps that produced the gold answer (the LOCOS rule): the first contiguous run of the
 // answer's own tokens (encoded without specials); else the tokens whose decoded text overlaps the

@@ -608,11 +608,15 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
     if (!r.exists(g + "/masks") || !r.exists(g + "/accuracy")) return "<p class=\"note\">" + esc(g) + ": no masks/accuracy; not drawn</p>";
     Dataset masks = r.read_numbers(g + "/masks");
     auto acc = r.read_numbers(g + "/accuracy").values;
-    std::vector<double> rec;
+    std::vector<double> rec, rl;
     int64_t N = 0;
     if (r.exists(g + "/rouge1_recall")) {
         Dataset d = r.read_numbers(g + "/rouge1_recall");
         if (d.shape.size() == 2) N = d.shape[1], rec = d.values;
+    }
+    if (N && r.exists(g + "/rougeL_f")) {
+        Dataset d = r.read_numbers(g + "/rougeL_f");
+        if (d.shape.size() == 2 && d.shape[1] == N && d.values.size() == rec.size()) rl = d.values;
     }
     if (masks.shape.size() != 3 || static_cast<size_t>(masks.shape[0]) != acc.size())
         return "<p class=\"note\">" + esc(g) + ": masks and accuracy disagree; not drawn</p>";
@@ -627,16 +631,17 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
             if (!d.values.empty()) base = d.values[0];
         }
     Series named{"heads under test (set 0)", "main", {}, false}, ctl{"random controls", "control", {}, false}, bl{"baseline", "base", {}};
-    std::string t = "<table class=\"top\"><tr><th>set</th><th>heads</th><th>accuracy</th><th>mean ROUGE-1 recall</th></tr>";
+    std::string t = "<table class=\"top\"><tr><th>set</th><th>heads</th><th>accuracy</th><th>mean ROUGE-1 recall</th><th>mean ROUGE-L F</th></tr>";
     for (int64_t s = 0; s < S; ++s) {
         std::string hs;
         int n = 0;
         for (int64_t i = 0; i < LH; ++i)
             if (masks.values[s * LH + i] != 0) hs += (n++ ? "," : "") + head_name(i, H);
-        double m = NAN;
+        double m = NAN, ml = NAN;
         if (N) m = std::accumulate(rec.begin() + s * N, rec.begin() + (s + 1) * N, 0.0) / N;
-        t += fmt::format("<tr><td>{}</td><td>{}</td><td data-value=\"{}\">{}</td><td>{}</td></tr>", s == 0 ? "tested" : fmt::format("control {}", s),
-                         hs, exact(acc[s]), num(acc[s]), num(m));
+        if (!rl.empty()) ml = std::accumulate(rl.begin() + s * N, rl.begin() + (s + 1) * N, 0.0) / N;
+        t += fmt::format("<tr><td>{}</td><td>{}</td><td data-value=\"{}\">{}</td><td>{}</td><td>{}</td></tr>",
+                         s == 0 ? "tested" : fmt::format("control {}", s), hs, exact(acc[s]), num(acc[s]), num(m), num(ml));
         (s == 0 ? named : ctl).pts.push_back({s == 0 ? 0.0 : 1.0, acc[s], fmt::format("set {} accuracy {}", s, num(acc[s]))});
     }
     std::string out = fmt::format("<p class=\"desc\">query ablation ({}): accuracy with the heads under test ablated against "

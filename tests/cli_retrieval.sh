@@ -40,6 +40,12 @@ no_file "$O"
 printf '{"needle": "Lily had a frog.", "question": "q", "answer": "Pip"}\n' >"$TMP/ans.jsonl"
 expect "answer not in needle" 5 "ans.jsonl:1: the answer \"Pip\" is not in the needle" -- "$HS" retrieval "$M" --haystack "$N/tinystories_haystack.txt" --needles "$TMP/ans.jsonl" --lengths 60 --out "$O"
 no_file "$O"
+printf '{"needle": "Lily had a frog.", "question": "q", "answer": "frog"}\n{"needle": "Pip was a frog.", "question": "q", "answer": "frog Pip"}\n' >"$TMP/span.jsonl"
+expect "answer not locatable" 5 "span.jsonl:2: the answer \"frog Pip\" is not in the needle's decoded tokens" -- "$HS" retrieval "$M" --haystack "$N/tinystories_haystack.txt" --needles "$TMP/span.jsonl" --lengths 60 --out "$O"
+no_file "$O"
+expect "bad stop rule" 2 "stop: stop rule 'newlines': expected newline, eos or none" -- "$HS" retrieval "$M" "${H[@]}" --stop newlines --out "$O"
+expect "bad ablation scope" 2 "ablation-scope: ablation scope 'prefill': expected all or decode" -- "$HS" retrieval "$M" "${H[@]}" --ablate L0H0 --ablation-scope prefill --out "$O"
+no_file "$O"
 printf '{"needle": "Lily had a frog.", "question": "q", "answer": "frog"}\nnot json\n' >"$TMP/bad.jsonl"
 expect "bad needles line" 5 "bad.jsonl:2: not a JSON object" -- "$HS" retrieval "$M" --haystack "$N/tinystories_haystack.txt" --needles "$TMP/bad.jsonl" --lengths 60 --out "$O"
 no_file "$O"
@@ -64,7 +70,8 @@ check "export rows" -- test "$(grep -c '^locos,' "$TMP/out")" -eq $((5 * 8))
 check "passing trials" -- grep -q '^trials 18, passed [1-9]' "$TMP/out.run"
 # --ablate-top from the stored file, mean-query, appended to another file of the same model.
 ok "ablate from file" -- "$HS" retrieval "$M" "${H[@]}" --lengths 80 --depths 50 --max-new-tokens 4 --score retrieval \
-  --ablate-top 3 --from "$O:scores/locos/score" --ablation mean-query --calibration-trials 2 --out "$TMP/f.h5"
+  --ablate-top 3 --from "$O:scores/locos/score" --ablation mean-query --calibration-trials 2 --ablation-scope decode --stop eos \
+  --out "$TMP/f.h5"
 if command -v /usr/bin/python3 >/dev/null && /usr/bin/python3 -c "import h5py" 2>/dev/null; then
   check "h5py layout" -- /usr/bin/python3 - "$O" "$TMP/f.h5" <<'PY'
 import sys, h5py, numpy as np
@@ -77,8 +84,13 @@ with h5py.File(sys.argv[1], "r") as f:
     assert len(t["response"]) == N
     sp = t["needle_span"][()]
     assert (sp[:, 1] > sp[:, 0]).all()
+    asp = t["answer_span"][()]
+    assert asp.shape == (N, 2) and (asp[:, 0] >= sp[:, 0]).all() and (asp[:, 1] <= sp[:, 1]).all() and (asp[:, 1] > asp[:, 0]).all()
+    assert t["rougeL_f"].shape == (N,) and ((t["rougeL_f"][()] >= 0) & (t["rougeL_f"][()] <= 1)).all()
     a = f["retrieval/ablation"]
     assert a["masks"].shape == (3, 5, 8) and a["masks"][0].sum() == 2 and a["rouge1_recall"].shape == (3, N)
+    assert a["rougeL_f"].shape == (3, N) and a["baseline_rougeL_f"].shape == (N,)
+    assert f["retrieval"].attrs["stop"] == "newline" and f["retrieval"].attrs["ablation_scope"] == "all"
     assert (a["masks"][1:] * a["masks"][0]).sum() == 0
     for k in ("ci_low", "ci_high", "score"):
         assert f["scores/locos/" + k].shape == (5, 8)
@@ -86,6 +98,8 @@ with h5py.File(sys.argv[1], "r") as f:
 with h5py.File(sys.argv[2], "r") as f:
     a = f["retrieval/ablation"]
     assert a.attrs["ablation"] == "mean-query" and a["query_mean"].shape == (5, 8, 8)
+    assert a.attrs["scope"] == "decode" and a.attrs["calibration_trials"] == 2
+    assert f["retrieval"].attrs["stop"] == "eos"
     assert "locos" not in f["scores"]
 PY
 fi

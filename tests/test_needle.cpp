@@ -4,6 +4,7 @@
 // and the toy recall model's own task posed as a needle test.
 #include <doctest/doctest.h>
 
+#include "../src/blocks.h"
 #include "ci_toy.h"
 #include "errors.h"
 #include "model.h"
@@ -11,6 +12,7 @@
 #include "planted_model.h"
 #include "store.h"
 #include "tmpdir.h"
+#include "testdata.h"
 #include "tokenizer.h"
 #include "toy_tasks.h"
 #include "util.h"
@@ -61,14 +63,16 @@ Trial planted_trial() {
     Trial t;
     t.prompt = {1, 5, 9, 12, 3, 40, 41, 8, 20, kTarget, 21, 30, 31, 7, 6, 9, 12, 13, 50, 51, 52, 2, 4, 11};
     t.needle_start = 8, t.needle_end = 11;
+    t.answer_start = 9, t.answer_end = 10;  // the answer is kTarget
     t.length = 22;
     return t;
 }
 
 // Loops: credit, L+ and L- of one step from one attention row [H, S] and values [S, K, d].
 void loop_step(const at::Tensor& row, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
-               const std::vector<int64_t>& prompt, int64_t ns, int64_t ne, int64_t y, std::vector<double>& credit,
+               const std::vector<int64_t>& prompt, const StepSpans& sp, int64_t y, std::vector<double>& credit,
                std::vector<double>& lp, std::vector<double>& lm) {
+    const int64_t ns = sp.needle_start, ne = sp.needle_end;
     const int64_t H = row.size(0), S = row.size(1), K = v.size(1), d = v.size(2);
     auto a = row.to(torch::kDouble).contiguous(), vv = v.to(torch::kDouble).contiguous();
     auto w = wo.to(torch::kDouble).contiguous(), uu = u.to(torch::kDouble).contiguous();
@@ -81,31 +85,133 @@ void loop_step(const at::Tensor& row, const at::Tensor& v, const at::Tensor& wo,
         int64_t best = 0;
         for (int64_t j = 1; j < S; ++j)
             if (A[h][j] > A[h][best]) best = j;
-        if (best >= ns && best < ne && prompt[best] == y) credit[h] = 1.0 / static_cast<double>(ne - ns);
+        if (best >= sp.answer_start && best < sp.answer_end && prompt[best] == y)
+            credit[h] = 1.0 / static_cast<double>(sp.answer_end - sp.answer_start);
         std::vector<double> up(d, 0.0);  // W_O^h^T u
         for (int64_t e = 0; e < d; ++e)
             for (int64_t D = 0; D < W.size(0); ++D) up[e] += W[D][h * d + e] * U[D];
         double in = 0, off = 0;
+        int64_t others = 0;  // keys visible to the head outside the needle
         for (int64_t j = 0; j < S; ++j) {
             double dot = 0;
             for (int64_t e = 0; e < d; ++e) dot += V[j][h / (H / K)][e] * up[e];
             (j >= ns && j < ne ? in : off) += A[h][j] * dot;
+            others += j >= sp.first_visible && !(j >= ns && j < ne);
         }
         lp[h] = in;
-        lm[h] = off * static_cast<double>(ne - ns) / static_cast<double>(S - (ne - ns));
+        lm[h] = others ? off * static_cast<double>(ne - ns) / static_cast<double>(others) : 0.0;
     }
 }
 
 }  // namespace
 
 TEST_CASE("needle: ROUGE-1 recall tokenises as rouge-score (lowercase, non-alphanumerics split)") {
-    CHECK(rouge_tokens("Eat a FIG-sandwich, now!") == std::vector<std::string>{"eat", "a", "fig", "sandwich", "now"});
-    CHECK(rouge1_recall("Yuki", " yuki lives there.") == doctest::Approx(1.0));
-    CHECK(rouge1_recall("fig sandwich", "a fig!") == doctest::Approx(0.5));
-    CHECK(rouge1_recall("the the cat", "the cat") == doctest::Approx(2.0 / 3.0));  // clipped counts
-    CHECK(rouge1_recall("Z", "Z") == doctest::Approx(1.0));
-    CHECK(rouge1_recall("Z", "K") == doctest::Approx(0.0));
-    CHECK(rouge1_recall("...", "anything") == doctest::Approx(0.0));
+    CHECK(rouge_tokens("Eat a FIG-sandwich, now!", false) == std::vector<std::string>{"eat", "a", "fig", "sandwich", "now"});
+    CHECK(rouge1("Yuki", " yuki lives there.").recall == doctest::Approx(1.0));
+    CHECK(rouge1("fig sandwich", "a fig!").recall == doctest::Approx(0.5));
+    CHECK(rouge1("the the cat", "the cat").recall == doctest::Approx(2.0 / 3.0));  // clipped counts
+    CHECK(rouge1("Z", "Z").recall == doctest::Approx(1.0));
+    CHECK(rouge1("Z", "K").recall == doctest::Approx(0.0));
+    CHECK(rouge1("...", "anything").recall == doctest::Approx(0.0));
+    // Stemmed as the references score it: "studies" and "study" both stem to "studi".
+    CHECK(rouge1("She studies", "she study").recall == doctest::Approx(1.0));
+    CHECK(rouge1("She studies", "she study", false).recall == doctest::Approx(0.5));
+}
+
+TEST_CASE("needle: the answer's span inside the needle, found in token space") {
+    TempDir tmp;
+    write_file(tmp.file("tokenizer.json"), toy::tokenizer_json());
+    auto tok = load_tokenizer(tmp.file("tokenizer.json"));
+    auto ids = [&](const Tokenizer& t, const std::string& s) {
+        auto e = t.encode(s, false);
+        return std::vector<int64_t>(e.begin(), e.end());
+    };
+    CHECK(answer_span(*tok, ids(*tok, "qZ"), "Z") == std::make_pair<int64_t, int64_t>(1, 2));
+    CHECK(answer_span(*tok, ids(*tok, "qZ"), "q") == std::make_pair<int64_t, int64_t>(0, 1));
+    CHECK(!answer_span(*tok, ids(*tok, "qZ"), "K"));
+    HS_REQUIRE_TESTDATA(td);
+    auto gpt2 = load_tokenizer(td + "/gpt2-tokenizer");
+    const std::string needle = "Actually, Yuki lives next to the Semper Opera House.";
+    const auto nt = ids(*gpt2, needle);
+    for (const std::string answer : {"Yuki", "semper opera", "House", "Opera House."}) {
+        CAPTURE(answer);
+        const auto sp = answer_span(*gpt2, nt, answer);
+        REQUIRE(sp);
+        // The span's decoded text covers the answer and no token of it can be dropped.
+        auto text = [&](int64_t a, int64_t b) {
+            return gpt2->decode(std::vector<int32_t>(nt.begin() + a, nt.begin() + b), true);
+        };
+        auto lower = [](std::string s) {
+            for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+            return s;
+        };
+        CHECK(lower(text(sp->first, sp->second)).find(lower(answer)) != std::string::npos);
+        CHECK(lower(text(sp->first + 1, sp->second)).find(lower(answer)) == std::string::npos);
+        CHECK(lower(text(sp->first, sp->second - 1)).find(lower(answer)) == std::string::npos);
+    }
+    CHECK(!answer_span(*gpt2, nt, "Dresden"));
+}
+
+TEST_CASE("needle: the newline stop rule stops on tokens that are exactly a newline (BPE with '.\\n' tokens)") {
+    HS_REQUIRE_TESTDATA(td);
+    // tinystories-656k's BPE has merged tokens ".\n", "!\n", ".\nThe " beside "\n" itself.
+    auto tok = load_tokenizer(td + "/tinystories-656k/tokenizer.json");
+    auto id = [&](const std::string& s) {
+        const auto i = tok->token_to_id(s);
+        REQUIRE(i);
+        return static_cast<int64_t>(*i);
+    };
+    const int64_t nl = id("\n"), dot_nl = id(".\n"), bang_nl = id("!\n"), dot_nl_the = id(".\nThe\u2581");
+    REQUIRE(tok->eos_id());
+    const int64_t eos = *tok->eos_id();
+    const TokenFacts f = token_facts(*tok);
+    CHECK(f.newline_ids == std::vector<int64_t>{nl});
+    CHECK(f.stop(nl));
+    CHECK(!f.stop(dot_nl));  // text that ends a sentence, not the end of the response
+    CHECK(!f.stop(bang_nl));
+    CHECK(!f.stop(dot_nl_the));
+    CHECK(f.sentence_end(dot_nl));
+    CHECK(f.stop(eos));
+    const TokenFacts e = token_facts(*tok, StopRule::kEos), n = token_facts(*tok, StopRule::kNone);
+    CHECK(!e.stop(nl));
+    CHECK(e.stop(eos));
+    CHECK(!n.stop(nl));
+    CHECK(!n.stop(eos));
+    // GPT-2's byte-level BPE: "\u010a" (198) is the newline, "\u010a\u010a" (628) is two.
+    auto gpt2 = load_tokenizer(td + "/gpt2-tokenizer");
+    const TokenFacts g = token_facts(*gpt2);
+    CHECK(g.newline_ids == std::vector<int64_t>{198});
+    CHECK(!g.stop(628));
+    CHECK(parse_stop_rule("eos") == StopRule::kEos);
+    CHECK_THROWS_AS(parse_stop_rule("newlines"), UsageError);
+}
+
+TEST_CASE("needle: a head whose argmax lands on the answer at every step scores exactly 1; other needle tokens 0") {
+    // Prompt: 0..3 haystack, needle [4, 10) = tokens 20 21 30 31 32 33 whose answer is [6, 10) =
+    // 30 31 32 33; token 21 also occurs as the needle's second token. The model "generates" the
+    // answer 30 31 32 33 in four steps. Head 0 puts its argmax on the answer token it copies; head 1
+    // on the needle's token 21 at position 5 (outside the answer) while the step generates 21 too;
+    // head 2 on the right token but outside the needle (position 1 holds 30 as well).
+    const std::vector<int64_t> prompt = {1, 30, 2, 3, 20, 21, 30, 31, 32, 33, 4, 5};
+    const StepSpans sp{4, 10, 6, 10, 0};
+    const int64_t H = 3, K = 1, d = 2, D = 4;
+    auto wo = torch::randn({D, H * d}), u = torch::randn({D});
+    const std::vector<int64_t> answer = {30, 31, 32, 33};
+    double total[3] = {0, 0, 0};
+    for (int64_t st = 0; st < 4; ++st) {
+        const int64_t S = static_cast<int64_t>(prompt.size()) + st;
+        auto row = torch::full({H, S}, 0.01);
+        row[0][6 + st] = 0.9;
+        row[1][5] = 0.9;
+        row[2][1] = 0.9;
+        auto v = torch::randn({S, K, d});
+        auto s0 = score_step(row, v, wo, u, prompt, sp, answer[st]);
+        auto s1 = score_step(row, v, wo, u, prompt, sp, 21);  // head 1's token, generated
+        for (int h = 0; h < 3; ++h) total[h] += (h == 1 ? s1 : s0).credit[h].item<double>();
+    }
+    CHECK(total[0] == 1.0);  // 4 x 1/4: a perfect copier scores 1 per trial
+    CHECK(total[1] == 0.0);  // a needle token outside the answer earns nothing
+    CHECK(total[2] == 0.0);
 }
 
 TEST_CASE("needle: the prompt is built in token space with the needle at the previous sentence end") {
@@ -122,9 +228,10 @@ TEST_CASE("needle: the prompt is built in token space with the needle at the pre
     const auto needle = ids("qZ"), suffix = ids("?q");
     for (double depth : {0.0, 25.0, 50.0, 75.0, 100.0}) {
         CAPTURE(depth);
-        const Trial t = build_trial(f, hay, f.bos_prefix, needle, suffix, 20, depth, 0);
+        const Trial t = build_trial(f, hay, f.bos_prefix, needle, suffix, 20, depth, 0, {1, 2});
         CHECK(t.prompt.size() == 1 + 20 + 2);
         CHECK(t.needle_end - t.needle_start == 2);
+        CHECK((t.answer_start == t.needle_start + 1 && t.answer_end == t.needle_end));
         CHECK(std::vector<int64_t>(t.prompt.begin() + t.needle_start, t.prompt.begin() + t.needle_end) == needle);
         // The token before the needle is BOS or a sentence end; haystack order is kept around it.
         const int64_t before = t.prompt[t.needle_start - 1];
@@ -135,10 +242,10 @@ TEST_CASE("needle: the prompt is built in token space with the needle at the pre
     }
     // 18 haystack tokens; 50% -> before index 9, moved back to just after the '.' at index 4;
     // 100% -> at the end, as published.
-    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 50, 0).needle_start == 1 + 5);
-    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 100, 0).needle_start == 1 + 18);
-    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 0, 0).needle_start == 1);
-    CHECK_THROWS_AS(build_trial(f, hay, f.bos_prefix, needle, suffix, 2, 50, 0), DataError);
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 50, 0, {1, 2}).needle_start == 1 + 5);
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 100, 0, {1, 2}).needle_start == 1 + 18);
+    CHECK(build_trial(f, hay, f.bos_prefix, needle, suffix, 20, 0, 0, {1, 2}).needle_start == 1);
+    CHECK_THROWS_AS(build_trial(f, hay, f.bos_prefix, needle, suffix, 2, 50, 0, {1, 2}), DataError);
 }
 
 TEST_CASE("needle: per-step credit and L+/L- on hand-made rows equal direct sums (GQA)") {
@@ -150,16 +257,25 @@ TEST_CASE("needle: per-step credit and L+/L- on hand-made rows equal direct sums
     for (auto [h, j] : std::vector<std::pair<int, int>>{{0, 4}, {1, 5}, {2, 1}, {3, 6}}) row[h][j] = 5.0;
     auto v = torch::randn({S, K, d}), wo = torch::randn({D, H * d}), u = torch::randn({D});
     const std::vector<int64_t> prompt = {1, 7, 3, 3, 7, 8, 2, 2};  // position 8 = a generated token
-    const int64_t ns = 3, ne = 6, y = 7;
-    auto s = score_step(row, v, wo, u, prompt, ns, ne, y);
-    std::vector<double> c, lp, lm;
-    loop_step(row, v, wo, u, prompt, ns, ne, y, c, lp, lm);
-    CHECK(s.credit[0].item<double>() == doctest::Approx(1.0 / 3.0));
-    for (int h = 1; h < H; ++h) CHECK(s.credit[h].item<double>() == 0.0);
-    for (int h = 0; h < H; ++h) {
-        CHECK(s.credit[h].item<double>() == doctest::Approx(c[h]));
-        CHECK(s.lplus[h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-5));  // float32 products
-        CHECK(s.lminus[h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-5));
+    const int64_t y = 7;
+    // Needle [3, 6), its answer [4, 6): head 0's key 4 is in the answer and holds y.
+    for (int64_t first_visible : {0, 2, 5}) {  // full attention; sliding windows of 7 and 4 keys
+        CAPTURE(first_visible);
+        const StepSpans sp{3, 6, 4, 6, first_visible};
+        auto s = score_step(row, v, wo, u, prompt, sp, y);
+        std::vector<double> c, lp, lm;
+        loop_step(row, v, wo, u, prompt, sp, y, c, lp, lm);
+        CHECK(s.credit[0].item<double>() == doctest::Approx(1.0 / 2.0));
+        for (int h = 1; h < H; ++h) CHECK(s.credit[h].item<double>() == 0.0);
+        for (int h = 0; h < H; ++h) {
+            CHECK(s.credit[h].item<double>() == doctest::Approx(c[h]));
+            CHECK(s.lplus[h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-5));  // float32 products
+            CHECK(s.lminus[h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-5));
+        }
+        // L- is the other keys' sum scaled by n / (visible other keys): 3/6, 3/4 and 3/3.
+        const double others = first_visible == 0 ? 6 : first_visible == 2 ? 4 : 3;
+        const double ratio = s.lminus[0].item<double>() / score_step(row, v, wo, u, prompt, {3, 6, 4, 6, 0}, y).lminus[0].item<double>();
+        CHECK(ratio == doctest::Approx(6.0 / others));
     }
 }
 
@@ -173,7 +289,7 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     const DecodeOut out = decode_trial(*m, t, s, never);
     REQUIRE(out.generated.size() == 4);
     CHECK(out.generated[0] == kTarget);  // the planted head copies the needle's token
-    CHECK(out.credit[0][0][0].item<double>() == doctest::Approx(1.0 / 3.0));  // argmax on the needle's kTarget
+    CHECK(out.credit[0][0][0].item<double>() == 1.0);  // argmax on the answer, kTarget: 1/|answer| = 1
 
     // Chunk size does not matter.
     DecodeSettings s1 = s;
@@ -203,7 +319,8 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
         for (int l = 0; l < 2; ++l) {
             std::vector<double> c, lp, lm;
             loop_step(pat[l].index({Slice(), qpos, Slice(0, qpos + 1)}), val[l].index({Slice(0, qpos + 1)}),
-                      m->weights.layers[l].wo, m->weights.unembed[y], t.prompt, t.needle_start, t.needle_end, y, c, lp, lm);
+                      m->weights.layers[l].wo, m->weights.unembed[y], t.prompt,
+                      StepSpans{t.needle_start, t.needle_end, t.answer_start, t.answer_end, 0}, y, c, lp, lm);
             for (int h = 0; h < kH; ++h) {
                 CAPTURE(l);
                 CAPTURE(h);
@@ -217,12 +334,25 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     CHECK(out.credit[1][0][0].item<double>() == 0.0);
     CHECK(out.lplus[0][0][0].item<double>() > 10.0 * std::abs(out.lminus[0][0][0].item<double>()));
 
-    // Ablation: zero-query on L0H0 loses the copy; mean-query with a zero mean is the same run.
+    // Ablation: zero-query on L0H0 loses the copy; mean-query with a zero mean is the same run,
+    // with a non-zero mean it is not (the planted head then attends by the rotated mean).
     HeadSet zq{{{0, 0}}, Ablation::kZeroQuery, {}};
     HeadSet mq{{{0, 0}}, Ablation::kMeanQuery, torch::zeros({2, kH, kHd})};
     const DecodeOut a = decode_trial(*m, t, s, never, &zq), b = decode_trial(*m, t, s, never, &mq);
     CHECK(a.generated[0] != kTarget);
     CHECK(a.generated == b.generated);
+    CHECK(torch::equal(a.lplus, b.lplus));
+    auto mean = torch::zeros({2, kH, kHd});
+    mean[0][0] = torch::randn({kHd}) * 3.0;
+    HeadSet mq1{{{0, 0}}, Ablation::kMeanQuery, mean};
+    const DecodeOut c1 = decode_trial(*m, t, s, never, &mq1);
+    CHECK(!torch::allclose(c1.lplus, a.lplus));
+    // Scope: ablating in decode steps only leaves the prefill (and so the cache) intact.
+    DecodeSettings sd = s;
+    sd.scope = AblationScope::kDecode;
+    const DecodeOut dz = decode_trial(*m, t, sd, never, &zq);
+    CHECK(dz.generated[0] != kTarget);  // the decode step's own query is still zeroed
+    CHECK(!torch::equal(dz.lminus, a.lminus));  // but layer 1 read an unablated prefill
     // A stop token ends the loop unkept.
     const DecodeOut stopped = decode_trial(*m, t, s, [](int64_t id) { return id == kTarget; });
     CHECK(stopped.generated.empty());
@@ -254,10 +384,60 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
         }
         if (stop_fn(kTarget)) CHECK((batch[0].generated.empty() && batch[2].generated.size() == 4));
     }
-    // Calibration sums every query seen: prompt + 3 fed tokens.
-    QueryMean qm;
-    decode_trial(*m, t, s, never, nullptr, &qm);
-    CHECK(qm.count == P + 3);
+}
+
+TEST_CASE("needle: mean-query replaces the pre-RoPE query, which RoPE then rotates at each position (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    const int64_t T = static_cast<int64_t>(t.prompt.size());
+    auto ids = torch::tensor(t.prompt, torch::kLong).view({1, T});
+    torch::NoGradGuard ng;
+    auto mean = torch::randn({kHd});
+    Hooks pre;
+    pre.intervene_q_pre_rope(HeadIntervention{0, 1, -1, HeadOp::kReplace, 0.0, mean});
+    at::Tensor q_seen;
+    pre.capture(Point::kAttnQ, [&](int l, const at::Tensor& q) {
+        if (l == 0) q_seen = q[0].select(1, 1).clone();  // [T, d], after RoPE
+    });
+    auto logits_pre = m->forward(ids, &pre);
+    // The same, by hand: RoPE of the mean at every position, put in after RoPE.
+    const auto rope = blocks::rope_tables(m->config, torch::arange(T, torch::kLong), m->config.rope_theta, torch::kFloat);
+    auto rotated = blocks::apply_rope(mean.view({1, 1, 1, kHd}).expand({1, T, 1, kHd}).contiguous(), rope).view({T, kHd});
+    CHECK(torch::allclose(q_seen, rotated, 1e-6, 1e-6));
+    Hooks post;
+    post.intervene_q(HeadIntervention{0, 1, -1, HeadOp::kReplace, 0.0, rotated});
+    CHECK(torch::allclose(m->forward(ids, &post), logits_pre, 1e-5, 1e-5));
+    // A mean of zero is zero-query.
+    Hooks zero_pre, zero_q;
+    zero_pre.intervene_q_pre_rope(HeadIntervention{0, 1, -1, HeadOp::kReplace, 0.0, torch::zeros({kHd})});
+    zero_q.intervene_q(HeadIntervention{0, 1, -1, HeadOp::kZero, 0.0, {}});
+    CHECK(torch::equal(m->forward(ids, &zero_pre), m->forward(ids, &zero_q)));
+}
+
+TEST_CASE("needle: the calibration mean weighs each prompt equally over its pre-RoPE queries (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    const std::vector<std::vector<int64_t>> prompts = {t.prompt, std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + 5)};
+    const auto got = calibrate_query_mean(*m, prompts, 3);  // prefill in chunks of 3 through the cache
+    REQUIRE(got.sizes() == at::IntArrayRef({2, kH, kHd}));
+    auto want = torch::zeros({2, kH, kHd}, torch::kDouble);
+    torch::NoGradGuard ng;
+    for (const auto& p : prompts) {
+        Hooks h;
+        h.capture(Point::kAttnQPreRope, [&](int l, const at::Tensor& q) {
+            want[l] += q[0].to(torch::kDouble).mean(0) / static_cast<double>(prompts.size());
+        });
+        m->forward(torch::tensor(p, torch::kLong).view({1, -1}), &h);
+    }
+    CHECK(torch::allclose(got.to(torch::kDouble), want, 1e-5, 1e-6));
+    // Token-weighted (the old rule) differs here: the prompts have 24 and 5 tokens.
+    auto token_weighted = torch::zeros({2, kH, kHd}, torch::kDouble);
+    for (const auto& p : prompts) {
+        Hooks h;
+        h.capture(Point::kAttnQPreRope, [&](int l, const at::Tensor& q) { token_weighted[l] += q[0].to(torch::kDouble).sum(0) / 29.0; });
+        m->forward(torch::tensor(p, torch::kLong).view({1, -1}), &h);
+    }
+    CHECK(!torch::allclose(got.to(torch::kDouble), token_weighted, 1e-5, 1e-6));
 }
 
 TEST_CASE("needle: bootstrap CI equals percentiles of resampled means computed directly") {
@@ -378,6 +558,9 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
             CAPTURE(name(static_cast<int64_t>(i)));
             CHECK(ret.values[i] > 0.1);  // flagged
         }
+    // On the paper's scale a perfect copier scores 1 per trial: the best head copies the answer
+    // (one token) at nearly every passing trial's one step.
+    CHECK(*std::max_element(ret.values.begin(), ret.values.end()) > 0.8);
     const double base = r.read("/retrieval/ablation/baseline_accuracy").values[0];
     const auto acc = r.read("/retrieval/ablation/accuracy");
     CHECK(base > 0.9);
@@ -386,8 +569,12 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
     const auto span = r.read("/retrieval/trials/needle_span"), pt = r.read("/retrieval/trials/prompt_tokens");
     const int64_t N = span.shape[0], Tm = pt.shape[1];
     CHECK(N == 4 * 5 * 8);
+    const auto aspan = r.read("/retrieval/trials/answer_span");
+    REQUIRE(aspan.values.size() == span.values.size());
     for (int64_t i = 0; i < N; ++i) {
         CHECK(span.values[2 * i + 1] - span.values[2 * i] == 2);
+        CHECK(aspan.values[2 * i] == span.values[2 * i] + 1);  // "qZ": the answer is the value token
+        CHECK(aspan.values[2 * i + 1] == span.values[2 * i + 1]);
         const int64_t key = static_cast<int64_t>(pt.values[i * Tm + static_cast<int64_t>(span.values[2 * i])]);
         CHECK((key >= toy::kLower0 && key < toy::kUpper0));
     }
@@ -402,6 +589,18 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
         REQUIRE(a.size() == b.size());
         for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
     }
+    // Mean-query (LOCOS's pre-RoPE mean) is not zero-query on this model: per-trial recall differs.
+    std::string cmdm = cmd.substr(0, cmd.find(" --out '")) + " --calibration-trials 20 --out '" + tmp.file("mq.h5") + "' > /dev/null";
+    cmdm.replace(cmdm.find("--ablation zero-query"), 21, "--ablation mean-query");
+    REQUIRE(std::system(cmdm.c_str()) == 0);
+    ResultReader rm(tmp.file("mq.h5"));
+    const auto zq_rec = r.read("/retrieval/ablation/rouge1_recall").values, mq_rec = rm.read("/retrieval/ablation/rouge1_recall").values;
+    REQUIRE(zq_rec.size() == mq_rec.size());
+    int64_t differ = 0;
+    for (int64_t i = 0; i < N; ++i) differ += zq_rec[i] != mq_rec[i];  // set 0: the top three heads
+    MESSAGE("trials whose recall differs between zero-query and mean-query: " << differ << " of " << N);
+    CHECK(differ > 0);
+    CHECK(rm.read("/retrieval/ablation/query_mean").shape == std::vector<int64_t>{ret.shape[0], H, 16});
     // The controls never include the ablated heads.
     const auto masks = r.read("/retrieval/ablation/masks");
     const int64_t LH = masks.shape[1] * masks.shape[2];

@@ -17,6 +17,7 @@
 #include <cmath>
 #include <limits>
 #include <map>
+#include <random>
 
 namespace hs::cli {
 
@@ -40,9 +41,16 @@ struct RetrievalOptions {
     int64_t ablate_top = 0;
     std::string from;
     int64_t random_controls = 0;
-    int64_t calibration_trials = 8;
+    int64_t calibration_trials = 50;
+    std::string ablation_scope = "all";
+    std::string stop = "newline";
     int64_t batch = 1;
 };
+
+// LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
+constexpr int64_t kCalibrationMaxTokens = 5000;
+// LOCOS computes bootstrap intervals only over at least this many scored trials (logit_contrib.py).
+constexpr int64_t kBootstrapMinTrials = 10;
 
 // A shipped data file: as given when it exists, else under the source tree next to the binary
 // (build/headscope -> datasets/...).
@@ -138,7 +146,8 @@ static std::string head_names(const std::vector<std::pair<int, int>>& hs) {
 struct TrialRecord {
     std::vector<int64_t> generated;
     std::string response;
-    double rouge = 0;
+    double rouge = 0;     // ROUGE-1 recall of the answer (stemmed): the pass rule
+    double rougeL = 0;    // ROUGE-L F (stemmed)
     bool passed = false;
     int64_t n_answer = 0;
     at::Tensor retrieval, locos;  // [L, H] double (locos NaN without answer steps)
@@ -185,6 +194,20 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
     if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
     if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
+    const AblationScope scope = [&] {
+        try {
+            return parse_ablation_scope(o.ablation_scope);
+        } catch (const UsageError& e) {
+            throw UsageError(std::string("--ablation-scope: ") + e.what());
+        }
+    }();
+    const StopRule stop_rule = [&] {
+        try {
+            return parse_stop_rule(o.stop);
+        } catch (const UsageError& e) {
+            throw UsageError(std::string("--stop: ") + e.what());
+        }
+    }();
     if (o.batch < 1) throw UsageError("--batch: need at least 1");
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
     if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
@@ -205,12 +228,9 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const auto hay_enc = trim(hay_text).empty() ? std::vector<int32_t>{} : tok.encode(hay_text, false);
     if (hay_enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", hay_path));
     const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());
-    TokenFacts facts = token_facts(tok);
-    if (m.config.eos_id >= 0) {  // the model's own EOS (config.json) stops too
-        auto tok_stop = facts.stop;
-        const int64_t eos = m.config.eos_id;
-        facts.stop = [tok_stop, eos](int64_t id) { return id == eos || tok_stop(id); };
-    }
+    TokenFacts facts = token_facts(tok, stop_rule);
+    if (m.config.eos_id >= 0) facts.eos_ids.push_back(m.config.eos_id);  // the model's own EOS (config.json) stops too
+    const std::function<bool(int64_t)> stop = [&facts](int64_t id) { return facts.stop(id); };
     auto enc = [&](const std::string& s) {
         const auto e = s.empty() ? std::vector<int32_t>{} : tok.encode(s, false);
         return std::vector<int64_t>(e.begin(), e.end());
@@ -221,7 +241,27 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
     if (!o.from.empty()) from_score = read_score(o.from, L, H);
 
+    // The answer's tokens inside each needle's tokens (Wu et al.'s real_needle span), found once.
+    std::vector<std::pair<int64_t, int64_t>> answer_spans;
+    for (const auto& nd : needles) {
+        const auto span = answer_span(tok, enc(nd.needle), nd.answer);
+        if (!span)
+            throw DataError(fmt::format("{}:{}: the answer \"{}\" is not in the needle's decoded tokens (\"{}\"); "
+                                        "the retrieval score credits copies of the answer's tokens",
+                                        needles_path, nd.line, nd.answer, tok.decode([&] {
+                                            const auto e = enc(nd.needle);
+                                            return std::vector<int32_t>(e.begin(), e.end());
+                                        }(), true)));
+        answer_spans.push_back(*span);
+    }
     std::vector<Trial> trials;
+    auto make_trial = [&](int64_t len, double dep, size_t ni) {
+        const auto& nd = needles[ni];
+        std::vector<int64_t> prefix = facts.bos_prefix, body = enc(tmpl.prefix(nd.question));
+        prefix.insert(prefix.end(), body.begin(), body.end());
+        return build_trial(facts, haystack, prefix, enc(nd.needle), enc(tmpl.suffix(nd.question)), len, dep,
+                           static_cast<int>(ni), answer_spans[ni]);
+    };
     for (auto len : lengths)
         for (auto dep : depths)
             for (size_t ni = 0; ni < needles.size(); ++ni) {
@@ -238,42 +278,44 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                                                  "needs {} positions, beyond the model's context of {}",
                                                  len, prefix.size() + suffix.size(), len, o.max_new_tokens, positions,
                                                  m.config.max_seq_len));
-                trials.push_back(build_trial(facts, haystack, prefix, nt, suffix, len, dep, static_cast<int>(ni)));
+                trials.push_back(make_trial(len, dep, ni));
             }
     const int64_t N = static_cast<int64_t>(trials.size());
     ResultWriter w(o.out.out, mode);  // fails now (unwritable, exists) rather than after the trials
 
     // ---- baseline pass: both scores from one decode per trial ----
     int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
-    Progress prog("needle trials", N * (1 + n_sets_planned));
-    QueryMean qmean;
     const bool calibrate = ablating && abl == Ablation::kMeanQuery;
+    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    Progress prog("needle trials", N * (1 + n_sets_planned) + n_calib);
     DecodeSettings ds;
-    ds.max_new_tokens = o.max_new_tokens, ds.prefill_chunk = o.prefill_chunk, ds.score = true;
+    ds.max_new_tokens = o.max_new_tokens, ds.prefill_chunk = o.prefill_chunk, ds.score = true, ds.scope = scope;
     std::vector<TrialRecord> rec(N);
     auto nan = std::numeric_limits<double>::quiet_NaN();
+    auto response_of = [&](const std::vector<int64_t>& generated) {
+        return trim(tok.decode(std::vector<int32_t>(generated.begin(), generated.end()), true));
+    };
     auto record = [&](int64_t i, const DecodeOut& d) {
         const auto& t = trials[i];
         auto& r = rec[i];
         r.generated = d.generated;
-        const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
-        r.response = trim(tok.decode(g32, true));
-        r.rouge = rouge1_recall(needles[t.needle].answer, r.response);
+        r.response = response_of(d.generated);
+        const std::string& answer = needles[t.needle].answer;
+        r.rouge = rouge1(answer, r.response).recall;
+        r.rougeL = rougeL(answer, r.response).fmeasure;
         r.passed = r.rouge > o.pass_threshold;
         r.retrieval = d.credit.sum(0);
-        const auto steps = answer_steps(tok, d.generated, needles[t.needle].answer);
+        const auto steps = answer_steps(tok, d.generated, answer);
         r.n_answer = static_cast<int64_t>(steps.size());
         r.locos = steps.empty() ? torch::full({L, H}, nan, torch::kDouble)
                                 : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
         prog.tick();
     };
-    // Batches of up to --batch trials with equal prompt lengths (rows of one forward); the
-    // mean-query calibration trials run alone first.
-    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    // Batches of up to --batch trials with equal prompt lengths (rows of one forward).
     std::vector<std::vector<int64_t>> groups;
     {
         std::map<size_t, std::vector<int64_t>> open;
-        for (int64_t i = n_calib; i < N; ++i) {
+        for (int64_t i = 0; i < N; ++i) {
             auto& g = open[trials[i].prompt.size()];
             g.push_back(i);
             if (static_cast<int64_t>(g.size()) == o.batch) groups.push_back(std::move(g)), g.clear();
@@ -285,12 +327,35 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         for (const auto& g : groups) {
             std::vector<const Trial*> ptrs;
             for (auto i : g) ptrs.push_back(&trials[i]);
-            auto outs = decode_batch(m, ptrs, set, facts.stop, hs);
+            auto outs = decode_batch(m, ptrs, set, stop, hs);
             for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
         }
     };
-    for (int64_t i = 0; i < n_calib; ++i) record(i, decode_trial(m, trials[i], ds, facts.stop, nullptr, &qmean));
     run_groups(ds, nullptr, record);
+
+    // Mean-query calibration as LOCOS runs it (nolima_ablation.py calibrate_mean_activations):
+    // --calibration-trials trials drawn by the seed from the whole grid, each rebuilt at
+    // min(length, 5000) context tokens and cut to 5000 prompt tokens, prefill only, unablated.
+    std::vector<int64_t> calib_idx;
+    at::Tensor q_mean;
+    if (calibrate) {
+        std::vector<int64_t> order(N);
+        for (int64_t i = 0; i < N; ++i) order[i] = i;
+        std::mt19937_64 rng(static_cast<uint64_t>(o.seed) + 2);
+        for (int64_t i = 0; i < n_calib; ++i) {  // partial Fisher-Yates
+            std::uniform_int_distribution<int64_t> pick(i, N - 1);
+            std::swap(order[i], order[pick(rng)]);
+        }
+        calib_idx.assign(order.begin(), order.begin() + n_calib);
+        std::vector<std::vector<int64_t>> prompts;
+        for (auto i : calib_idx) {
+            const Trial& t = trials[i];
+            auto p = t.length > kCalibrationMaxTokens ? make_trial(kCalibrationMaxTokens, t.depth, t.needle).prompt : t.prompt;
+            if (static_cast<int64_t>(p.size()) > kCalibrationMaxTokens) p.resize(kCalibrationMaxTokens);
+            prompts.push_back(std::move(p));
+        }
+        q_mean = calibrate_query_mean(m, prompts, o.prefill_chunk, [&prog] { prog.tick(); });
+    }
 
     // ---- aggregate ----
     std::vector<at::Tensor> ret_pass, locos_pass;
@@ -303,7 +368,10 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     auto ret_score = n_pass ? torch::stack(ret_pass).mean(0) : torch::full({L, H}, nan, torch::kDouble);
     auto locos_samples = n_locos ? torch::stack(locos_pass) : torch::zeros({0, L, H}, torch::kDouble);
     auto locos_score = n_locos ? locos_samples.mean(0) : torch::full({L, H}, nan, torch::kDouble);
-    auto [ci_low, ci_high] = bootstrap_ci(locos_samples, o.bootstrap, static_cast<uint64_t>(o.seed));
+    // Intervals only over at least 10 scored trials, as the reference (logit_contrib.py); NaN below.
+    const bool with_ci = n_locos >= kBootstrapMinTrials;
+    auto [ci_low, ci_high] = bootstrap_ci(with_ci ? locos_samples : locos_samples.narrow(0, 0, 0), o.bootstrap,
+                                          static_cast<uint64_t>(o.seed));
     if (n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
     else if (want_locos && n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
 
@@ -323,26 +391,28 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
             sets.push_back(s);
     }
     const int64_t S = static_cast<int64_t>(sets.size());
-    std::vector<float> abl_recall(S * N);
-    std::vector<float> abl_acc(S);
+    std::vector<float> abl_recall(S * N), abl_rougeL(S * N);
+    std::vector<float> abl_acc(S), abl_rougeL_mean(S);
     std::vector<int32_t> masks(S * L * H, 0);
-    at::Tensor q_mean = calibrate ? qmean.mean() : at::Tensor();
     DecodeSettings dsa = ds;
     dsa.score = false;
     for (int64_t si = 0; si < S; ++si) {
         HeadSet hs{sets[si], abl, q_mean};
         for (auto [l, h] : sets[si]) masks[(si * L + l) * H + h] = 1;
         int64_t passed = 0;
+        double rl_sum = 0;
         auto score_ablated = [&](int64_t i, const DecodeOut& d) {
-            const std::vector<int32_t> g32(d.generated.begin(), d.generated.end());
-            const double r = rouge1_recall(needles[trials[i].needle].answer, trim(tok.decode(g32, true)));
+            const std::string response = response_of(d.generated), &answer = needles[trials[i].needle].answer;
+            const double r = rouge1(answer, response).recall, rl = rougeL(answer, response).fmeasure;
             abl_recall[si * N + i] = static_cast<float>(r);
+            abl_rougeL[si * N + i] = static_cast<float>(rl);
             passed += r > o.pass_threshold;
+            rl_sum += rl;
             prog.tick();
         };
-        for (int64_t i = 0; i < n_calib; ++i) score_ablated(i, decode_trial(m, trials[i], dsa, facts.stop, &hs));
         run_groups(dsa, &hs, score_ablated);
         abl_acc[si] = static_cast<float>(passed) / static_cast<float>(N);
+        abl_rougeL_mean[si] = static_cast<float>(rl_sum / static_cast<double>(N));
     }
     prog.finish();
 
@@ -360,7 +430,10 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"depths", std::vector<double>(depths.begin(), depths.end())},
                     {"max_new_tokens", o.max_new_tokens},
                     {"pass_threshold", o.pass_threshold},
-                    {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold")},
+                    {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold; ROUGE as rouge_score "
+                                              "computes it with use_stemmer=True (Porter stems, NLTK's mode)")},
+                    {"stop", std::string(stop_rule_name(stop_rule))},
+                    {"ablation_scope", std::string(ablation_scope_name(scope))},
                     {"prefill_chunk", o.prefill_chunk},
                     {"batch", o.batch},
                     {"scores", o.scores},
@@ -371,8 +444,9 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"n_passed", n_pass},
                     {"accuracy", base_acc},
                     {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
-                                           "a newline or EOS token (tokenizer's or config.json's) stops without "
-                                           "being kept or scored")}};
+                                           "a stop token (see stop: newline = a token decoding to exactly \"\\n\" or "
+                                           "EOS, tokenizer's or config.json's; eos = EOS only; none = never) ends "
+                                           "the response without being kept or scored")}};
     auto with = [&](Attrs a) {
         for (auto& kv : params) a.insert(kv);
         return a;
@@ -385,9 +459,10 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         w.write("/scores/retrieval/score", to_f(ret_score), {L, H});
         w.set_attrs("/scores/retrieval",
                     with({{"probe", std::string("retrieval")},
-                          {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|needle| when the "
-                                                      "head's argmax key lies in the needle and holds the generated token; "
-                                                      "summed over steps, mean over passing trials")},
+                          {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|answer span| "
+                                                      "when the head's argmax key lies in the answer's tokens inside the "
+                                                      "needle and holds the generated token; summed over steps (a "
+                                                      "perfect copier scores 1 per trial), mean over passing trials")},
                           {"flag_threshold", o.flag_threshold},
                           {"flagged", flagged},
                           {"n_trials_scored", n_pass}}));
@@ -400,30 +475,34 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     with({{"probe", std::string("locos")},
                           {"description", std::string("mean over answer steps of L+ - L-, phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j "
                                                       "(raw unembedding row, no final norm); L+ over the needle, L- over "
-                                                      "the other keys times n/(K-n); mean over passing trials with an "
-                                                      "answer step")},
+                                                      "the other keys the head can see times n/(K-n); mean over passing "
+                                                      "trials with an answer step")},
                           {"bootstrap_resamples", o.bootstrap},
                           {"bootstrap_seed", o.seed},
-                          {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation)")},
+                          {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
+                                             "NaN when fewer than 10 trials are scored (the reference's rule)")},
                           {"n_trials_scored", n_locos}}));
     }
     // trials
     int64_t Tmax = 0;
     for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
     const int64_t Sg = o.max_new_tokens;
-    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), gen(N * Sg, -1), len_v(N), needle_v(N), nans(N);
-    std::vector<float> rouge_v(N), depth_v(N), ret_v, locos_v;
+    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), aspan(N * 2), gen(N * Sg, -1), len_v(N), needle_v(N),
+        answer_steps_v(N);
+    std::vector<float> rouge_v(N), rougeL_v(N), depth_v(N), ret_v, locos_v;
     std::vector<int32_t> passed_v(N);
     std::vector<std::string> responses(N);
     for (int64_t i = 0; i < N; ++i) {
         const auto& t = trials[i];
         std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
         span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
+        aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
         std::copy(rec[i].generated.begin(), rec[i].generated.end(), gen.begin() + i * Sg);
         rouge_v[i] = static_cast<float>(rec[i].rouge);
+        rougeL_v[i] = static_cast<float>(rec[i].rougeL);
         passed_v[i] = rec[i].passed;
         len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
-        nans[i] = rec[i].n_answer;
+        answer_steps_v[i] = rec[i].n_answer;
         responses[i] = rec[i].response;
         auto a = to_f(rec[i].retrieval), b = to_f(rec[i].locos);
         ret_v.insert(ret_v.end(), a.begin(), a.end());
@@ -432,13 +511,15 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const std::string tg = "/retrieval/trials";
     w.write(tg + "/prompt_tokens", prompt_tokens, {N, Tmax});
     w.write(tg + "/needle_span", span, {N, 2});
+    w.write(tg + "/answer_span", aspan, {N, 2});
     w.write(tg + "/generated", gen, {N, Sg});
     w.write(tg + "/rouge1_recall", rouge_v, {N});
+    w.write(tg + "/rougeL_f", rougeL_v, {N});
     w.write(tg + "/passed", passed_v, {N});
     w.write(tg + "/length", len_v, {N});
     w.write(tg + "/depth", depth_v, {N});
     w.write(tg + "/needle", needle_v, {N});
-    w.write(tg + "/answer_steps", nans, {N});
+    w.write(tg + "/answer_steps", answer_steps_v, {N});
     w.write(tg + "/retrieval", ret_v, {N, L, H});
     w.write(tg + "/locos", locos_v, {N, L, H});
     w.write_strings(tg + "/response", responses);
@@ -449,10 +530,12 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         const std::string ag = "/retrieval/ablation";
         w.write(ag + "/masks", masks, {S, L, H});
         w.write(ag + "/rouge1_recall", abl_recall, {S, N});
+        w.write(ag + "/rougeL_f", abl_rougeL, {S, N});
         w.write(ag + "/accuracy", abl_acc, {S});
         std::vector<float> base_r(N);
         for (int64_t i = 0; i < N; ++i) base_r[i] = static_cast<float>(rec[i].rouge);
         w.write(ag + "/baseline_rouge1_recall", base_r, {N});
+        w.write(ag + "/baseline_rougeL_f", rougeL_v, {N});
         w.write(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(base_acc)}, {1});
         std::vector<std::string> names;
         for (const auto& s : sets) names.push_back(head_names(s));
@@ -461,12 +544,19 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"source", ablate_source},
                     {"random_controls", o.random_controls},
                     {"control_seed", o.seed + 1},
+                    {"scope", std::string(ablation_scope_name(scope))},
                     {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
                                              "without replacement from the heads NOT in set 0")}};
         if (abl == Ablation::kMeanQuery) {
-            aa["calibration_trials"] = std::min(o.calibration_trials, N);
-            aa["calibration"] = std::string("mean post-RoPE query over every position of the first calibration_trials "
-                                            "unablated trials (prefill and decode)");
+            aa["calibration_trials"] = n_calib;
+            aa["calibration_trial_indices"] = calib_idx;
+            aa["calibration_seed"] = o.seed + 2;
+            aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
+                                            "calibration_trials trials drawn by calibration_seed from the whole grid, "
+                                            "unablated prefill of each trial's prompt (context at most 5000 tokens, "
+                                            "prompt cut to 5000), averaged over each prompt's positions, then over the "
+                                            "prompts (each prompt weighs equally); RoPE is applied at each position to "
+                                            "the mean");
             w.write(ag + "/query_mean", to_f(q_mean), {L, H, m.config.d_head});
         }
         w.set_attrs(ag, aa);
@@ -474,7 +564,10 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     w.commit();
 
     // ---- summary ----
-    std::printf("trials %lld, passed %lld (accuracy %.3f)\n", static_cast<long long>(N), static_cast<long long>(n_pass), base_acc);
+    double base_rougeL = 0;
+    for (const auto& r : rec) base_rougeL += r.rougeL / static_cast<double>(N);
+    std::printf("trials %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", static_cast<long long>(N),
+                static_cast<long long>(n_pass), base_acc, base_rougeL);
     auto print_top = [&](const char* name, const at::Tensor& s) {
         std::string line = fmt::format("{:<10}", name);
         for (auto [l, h] : top_heads(s, std::min<int64_t>(5, L * H)))
@@ -486,10 +579,16 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         std::printf("flagged (> %.2f): %s\n", o.flag_threshold,
                     flagged.empty() ? "none" : fmt::format("{}", fmt::join(flagged, ",")).c_str());
     }
-    if (want_locos) print_top("locos", locos_score);
+    if (want_locos) {
+        print_top("locos", locos_score);
+        if (!with_ci && n_locos > 0)
+            std::printf("locos CI: not computed (%lld scored trials, the reference's minimum is %lld): NaN\n",
+                        static_cast<long long>(n_locos), static_cast<long long>(kBootstrapMinTrials));
+    }
     for (int64_t si = 0; si < S; ++si)
-        std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)\n", si == 0 ? "heads  " : "control",
-                    head_names(sets[si]).c_str(), abl_acc[si], base_acc);
+        std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)  ROUGE-L F %.3f (baseline %.3f)\n",
+                    si == 0 ? "heads  " : "control", head_names(sets[si]).c_str(), abl_acc[si], base_acc,
+                    abl_rougeL_mean[si], base_rougeL);
     log_info(fmt::format("wrote {} ({} trials)", o.out.out, N));
     return 0;
 }
@@ -500,13 +599,16 @@ void setup_retrieval(CLI::App& app) {
         "retrieval",
         "needle-in-a-haystack trials: hide a needle in a haystack at each --lengths x --depths x needle, decode\n"
         "greedily, and credit heads two ways from that one decode pass:\n"
-        "  retrieval (Wu et al. 2024): per step, 1/|needle| when the head's argmax key is a needle token equal\n"
-        "    to the generated token; summed over steps, mean over passing trials; heads above 0.1 flagged.\n"
+        "  retrieval (Wu et al. 2024): per step, 1/|answer| when the head's argmax key is one of the answer's\n"
+        "    tokens inside the needle and equals the generated token; summed over steps (a perfect copier\n"
+        "    scores 1), mean over passing trials; heads above 0.1 flagged.\n"
         "  locos: per answer step, L+ - L- with phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j (L+ over the needle,\n"
         "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
-        "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold.\n"
+        "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold (ROUGE as\n"
+        "rouge_score computes it with use_stemmer=True, as both reference codes do).\n"
         "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"
-        "prefix, mean-query, zero = output zeroed) and --random-controls N random sets excluding them.\n"
+        "prefix; mean-query = LOCOS's pre-RoPE mean query; zero = output zeroed) and --random-controls N random\n"
+        "sets excluding them; --ablation-scope all (LOCOS: every forward) or decode (Wu et al.: decode steps).\n"
         "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
         "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5");
     add_model_args(sub, o->model);
@@ -519,7 +621,10 @@ void setup_retrieval(CLI::App& app) {
     auto* lens = sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
     auto* range = sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
     sub->add_option("--depths", o->depths, "needle depths in percent of the context")->capture_default_str();
-    sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (a newline or EOS stops)")
+    sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (see --stop)")->capture_default_str();
+    sub->add_option("--stop", o->stop,
+                    "newline: a token that decodes to exactly \"\\n\" or EOS ends the response (LOCOS; Wu et al. stop "
+                    "on <0x0A>); eos: EOS only; none: run --max-new-tokens steps")
         ->capture_default_str();
     sub->add_option("--pass-threshold", o->pass_threshold, "a trial passes when ROUGE-1 recall > this")->capture_default_str();
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
@@ -536,7 +641,13 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--from", o->from, "FILE.h5:DATASET with an [L, H] score, e.g. scores.h5:scores/locos/score");
     sub->add_option("--random-controls", o->random_controls, "random head sets of the same size, excluding the ablated heads")
         ->capture_default_str();
-    sub->add_option("--calibration-trials", o->calibration_trials, "mean-query: unablated trials whose queries are averaged")
+    sub->add_option("--calibration-trials", o->calibration_trials,
+                    "mean-query: trials drawn by --seed from the grid whose pre-RoPE queries are averaged (prefill only, "
+                    "at most 5000 tokens each, each prompt weighing equally: LOCOS's nolima_ablation.py)")
+        ->capture_default_str();
+    sub->add_option("--ablation-scope", o->ablation_scope,
+                    "all: ablate in the prefill and every decode step (LOCOS, nolima_ablation.py); decode: decode "
+                    "steps only (Wu et al., needle_in_haystack_with_mask.py)")
         ->capture_default_str();
     sub->callback([o, range, lens] { set_exit_code(run_retrieval(*o, range->count() > 0, lens->count() > 0)); });
 }
