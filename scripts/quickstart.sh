@@ -5,8 +5,10 @@
 #
 #   bash scripts/quickstart.sh            # everything
 #   THREADS=2 SEED=1 bash scripts/quickstart.sh
-# Models land in models/toy-induction and models/toy-recall, scores in out/toy-induction.h5, the
-# HTML report of them in out/report.html.
+# Models land in models/toy-induction and models/toy-recall; results in out/: the detectors' scores
+# (toy-induction.h5), the needle test on the recall model (toy-recall-needle.h5: retrieval + LOCOS
+# scores, zero-query ablation of the top heads against random controls), the YAML ablation study
+# (toy-induction-ablation.h5), and one HTML report of all three (report.html).
 # A model is retrained only when its training_log.json is missing or has other steps, seed or
 # recipe version (src/train.cpp kRecipeVersion).
 set -euo pipefail
@@ -128,6 +130,104 @@ if not heads:
     for n in rg.get("notes", []):
         print(f"  note: {n}")
 EOF
-echo "scores: out/toy-induction.h5 (headscope top/export read it); ground truth: models/toy-*/training_log.json"
-"$HS" -q report out/toy-induction.h5 --out out/report.html --force --title "headscope quickstart: toy-induction"
+
+# The needle test on the recall model: its own task (keys a-h as distractors in a haystack of
+# digits, the needle "qZ" asks for Z after "?q"), scored both ways from one greedy step per trial,
+# then the top three LOCOS heads' queries zeroed against five random sets of three.
+echo "== headscope retrieval models/toy-recall (needle test: 5 lengths x 5 depths x 8 needles)"
+"$HS" -q retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt \
+  --needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' \
+  --lengths 24,48,72,96,120 --depths 0,25,50,75,100 --max-new-tokens 1 \
+  --ablate-top 3 --ablation zero-query --random-controls 5 --seed 1 --out out/toy-recall-needle.h5 --force
+echo "== headscope run datasets/experiments/toy-induction.yaml"
+"$HS" -q run datasets/experiments/toy-induction.yaml --force >/dev/null
+PY=$(bash scripts/find_python.sh h5py numpy)
+echo "== do the needle test and the ablation study agree with the training logs?"
+"$PY" - out/toy-recall-needle.h5 out/toy-induction-ablation.h5 models/toy-recall/training_log.json \
+  models/toy-induction/training_log.json <<'EOF'
+import json, sys
+import h5py, numpy as np
+
+needle_h5, study_h5, rec_log, ind_log = sys.argv[1:5]
+rg = json.load(open(rec_log))["ground_truth"]
+ig = json.load(open(ind_log))["ground_truth"]
+
+def name(i, H):
+    return f"L{i // H}H{i % H}"
+
+def text(x):
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+with h5py.File(needle_h5, "r") as f:
+    truth = sorted(rg.get("retrieval_heads") or [])
+    k = max(1, len(truth))
+    N = f["retrieval/trials/passed"].shape[0]
+    acc0 = float(f["retrieval"].attrs["accuracy"])
+    print(f"toy-recall needle test: {N} trials, accuracy {acc0:.3f}")
+    for probe, what in (("retrieval", "copy score, 1 = a perfect copier"), ("locos", "logit contribution")):
+        s = f[f"scores/{probe}/score"][()]
+        H = s.shape[1]
+        flat = s.reshape(-1)
+        top = [int(i) for i in np.argsort(-flat, kind="stable")[:k]]
+        shown = ", ".join(f"{name(i, H)} {flat[i]:.2f}" for i in top)
+        verdict = "agrees" if sorted(name(i, H) for i in top) == truth else "DISAGREES"
+        print(f"  top {k} by {probe} ({what}): {shown}; training's causal set {', '.join(truth)}: {verdict}")
+    flagged = [text(x) for x in f["scores/retrieval"].attrs["flagged"]]
+    print(f"  flagged as retrieval heads (score > 0.1): {', '.join(flagged) or 'none'}")
+    a = f["retrieval/ablation"]
+    acc = a["accuracy"][()]
+    heads = [text(h) for h in a.attrs["heads"]]
+    ctl = acc[1:]
+    print(f"  zero-query ablation of {heads[0]}: accuracy {acc0:.3f} -> {acc[0]:.3f}; {len(ctl)} random sets of "
+          f"{len(heads[0].split(','))} other heads: mean {ctl.mean():.3f} (min {ctl.min():.3f}, max {ctl.max():.3f})")
+    ok = sorted(heads[0].split(",")) == truth and acc[0] < ctl.min()
+    print(f"    ground truth {'agrees' if ok else 'DISAGREES'}: training's ablation of {', '.join(truth)} together "
+          f"gives accuracy {rg['retrieval_heads_joint_ablation']:.3f} (intact {rg['baseline']:.3f})")
+
+with h5py.File(study_h5, "r") as f:
+    truth = sorted(ig.get("induction_heads") or [])
+    g = f["ablation/cumulative"]
+    kind = [text(x) for x in g["kind"][()]]
+    label = [text(x) for x in g["label"][()]]
+    metric, masks, kk = g["metric"][()], g["masks"][()], g["k"][()]
+    H = masks.shape[2]
+    base = float(metric[kind.index("baseline")])
+    print(f"toy-induction ablation study (datasets/experiments/toy-induction.yaml: zero ablation, repeated-half "
+          f"loss, intact {base:.3f} nats)")
+    for i, kd in enumerate(kind):
+        if kd != "cumulative":
+            continue
+        ctl = [metric[j] for j in range(len(kind)) if kind[j] == "control" and kk[j] == kk[i]]
+        heads = ",".join(name(int(x), H) for x in np.flatnonzero(masks[i].reshape(-1)))
+        extra = f"; random sets of {kk[i]}: mean {np.mean(ctl):.3f} (max {np.max(ctl):.3f})" if ctl else ""
+        print(f"  {label[i]} by induction score ({heads}): {metric[i]:.3f}{extra}")
+    k = len(truth)
+    at_k = [i for i in range(len(kind)) if kind[i] == "cumulative" and kk[i] == k]
+    if at_k:
+        i = at_k[0]
+        top = sorted(name(int(x), H) for x in np.flatnonzero(masks[i].reshape(-1)))
+        joint = ig.get("induction_heads_joint_ablation", float("nan"))
+        # Agreement: the top k by score are the training's set, and ablating them does at least half
+        # of what training measured for that set (over the intact loss).
+        ok = top == truth and metric[i] - base >= 0.5 * (joint - ig["baseline"])
+        print(f"    ground truth {'agrees' if ok else 'DISAGREES'}: the top {k} by induction score are {', '.join(top)}, "
+              f"training's induction set {', '.join(truth)}; ablated together {metric[i]:.2f} nats here, "
+              f"{joint:.2f} in training")
+        prev = set(ig.get("previous_token_heads") or [])
+        ctl = [j for j in range(len(kind)) if kind[j] == "control" and kk[j] == k]
+        if prev and ctl:
+            has = [j for j in ctl if prev & {name(int(x), H) for x in np.flatnonzero(masks[j].reshape(-1))}]
+            pool = sorted({name(int(x), H) for j in ctl for x in np.flatnonzero(masks[j].reshape(-1))})
+            with_prev = [metric[j] for j in has]
+            without = [metric[j] for j in ctl if j not in has]
+            print(f"    random sets of {k} are drawn from the heads outside the sweep ({', '.join(pool)}, ...): "
+                  f"{len(has)} of {len(ctl)} include the previous-token head {', '.join(sorted(prev))}, the circuit's "
+                  f"first half" + (f" ({np.mean(with_prev):.2f} nats)" if with_prev else "")
+                  + (f", the others {np.mean(without):.2f} nats" if without else "")
+                  + "; controls exclude the heads under test, not the rest of the circuit")
+EOF
+echo "results: out/toy-induction.h5 (detect), out/toy-recall-needle.h5 (retrieval), out/toy-induction-ablation.h5 (run);"
+echo "  headscope top/export read them; ground truth: models/toy-*/training_log.json"
+"$HS" -q report out/toy-induction.h5 out/toy-recall-needle.h5 out/toy-induction-ablation.h5 --out out/report.html --force \
+  --title "headscope quickstart: toy models"
 echo "report: $(pwd)/out/report.html (one self-contained page: open it in any browser, no network needed)"
