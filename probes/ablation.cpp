@@ -539,21 +539,14 @@ void check_head_ranges(const Experiment& e, const HeadSpec& h, int L, int H) {
 
 at::Tensor resolve_score(const Experiment& e, const HeadSpec& h, const std::vector<std::pair<std::string, at::Tensor>>& computed,
                          int L, int H) {
-    const auto colon = h.by.rfind(':');
-    if (colon != std::string::npos) {
-        const std::string file = h.by.substr(0, colon), path = h.by.substr(colon + 1);
-        Dataset ds;
+    if (h.by.find(':') != std::string::npos) {
         try {
-            ResultReader r(file);
-            if (!r.exists(path) || r.is_group(path)) e.fail(h.by_mark, fmt::format("by: {} has no dataset {}", file, path));
-            ds = r.read_numbers(path);
+            return read_head_score(split_head_score_ref(h.by), L, H);
+        } catch (const UsageError& ex) {
+            e.fail(h.by_mark, fmt::format("by: {}", ex.what()));
         } catch (const StorageError& ex) {
             e.fail(h.by_mark, fmt::format("by: {}", ex.what()));
         }
-        if (ds.is_string || ds.shape != std::vector<int64_t>{L, H})
-            e.fail(h.by_mark, fmt::format("by: {}:{} has shape {}, expected [{}, {}] (layers, heads)", file, path,
-                                          shape_str(ds.shape), L, H));
-        return torch::tensor(ds.values, torch::kDouble).view({L, H});
     }
     auto parts = split(h.by, '/');
     std::string probe;
@@ -579,16 +572,8 @@ at::Tensor resolve_heads(const Experiment& e, const HeadSpec& h, const std::vect
         case K::kComplement: mask = 1 - resolve_heads(e, *h.inner, computed, L, H); break;
         case K::kTop:
         case K::kBottom: {
-            auto score = resolve_score(e, h, computed, L, H).flatten();
-            auto s = score.accessor<double, 1>();
-            std::vector<int64_t> idx(L * H);
-            std::iota(idx.begin(), idx.end(), 0);
-            const bool top = h.kind == K::kTop;
             // NaN scores rank last either way; ties keep head order.
-            std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-                if (std::isnan(s[a]) != std::isnan(s[b])) return !std::isnan(s[a]);
-                return top ? s[a] > s[b] : s[a] < s[b];
-            });
+            const auto idx = rank_heads(resolve_score(e, h, computed, L, H), h.kind == K::kTop);
             const int64_t k = h.ks.at(std::min(ki, h.ks.size() - 1));
             for (int64_t i = 0; i < k; ++i) mask[idx[i] / H][idx[i] % H] = 1;
             break;
@@ -664,11 +649,8 @@ StudyConfigs build_study(const Experiment& e, const StudySpec& s,
                                                 c.labels[i], k, pool.size()));
         for (int64_t j = 0; j < s.controls; ++j) {
             const int64_t seed = e.seed * 1000003 + static_cast<int64_t>(i) * 1009 + j;
-            std::mt19937_64 rng(static_cast<uint64_t>(seed));
-            auto p = pool;
-            std::shuffle(p.begin(), p.end(), rng);
             auto m = torch::zeros({L, H}, torch::kUInt8);
-            for (int64_t t = 0; t < k; ++t) m[p[t] / H][p[t] % H] = 1;
+            for (int64_t t : random_subset(pool, k, static_cast<uint64_t>(seed))) m[t / H][t % H] = 1;
             out.masks.push_back(m), out.kinds.push_back("control");
             out.labels.push_back(fmt::format("control {} of {}", j, c.labels[i]));
             out.k.push_back(k), out.control_seed.push_back(seed), out.fraction.push_back(0.0);

@@ -28,20 +28,6 @@ const DataSpec* Experiment::find_data(const std::string& name) const {
     return nullptr;
 }
 
-bool parse_head_name(const std::string& s, int& layer, int& head) {
-    // L<digits>H<digits>
-    if (s.size() < 4 || s[0] != 'L') return false;
-    const auto hpos = s.find('H');
-    if (hpos == std::string::npos || hpos < 2 || hpos + 1 >= s.size()) return false;
-    auto digits = [](const std::string& t) { return !t.empty() && t.size() < 7 && std::all_of(t.begin(), t.end(), ::isdigit); };
-    const std::string a = s.substr(1, hpos - 1), b = s.substr(hpos + 1);
-    if (!digits(a) || !digits(b)) return false;
-    layer = std::atoi(a.c_str());
-    head = std::atoi(b.c_str());
-    return true;
-}
-
-std::string format_head(int layer, int head) { return fmt::format("L{}H{}", layer, head); }
 
 namespace {
 
@@ -270,7 +256,7 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, retrieval)");
     m.kind = r.choice(n["kind"], "kind", {"loss", "accuracy", "logit-diff", "kl", "retrieval"});
     if (m.kind == "retrieval")
-        r.fail(n["kind"], "metric retrieval: the needle-in-a-haystack harness (headscope retrieval) is not in this build yet");
+        r.fail(n["kind"], "metric retrieval: needle tests run as `headscope retrieval` (its --ablate/--ablate-top options), not as a YAML metric");
     if (!n["data"]) r.fail(n, "metric: missing 'data' (a dataset name)");
     m.data = r.str(n["data"], "data");
     if (n["positions"]) {

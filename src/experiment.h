@@ -4,6 +4,8 @@
 // score shapes) happen in the engine with the same marks (probes/ablation.h).
 #pragma once
 
+#include "heads.h"  // head names (L1H3) as the YAML writes them
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,7 +62,7 @@ struct ModeSpec {
 };
 
 struct MetricSpec {
-    std::string kind;              // loss | accuracy | logit-diff | kl | retrieval (issue 10)
+    std::string kind;              // loss | accuracy | logit-diff | kl (retrieval: refused, see headscope retrieval)
     std::string data;
     std::string positions = "all"; // loss, kl: all | repeated-half | answer
     YamlMark mark, positions_mark;
@@ -103,7 +105,5 @@ Experiment parse_experiment(const std::string& path);
 Experiment parse_experiment_text(const std::string& text, const std::string& file_name);
 
 // "L1H3" -> {1, 3}; false when not of that form.
-bool parse_head_name(const std::string& s, int& layer, int& head);
-std::string format_head(int layer, int head);  // "L1H3"
 
 }  // namespace hs

@@ -3,6 +3,7 @@
 #include "report.h"
 
 #include "errors.h"
+#include "heads.h"
 #include "store.h"
 #include "util.h"
 
@@ -63,7 +64,7 @@ std::string num(double v) {
 // Exact enough to read back the stored float32/float64.
 std::string exact(double v) { return std::isfinite(v) ? fmt::format("{:.9g}", v) : num(v); }
 
-std::string head_name(int64_t idx, int64_t H) { return fmt::format("L{}H{}", idx / H, idx % H); }
+std::string head_name(int64_t idx, int64_t H) { return format_head(static_cast<int>(idx / H), static_cast<int>(idx % H)); }
 
 struct Range {
     double lo = 0, hi = 0;
@@ -136,7 +137,7 @@ std::string render_heatmap(const Heatmap& h) {
         for (int64_t j = 0; j < h.cols; ++j) {
             const double v = h.v[i * h.cols + j];
             const std::string fill = sgn ? diverging(v / hi) : viridis((v - lo) / (hi - lo));
-            const std::string name = h.cell_name ? h.cell_name(i, j) : fmt::format("L{}H{}", i, j);
+            const std::string name = h.cell_name ? h.cell_name(i, j) : format_head(static_cast<int>(i), static_cast<int>(j));
             s += fmt::format("<rect class=\"cell\" x=\"{}\" y=\"{}\" width=\"{}\" height=\"{}\" fill=\"{}\" data-value=\"{}\">"
                              "<title>{} {} {}</title></rect>",
                              left + cell * j, top + cell_h * i, cell, cell_h, fill, exact(v), esc(h.label), esc(name), num(v));
@@ -161,13 +162,13 @@ std::string render_heatmap(const Heatmap& h) {
 }
 
 // ---- line charts (ablation curves) ----
-struct Point {
+struct ChartPoint {
     double x, y;
     std::string title;
 };
 struct Series {
     std::string name, css;  // css class: main, control, base
-    std::vector<Point> pts;
+    std::vector<ChartPoint> pts;
     bool line = true;
 };
 
@@ -488,7 +489,7 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
                 by_k[k].push_back(metric.values[s]);
             }
         }
-        std::sort(main.pts.begin(), main.pts.end(), [](const Point& a, const Point& b) { return a.x < b.x; });
+        std::sort(main.pts.begin(), main.pts.end(), [](const ChartPoint& a, const ChartPoint& b) { return a.x < b.x; });
         std::vector<std::array<double, 3>> bars;
         Series mean{"control mean", "cmean", {}};
         for (auto& [k, v] : by_k) {
@@ -509,7 +510,7 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
                 const double fr = static_cast<double>(heads_of(s).size()) / (L * H);
                 p.pts.push_back({fr, metric.values[s], fmt::format("pruned {:.1f}% {}", 100 * fr, num(metric.values[s]))});
             }
-        std::sort(p.pts.begin(), p.pts.end(), [](const Point& a, const Point& b) { return a.x < b.x; });
+        std::sort(p.pts.begin(), p.pts.end(), [](const ChartPoint& a, const ChartPoint& b) { return a.x < b.x; });
         out += "<h3>pruning curve</h3>" + render_chart({p}, "fraction of heads pruned", metric_name);
     }
     // Every configuration that is not a single-head one, as a table.

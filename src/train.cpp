@@ -3,6 +3,7 @@
 #include "patterns.h"
 
 #include "errors.h"
+#include "heads.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "system.h"
@@ -199,7 +200,6 @@ json evaluate_toy(const Model& m, ToyTask task, uint64_t eval_seed) {
 
 namespace {
 
-std::string head_name(int l, int h) { return fmt::format("L{}H{}", l, h); }
 
 // Mean attention statistics per [layer][head] on the evaluation sets:
 // prev = mean A[q, q-1]; circuit = induction A[q, q-n+1] over the second copy, or recall
@@ -251,7 +251,7 @@ std::vector<std::string> qualifying(const std::vector<std::vector<double>>& harm
     std::vector<std::pair<double, std::string>> hits;
     for (int l = l0; l <= l1 && l < static_cast<int>(harm.size()); ++l)
         for (size_t h = 0; h < harm[l].size(); ++h)
-            if (harm[l][h] >= min_harm && attn[l][h] >= min_attn) hits.push_back({harm[l][h], head_name(l, static_cast<int>(h))});
+            if (harm[l][h] >= min_harm && attn[l][h] >= min_attn) hits.push_back({harm[l][h], format_head(l, static_cast<int>(h))});
     std::sort(hits.begin(), hits.end(), [](const auto& a, const auto& b) { return a.first > b.first; });
     std::vector<std::string> out;
     for (auto& [d, n] : hits) out.push_back(n);
@@ -295,7 +295,7 @@ CircuitSet circuit_set(const Model& m, const EvalSets& s, bool ind, double basel
         for (const auto& o : cands)
             if (o != c) rest.push_back(o);
         const double kept = metric_with_ablated(m, s, rest);
-        out.kept_alone[head_name(c.first, c.second)] = kept;
+        out.kept_alone[format_head(c.first, c.second)] = kept;
         const double restored = all_harm - worse(kept);
         if (all_harm > 0 && restored >= 0.25 * all_harm) members.push_back({restored, c});
     }
@@ -352,7 +352,7 @@ json toy_ground_truth(const Model& m, ToyTask task, uint64_t eval_seed) {
     const CircuitSet set = circuit_set(m, s, ind, baseline, a.circuit, min_harm, min_attn);
     auto prev = qualifying(harm, a.prev, 0, 0, min_harm, min_attn);
     json members = json::array();
-    for (auto [l, h] : set.heads) members.push_back(head_name(l, h));
+    for (auto [l, h] : set.heads) members.push_back(format_head(l, h));
     j[circuit_key + "s"] = members;  // strongest single harm first
     j[circuit_key + "s_joint_ablation"] = set.heads.empty() ? json(nullptr) : json(set.joint_metric);
     j["other_late_heads_joint_ablation"] = set.heads.empty() ? json(nullptr) : json(set.others_metric);
@@ -365,7 +365,7 @@ json toy_ground_truth(const Model& m, ToyTask task, uint64_t eval_seed) {
     double outside = 0;
     for (int l = 0; l < L; ++l)
         for (int h = 0; h < H; ++h) {
-            const std::string n = head_name(l, h);
+            const std::string n = format_head(l, h);
             const bool in = std::find(members.begin(), members.end(), json(n)) != members.end() ||
                             std::find(prev.begin(), prev.end(), n) != prev.end();
             if (!in) outside = std::max(outside, harm[l][h]);
@@ -380,7 +380,7 @@ json toy_ground_truth(const Model& m, ToyTask task, uint64_t eval_seed) {
     if (prev.empty()) {
         std::vector<std::string> cands;
         for (int h = 0; h < H; ++h)
-            if (a.prev[0][h] >= min_attn) cands.push_back(head_name(0, h));
+            if (a.prev[0][h] >= min_attn) cands.push_back(format_head(0, h));
         j["previous_token_candidates"] = cands;
         notes.push_back(fmt::format("no single layer-0 head is causal: the largest harm from ablating one is {:.3f} "
                                     "(threshold {}); heads attending to the previous token: {}",

@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "heads.h"
 #include "guard.h"
 #include "progress.h"
 #include "util.h"
@@ -112,11 +113,11 @@ struct Result {
 static void print_top(const Result& r, int k) {
     auto flat = r.score.flatten();
     const int64_t H = r.score.size(1), n = std::min<int64_t>(k, flat.numel());
-    auto order = flat.argsort(0, true);
+    const auto order = rank_heads(r.score, true);
     std::string line = fmt::format("{:<16}", r.probe);
     for (int64_t i = 0; i < n; ++i) {
-        const int64_t j = order[i].item<int64_t>();
-        line += fmt::format(" L{}H{} {:.4f}", j / H, j % H, flat[j].item<double>());
+        const int64_t j = order[i];
+        line += fmt::format(" {} {:.4f}", format_head(static_cast<int>(j / H), static_cast<int>(j % H)), flat[j].item<double>());
     }
     if (r.probe == "induction-loss") line += fmt::format("  (baseline {:.4f})", std::get<double>(r.attrs.at("baseline_loss")));
     std::printf("%s\n", line.c_str());

@@ -2,8 +2,11 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "heads.h"
 #include "store.h"
 #include "util.h"
+
+#include <torch/torch.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -31,16 +34,12 @@ int run_top(const TopOptions& o) {
     if (d.shape.size() != 2 || d.is_string)
         throw StorageError(fmt::format("{}: {} is {}, expected numeric [layers, heads]", o.file, ds, shape_str(d.shape)));
     const int64_t H = d.shape[1];
-    std::vector<int64_t> idx(d.values.size());
-    std::iota(idx.begin(), idx.end(), 0);
-    // Stable: ties keep (layer, head) order.
-    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) {
-        return o.ascending ? d.values[a] < d.values[b] : d.values[a] > d.values[b];
-    });
+    // Ties keep (layer, head) order; NaN last.
+    const auto idx = rank_heads(torch::tensor(d.values, torch::kDouble).view({d.shape[0], H}), !o.ascending);
     const size_t n = std::min<size_t>(o.k, idx.size());
     std::printf("%-5s %-8s %s\n", "rank", "head", "score");
     for (size_t i = 0; i < n; ++i) {
-        const auto head = fmt::format("L{}H{}", idx[i] / H, idx[i] % H);
+        const auto head = format_head(static_cast<int>(idx[i] / H), static_cast<int>(idx[i] % H));
         std::printf("%-5zu %-8s %.6f\n", i + 1, head.c_str(), d.values[idx[i]]);
     }
     return 0;

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "heads.h"
 #include "guard.h"
 #include "progress.h"
 #include "train.h"
@@ -28,10 +29,11 @@ namespace {
 
 using nlohmann::json;
 
-// "L1H2" -> (1, 2)
+// "L1H2" -> (1, 2), as the training log writes it.
 std::pair<int, int> parse_head(const std::string& s) {
-    const auto h = s.find('H');
-    return {std::stoi(s.substr(1, h - 1)), std::stoi(s.substr(h + 1))};
+    int l = 0, h = 0;
+    if (!parse_head_name(s, l, h)) throw DataError(fmt::format("training log: '{}' is not a head name like L1H2", s));
+    return {l, h};
 }
 
 // The largest harm among the heads of `layer` other than `skip`.

@@ -1,6 +1,7 @@
 // Option groups shared by every subcommand (model, device, dtype, threads, output), defined once.
 #pragma once
 
+#include "errors.h"
 #include "model.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -13,6 +14,17 @@
 #include <vector>
 
 namespace hs::cli {
+
+// Runs fn; a UsageError from the library, which names the value and not the flag it came from, is
+// rethrown with the flag in front ("--ablate: 'x' is not a head ..."). Other errors pass as they are.
+template <class F>
+auto with_flag(const std::string& flag, F&& fn) -> decltype(fn()) {
+    try {
+        return fn();
+    } catch (const UsageError& e) {
+        throw UsageError(flag + ": " + e.what());
+    }
+}
 
 struct ModelArgs {
     std::string model;
