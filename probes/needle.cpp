@@ -72,9 +72,9 @@ std::vector<Needle> read_needles(const std::string& path) {
 PromptTemplate parse_template(const std::string& text) {
     const auto c = text.find("{context}");
     if (c == std::string::npos || text.find("{context}", c + 1) != std::string::npos)
-        throw UsageError(fmt::format("--template: needs {{context}} exactly once (got \"{}\")", text));
+        throw UsageError(fmt::format("needs {{context}} exactly once (got \"{}\")", text));
     if (text.find("{question}") == std::string::npos)
-        throw UsageError(fmt::format("--template: has no {{question}} placeholder (got \"{}\")", text));
+        throw UsageError(fmt::format("has no {{question}} placeholder (got \"{}\")", text));
     return PromptTemplate{text};
 }
 
@@ -208,7 +208,7 @@ Ablation parse_ablation(const std::string& s) {
     if (s == "zero-query") return Ablation::kZeroQuery;
     if (s == "mean-query") return Ablation::kMeanQuery;
     if (s == "zero") return Ablation::kZero;
-    throw UsageError(fmt::format("--ablation '{}': expected zero-query, mean-query or zero", s));
+    throw UsageError(fmt::format("ablation '{}': expected zero-query, mean-query or zero", s));
 }
 
 const char* ablation_name(Ablation a) {
@@ -416,6 +416,138 @@ std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_
     return out;
 }
 
+// ---- the experiment ----
+
+NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, std::vector<Needle> needles, const std::string& needles_path,
+                       std::vector<int64_t> haystack, TokenFacts facts, NeedleConfig config)
+    : m_(m), tok_(tok), needles_(std::move(needles)), haystack_(std::move(haystack)), facts_(std::move(facts)),
+      c_(std::move(config)) {
+    // The answer's tokens inside each needle's tokens (Wu et al.'s real_needle span), found once.
+    for (const auto& nd : needles_) {
+        const auto nt = encode(nd.needle);
+        const auto span = answer_span(tok_, nt, nd.answer);
+        if (!span)
+            throw DataError(fmt::format("{}:{}: the answer \"{}\" is not in the needle's decoded tokens (\"{}\"); "
+                                        "the retrieval score credits copies of the answer's tokens",
+                                        needles_path, nd.line, nd.answer,
+                                        tok_.decode(std::vector<int32_t>(nt.begin(), nt.end()), true)));
+        answer_spans_.push_back(*span);
+    }
+    for (auto len : c_.lengths)
+        for (auto dep : c_.depths)
+            for (size_t ni = 0; ni < needles_.size(); ++ni) {
+                const auto& nd = needles_[ni];
+                const int64_t n = static_cast<int64_t>(encode(nd.needle).size());
+                if (n >= len)
+                    throw DataError(fmt::format("{}:{}: the needle has {} tokens, no shorter than the context length {}",
+                                                needles_path, nd.line, n, len));
+                const int64_t tmpl_tokens = static_cast<int64_t>(facts_.bos_prefix.size() + encode(c_.tmpl.prefix(nd.question)).size() +
+                                                                 encode(c_.tmpl.suffix(nd.question)).size());
+                const int64_t positions = tmpl_tokens + len + c_.decode.max_new_tokens - 1;
+                if (c_.max_positions > 0 && positions > c_.max_positions)
+                    throw UsageError(fmt::format("length {}: the prompt ({} template + {} context tokens) plus {} new tokens "
+                                                 "needs {} positions, beyond the model's context of {}",
+                                                 len, tmpl_tokens, len, c_.decode.max_new_tokens, positions, c_.max_positions));
+                trials_.push_back(make_trial(len, dep, ni));
+            }
+    // Batches of up to config.batch trials with equal prompt lengths (rows of one forward).
+    std::map<size_t, std::vector<int64_t>> open;
+    for (int64_t i = 0; i < static_cast<int64_t>(trials_.size()); ++i) {
+        auto& g = open[trials_[i].prompt.size()];
+        g.push_back(i);
+        if (static_cast<int64_t>(g.size()) == std::max<int64_t>(1, c_.batch)) groups_.push_back(std::move(g)), g.clear();
+    }
+    for (auto& [len, g] : open)
+        if (!g.empty()) groups_.push_back(g);
+}
+
+std::vector<int64_t> NeedleTest::encode(const std::string& s) const {
+    const auto e = s.empty() ? std::vector<int32_t>{} : tok_.encode(s, false);
+    return std::vector<int64_t>(e.begin(), e.end());
+}
+
+Trial NeedleTest::make_trial(int64_t length, double depth, size_t ni) const {
+    const auto& nd = needles_[ni];
+    std::vector<int64_t> prefix = facts_.bos_prefix, body = encode(c_.tmpl.prefix(nd.question));
+    prefix.insert(prefix.end(), body.begin(), body.end());
+    return build_trial(facts_, haystack_, prefix, encode(nd.needle), encode(c_.tmpl.suffix(nd.question)), length, depth,
+                       static_cast<int>(ni), answer_spans_[ni]);
+}
+
+void NeedleTest::run(const DecodeSettings& s, const HeadSet* ablate,
+                     const std::function<void(int64_t, const DecodeOut&)>& f) const {
+    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
+    for (const auto& g : groups_) {
+        std::vector<const Trial*> ptrs;
+        for (auto i : g) ptrs.push_back(&trials_[i]);
+        auto outs = decode_batch(m_, ptrs, s, stop, ablate);
+        for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
+    }
+}
+
+TrialResult NeedleTest::judge(int64_t i, const std::vector<int64_t>& generated) const {
+    TrialResult r;
+    r.generated = generated;
+    r.response = trim(tok_.decode(std::vector<int32_t>(generated.begin(), generated.end()), true));
+    const std::string& answer = needles_[trials_[i].needle].answer;
+    r.rouge1_recall = rouge1(answer, r.response).recall;
+    r.rougeL_f = rougeL(answer, r.response).fmeasure;
+    r.passed = r.rouge1_recall > c_.pass_threshold;
+    return r;
+}
+
+std::vector<TrialResult> NeedleTest::run_baseline(const std::function<void()>& tick) const {
+    const int L = m_.config.n_layers, H = m_.config.n_heads;
+    std::vector<TrialResult> out(trials_.size());
+    DecodeSettings s = c_.decode;
+    s.score = true;
+    run(s, nullptr, [&](int64_t i, const DecodeOut& d) {
+        auto& r = out[i];
+        r = judge(i, d.generated);
+        r.retrieval = d.credit.sum(0);
+        const auto steps = answer_steps(tok_, d.generated, needles_[trials_[i].needle].answer);
+        r.answer_steps = static_cast<int64_t>(steps.size());
+        r.locos = steps.empty() ? torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble)
+                                : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
+        if (tick) tick();
+    });
+    return out;
+}
+
+std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const std::function<void()>& tick) const {
+    std::vector<TrialResult> out(trials_.size());
+    DecodeSettings s = c_.decode;
+    s.score = false;
+    run(s, &ablate, [&](int64_t i, const DecodeOut& d) {
+        out[i] = judge(i, d.generated);
+        if (tick) tick();
+    });
+    return out;
+}
+
+at::Tensor NeedleTest::calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
+                                 const std::function<void()>& tick) const {
+    const int64_t N = static_cast<int64_t>(trials_.size());
+    n = std::min(n, N);
+    std::vector<int64_t> order(N);
+    for (int64_t i = 0; i < N; ++i) order[i] = i;
+    std::mt19937_64 rng(seed);
+    for (int64_t i = 0; i < n; ++i) {  // partial Fisher-Yates
+        std::uniform_int_distribution<int64_t> pick(i, N - 1);
+        std::swap(order[i], order[pick(rng)]);
+    }
+    order.resize(n);
+    std::vector<std::vector<int64_t>> prompts;
+    for (auto i : order) {
+        const Trial& t = trials_[i];
+        auto p = t.length > max_tokens ? make_trial(max_tokens, t.depth, t.needle).prompt : t.prompt;
+        if (static_cast<int64_t>(p.size()) > max_tokens) p.resize(max_tokens);
+        prompts.push_back(std::move(p));
+    }
+    if (chosen) *chosen = order;
+    return calibrate_query_mean(m_, prompts, c_.decode.prefill_chunk, tick);
+}
+
 // ---- bootstrap ----
 
 std::vector<std::vector<int64_t>> bootstrap_indices(int64_t n, int64_t resamples, uint64_t seed) {
@@ -458,66 +590,6 @@ std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples, int64_
     }
     auto shape = samples.sizes().slice(1).vec();
     return {low.view(shape), high.view(shape)};
-}
-
-// ---- head sets ----
-
-std::vector<std::vector<std::pair<int, int>>> random_head_sets(int L, int H, const std::vector<std::pair<int, int>>& exclude,
-                                                               int64_t n_sets, uint64_t seed) {
-    std::vector<std::pair<int, int>> pool;
-    for (int l = 0; l < L; ++l)
-        for (int h = 0; h < H; ++h)
-            if (std::find(exclude.begin(), exclude.end(), std::make_pair(l, h)) == exclude.end()) pool.push_back({l, h});
-    const size_t k = exclude.size();
-    if (pool.size() < k)
-        throw UsageError(fmt::format("--random-controls: {} heads outside the ablated set, fewer than the {} a control needs",
-                                     pool.size(), k));
-    std::mt19937_64 rng(seed);
-    std::vector<std::vector<std::pair<int, int>>> out;
-    for (int64_t s = 0; s < n_sets; ++s) {
-        auto p = pool;
-        for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates
-            std::uniform_int_distribution<size_t> d(i, p.size() - 1);
-            std::swap(p[i], p[d(rng)]);
-        }
-        p.resize(k);
-        std::sort(p.begin(), p.end());
-        out.push_back(p);
-    }
-    return out;
-}
-
-std::vector<std::pair<int, int>> parse_heads(const std::string& s, int L, int H) {
-    std::vector<std::pair<int, int>> out;
-    for (const auto& part : split(s, ',')) {
-        const std::string p = trim(part);
-        if (p.empty()) continue;
-        int l = -1, h = -1;
-        char extra = 0;
-        if (std::sscanf(p.c_str(), "L%dH%d%c", &l, &h, &extra) != 2)
-            throw UsageError(fmt::format("--ablate: '{}' is not a head (expected L<layer>H<head>, e.g. L1H0)", p));
-        if (l < 0 || l >= L || h < 0 || h >= H)
-            throw UsageError(fmt::format("--ablate: {} is outside the model ({} layers x {} heads)", p, L, H));
-        if (std::find(out.begin(), out.end(), std::make_pair(l, h)) == out.end()) out.push_back({l, h});
-    }
-    if (out.empty()) throw UsageError("--ablate: no head named");
-    return out;
-}
-
-std::vector<std::pair<int, int>> top_heads(const at::Tensor& score, int64_t k) {
-    auto s = score.to(torch::kCPU, torch::kDouble).contiguous();
-    const int64_t H = s.size(1), n = s.numel();
-    std::vector<int64_t> idx(n);
-    for (int64_t i = 0; i < n; ++i) idx[i] = i;
-    const double* p = s.data_ptr<double>();
-    std::stable_sort(idx.begin(), idx.end(), [p](int64_t a, int64_t b) {
-        const bool na = std::isnan(p[a]), nb = std::isnan(p[b]);
-        if (na || nb) return !na && nb;
-        return p[a] > p[b];
-    });
-    std::vector<std::pair<int, int>> out;
-    for (int64_t i = 0; i < std::min(k, n); ++i) out.push_back({static_cast<int>(idx[i] / H), static_cast<int>(idx[i] % H)});
-    return out;
 }
 
 }  // namespace hs

@@ -8,6 +8,7 @@
 // per head: memory grows linearly with the context.
 #pragma once
 
+#include "heads.h"
 #include "hooks.h"
 #include "model.h"
 #include "rouge.h"
@@ -165,6 +166,74 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 // first case-insensitive occurrence of the answer in the concatenated decoded pieces.
 std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& generated, const std::string& answer);
 
+// ---- the experiment ----
+
+// What one needle test runs: the grid and the decode.
+struct NeedleConfig {
+    std::vector<int64_t> lengths;  // context tokens (haystack + needle)
+    std::vector<double> depths;    // percent
+    PromptTemplate tmpl;
+    DecodeSettings decode;         // max_new_tokens, prefill_chunk, scope (score is set per pass)
+    double pass_threshold = 0.5;   // ROUGE-1 recall > this passes
+    int64_t batch = 1;             // trials of equal prompt length decoded as rows of one forward
+    int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
+};
+
+// One trial's outcome. retrieval [L, H] (sum of the per-step credit), locos [L, H] (mean of
+// L+ - L- over the answer steps; NaN without one). The ablated passes fill only the ROUGE fields.
+struct TrialResult {
+    std::vector<int64_t> generated;
+    std::string response;  // decoded, stripped
+    double rouge1_recall = 0, rougeL_f = 0;
+    bool passed = false;
+    int64_t answer_steps = 0;
+    at::Tensor retrieval, locos;
+};
+
+// The trials of a grid (lengths x depths x needles, needle fastest) and the passes over them:
+// the scored baseline, LOCOS's mean-query calibration and ablated reruns. Trials of equal prompt
+// length run as rows of one batch (config.batch). Methods: docs/methods.md.
+class NeedleTest {
+public:
+    // Builds every trial. DataError naming "needles_path:line" for a needle whose answer is not in
+    // its decoded tokens or that is not shorter than a length; UsageError ("length N: ...") for a
+    // length whose prompt plus max_new_tokens - 1 positions exceed config.max_positions (checked
+    // before the trial is built).
+    NeedleTest(const Model& m, const Tokenizer& tok, std::vector<Needle> needles, const std::string& needles_path,
+               std::vector<int64_t> haystack, TokenFacts facts, NeedleConfig config);
+
+    const std::vector<Trial>& trials() const { return trials_; }
+    const std::vector<Needle>& needles() const { return needles_; }
+    const NeedleConfig& config() const { return c_; }
+
+    // The unablated, scored decode of every trial; tick() after each trial.
+    std::vector<TrialResult> run_baseline(const std::function<void()>& tick = {}) const;
+    // Every trial decoded with `ablate` (unscored): ROUGE and the pass flag only.
+    std::vector<TrialResult> run_ablated(const HeadSet& ablate, const std::function<void()>& tick = {}) const;
+    // LOCOS's calibration (nolima_ablation.py): n trials drawn from the whole grid by
+    // std::mt19937_64(seed) (partial Fisher-Yates; their indices into trials() in *chosen), each
+    // rebuilt at min(length, max_tokens) context tokens and cut to max_tokens prompt tokens, then
+    // calibrate_query_mean over their prompts. tick() after each prompt.
+    at::Tensor calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
+                         const std::function<void()>& tick = {}) const;
+
+private:
+    Trial make_trial(int64_t length, double depth, size_t needle) const;
+    std::vector<int64_t> encode(const std::string& s) const;
+    void run(const DecodeSettings& s, const HeadSet* ablate, const std::function<void(int64_t, const DecodeOut&)>& f) const;
+    TrialResult judge(int64_t i, const std::vector<int64_t>& generated) const;
+
+    const Model& m_;
+    const Tokenizer& tok_;
+    std::vector<Needle> needles_;
+    std::vector<int64_t> haystack_;
+    TokenFacts facts_;
+    NeedleConfig c_;
+    std::vector<std::pair<int64_t, int64_t>> answer_spans_;  // per needle, inside its tokens
+    std::vector<Trial> trials_;
+    std::vector<std::vector<int64_t>> groups_;  // trial indices decoded together
+};
+
 // Bootstrap over trials: `resamples` draws of N trial indices with replacement (std::mt19937_64
 // seeded, index = floor(u * N) with u = generate_canonical<double>), the mean of each draw, and
 // the 2.5th and 97.5th percentiles (linear interpolation, numpy's default) per head.
@@ -172,14 +241,5 @@ std::vector<std::vector<int64_t>> bootstrap_indices(int64_t n, int64_t resamples
 std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples /* [N, L, H] */, int64_t resamples,
                                                uint64_t seed);
 double percentile_linear(std::vector<double> v, double q);  // q in [0, 100]
-
-// Random head sets of `size` heads each drawn without replacement from the heads NOT in `exclude`.
-std::vector<std::vector<std::pair<int, int>>> random_head_sets(int L, int H, const std::vector<std::pair<int, int>>& exclude,
-                                                               int64_t n_sets, uint64_t seed);
-
-// "L1H0,L2H3" -> heads (UsageError naming the bad entry or a head outside the model).
-std::vector<std::pair<int, int>> parse_heads(const std::string& s, int L, int H);
-// The top-k heads of an [L, H] score (ties in (layer, head) order; NaN last).
-std::vector<std::pair<int, int>> top_heads(const at::Tensor& score, int64_t k);
 
 }  // namespace hs

@@ -27,7 +27,7 @@ expect "depth range" 2 "depths: 120 is outside \[0, 100\]" -- "$HS" retrieval "$
 no_file "$O"
 expect "template" 2 "template: has no \{question\}" -- "$HS" retrieval "$M" "${H[@]}" --lengths 60 --template '{context} Answer:' --out "$O"
 no_file "$O"
-expect "length beyond context" 2 "lengths 600: .* beyond the model's context of 512" -- "$HS" retrieval "$M" "${H[@]}" --lengths 600 --out "$O"
+expect "length beyond context" 2 "--lengths: length 600: .* beyond the model's context of 512" -- "$HS" retrieval "$M" "${H[@]}" --lengths 600 --out "$O"
 no_file "$O"
 expect "both length options" 2 "at most one of --lengths and --lengths-range" -- "$HS" retrieval "$M" "${H[@]}" --lengths 60 --lengths-range 40:80:3 --out "$O"
 expect "unknown score" 2 "unknown score 'copy'" -- "$HS" retrieval "$M" "${H[@]}" --score retrieval,copy --out "$O"

@@ -479,24 +479,6 @@ TEST_CASE("needle: bootstrap CI equals percentiles of resampled means computed d
     CHECK(h2.item<double>() == doctest::Approx(0.25));
 }
 
-TEST_CASE("needle: random controls never draw the ablated heads; head lists and top-k") {
-    const std::vector<std::pair<int, int>> ex = {{1, 0}, {1, 1}, {1, 2}};
-    const auto sets = random_head_sets(2, 4, ex, 50, 9);
-    REQUIRE(sets.size() == 50);
-    for (const auto& s : sets) {
-        CHECK(s.size() == 3);
-        CHECK(std::set<std::pair<int, int>>(s.begin(), s.end()).size() == 3);
-        for (const auto& h : s) CHECK(std::find(ex.begin(), ex.end(), h) == ex.end());
-    }
-    CHECK(random_head_sets(2, 4, ex, 50, 9) == sets);
-    CHECK_THROWS_AS(random_head_sets(2, 2, ex, 1, 9), UsageError);  // 2 heads left for sets of 3
-    CHECK(parse_heads("L1H0, L0H3", 2, 4) == std::vector<std::pair<int, int>>{{1, 0}, {0, 3}});
-    CHECK_THROWS_AS(parse_heads("L2H0", 2, 4), UsageError);
-    CHECK_THROWS_AS(parse_heads("1.0", 2, 4), UsageError);
-    auto sc = torch::tensor({0.1, 0.5, 0.2, 0.5, std::nan(""), 0.3}, torch::kDouble).view({2, 3});
-    CHECK(top_heads(sc, 3) == std::vector<std::pair<int, int>>{{0, 1}, {1, 0}, {1, 2}});
-}
-
 TEST_CASE("needle: bad needles files name the line") {
     TempDir tmp;
     auto expect_line = [&](const std::string& body, const std::string& what) {

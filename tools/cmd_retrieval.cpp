@@ -16,8 +16,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <map>
-#include <random>
 
 namespace hs::cli {
 
@@ -137,40 +135,6 @@ static std::vector<float> to_f(const at::Tensor& t) {
     return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-static std::string head_names(const std::vector<std::pair<int, int>>& hs) {
-    std::string s;
-    for (auto [l, h] : hs) s += fmt::format("{}L{}H{}", s.empty() ? "" : ",", l, h);
-    return s;
-}
-
-struct TrialRecord {
-    std::vector<int64_t> generated;
-    std::string response;
-    double rouge = 0;     // ROUGE-1 recall of the answer (stemmed): the pass rule
-    double rougeL = 0;    // ROUGE-L F (stemmed)
-    bool passed = false;
-    int64_t n_answer = 0;
-    at::Tensor retrieval, locos;  // [L, H] double (locos NaN without answer steps)
-};
-
-// Reads "FILE.h5:path/to/dataset" as an [L, H] score.
-static at::Tensor read_score(const std::string& spec, int L, int H) {
-    const auto c = spec.rfind(".h5:");
-    const auto c2 = spec.rfind(':');
-    const size_t cut = c != std::string::npos ? c + 3 : c2;
-    if (cut == std::string::npos || cut + 1 >= spec.size())
-        throw UsageError(fmt::format("--from '{}': expected FILE.h5:DATASET, e.g. scores.h5:scores/locos/score", spec));
-    const std::string file = spec.substr(0, cut);
-    std::string ds = spec.substr(cut + 1);
-    if (ds.front() != '/') ds = "/" + ds;
-    ResultReader r(file);
-    if (!r.exists(ds) || r.is_group(ds)) throw UsageError(fmt::format("--from: {} has no dataset {}", file, ds));
-    auto d = r.read_numbers(ds);
-    if (d.is_string || d.shape.size() != 2 || d.shape[0] != L || d.shape[1] != H)
-        throw UsageError(fmt::format("--from: {}:{} is {}, expected [{}, {}] (this model's layers x heads)", file, ds,
-                                     shape_str(d.shape), L, H));
-    return torch::tensor(d.values, torch::kDouble).view({L, H});
-}
 
 int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_given) {
     // ---- command line ----
@@ -183,7 +147,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     }
     if (!want_ret && !want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
     const WriteMode mode = write_mode(o.out);
-    const PromptTemplate tmpl = parse_template(o.tmpl);
+    const PromptTemplate tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
     if (range_given && lengths_given)
         throw UsageError("give at most one of --lengths and --lengths-range");
     const auto lengths = parse_lengths(o, range_given);
@@ -194,27 +158,15 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
     if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
     if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
-    const AblationScope scope = [&] {
-        try {
-            return parse_ablation_scope(o.ablation_scope);
-        } catch (const UsageError& e) {
-            throw UsageError(std::string("--ablation-scope: ") + e.what());
-        }
-    }();
-    const StopRule stop_rule = [&] {
-        try {
-            return parse_stop_rule(o.stop);
-        } catch (const UsageError& e) {
-            throw UsageError(std::string("--stop: ") + e.what());
-        }
-    }();
+    const AblationScope scope = with_flag("--ablation-scope", [&] { return parse_ablation_scope(o.ablation_scope); });
+    const StopRule stop_rule = with_flag("--stop", [&] { return parse_stop_rule(o.stop); });
     if (o.batch < 1) throw UsageError("--batch: need at least 1");
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
     if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
     if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
     const bool ablating = !o.ablate.empty() || o.ablate_top > 0;
     if (o.random_controls > 0 && !ablating) throw UsageError("--random-controls needs --ablate or --ablate-top");
-    const Ablation abl = parse_ablation(o.ablation);
+    const Ablation abl = with_flag("--ablation", [&] { return parse_ablation(o.ablation); });
 
     // ---- inputs ----
     auto lm = open_model(o.model, true);
@@ -230,139 +182,39 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());
     TokenFacts facts = token_facts(tok, stop_rule);
     if (m.config.eos_id >= 0) facts.eos_ids.push_back(m.config.eos_id);  // the model's own EOS (config.json) stops too
-    const std::function<bool(int64_t)> stop = [&facts](int64_t id) { return facts.stop(id); };
-    auto enc = [&](const std::string& s) {
-        const auto e = s.empty() ? std::vector<int32_t>{} : tok.encode(s, false);
-        return std::vector<int64_t>(e.begin(), e.end());
-    };
     std::vector<std::pair<int, int>> ablate_heads;
     at::Tensor from_score;
-    if (!o.ablate.empty()) ablate_heads = parse_heads(o.ablate, L, H);
+    if (!o.ablate.empty()) ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
-    if (!o.from.empty()) from_score = read_score(o.from, L, H);
+    if (!o.from.empty()) from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
 
-    // The answer's tokens inside each needle's tokens (Wu et al.'s real_needle span), found once.
-    std::vector<std::pair<int64_t, int64_t>> answer_spans;
-    for (const auto& nd : needles) {
-        const auto span = answer_span(tok, enc(nd.needle), nd.answer);
-        if (!span)
-            throw DataError(fmt::format("{}:{}: the answer \"{}\" is not in the needle's decoded tokens (\"{}\"); "
-                                        "the retrieval score credits copies of the answer's tokens",
-                                        needles_path, nd.line, nd.answer, tok.decode([&] {
-                                            const auto e = enc(nd.needle);
-                                            return std::vector<int32_t>(e.begin(), e.end());
-                                        }(), true)));
-        answer_spans.push_back(*span);
-    }
-    std::vector<Trial> trials;
-    auto make_trial = [&](int64_t len, double dep, size_t ni) {
-        const auto& nd = needles[ni];
-        std::vector<int64_t> prefix = facts.bos_prefix, body = enc(tmpl.prefix(nd.question));
-        prefix.insert(prefix.end(), body.begin(), body.end());
-        return build_trial(facts, haystack, prefix, enc(nd.needle), enc(tmpl.suffix(nd.question)), len, dep,
-                           static_cast<int>(ni), answer_spans[ni]);
-    };
-    for (auto len : lengths)
-        for (auto dep : depths)
-            for (size_t ni = 0; ni < needles.size(); ++ni) {
-                const auto& nd = needles[ni];
-                std::vector<int64_t> prefix = facts.bos_prefix, body = enc(tmpl.prefix(nd.question));
-                prefix.insert(prefix.end(), body.begin(), body.end());
-                const auto nt = enc(nd.needle), suffix = enc(tmpl.suffix(nd.question));
-                if (static_cast<int64_t>(nt.size()) >= len)
-                    throw DataError(fmt::format("{}:{}: the needle has {} tokens, no shorter than the context length {}",
-                                                needles_path, nd.line, nt.size(), len));
-                const int64_t positions = static_cast<int64_t>(prefix.size() + suffix.size()) + len + o.max_new_tokens - 1;
-                if (positions > m.config.max_seq_len)
-                    throw UsageError(fmt::format("--lengths {}: the prompt ({} template + {} context tokens) plus {} new tokens "
-                                                 "needs {} positions, beyond the model's context of {}",
-                                                 len, prefix.size() + suffix.size(), len, o.max_new_tokens, positions,
-                                                 m.config.max_seq_len));
-                trials.push_back(make_trial(len, dep, ni));
-            }
+    NeedleConfig cfg;
+    cfg.lengths = lengths, cfg.depths = depths, cfg.tmpl = tmpl, cfg.pass_threshold = o.pass_threshold, cfg.batch = o.batch;
+    cfg.decode.max_new_tokens = o.max_new_tokens, cfg.decode.prefill_chunk = o.prefill_chunk, cfg.decode.scope = scope;
+    cfg.max_positions = m.config.max_seq_len;
+    const NeedleTest test = with_flag("--lengths", [&] { return NeedleTest(m, tok, needles, needles_path, haystack, facts, cfg); });
+    const auto& trials = test.trials();
     const int64_t N = static_cast<int64_t>(trials.size());
     ResultWriter w(o.out.out, mode);  // fails now (unwritable, exists) rather than after the trials
 
-    // ---- baseline pass: both scores from one decode per trial ----
+    // ---- baseline pass: both scores from one decode per trial; mean-query calibration ----
     int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
     const bool calibrate = ablating && abl == Ablation::kMeanQuery;
     const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
     Progress prog("needle trials", N * (1 + n_sets_planned) + n_calib);
-    DecodeSettings ds;
-    ds.max_new_tokens = o.max_new_tokens, ds.prefill_chunk = o.prefill_chunk, ds.score = true, ds.scope = scope;
-    std::vector<TrialRecord> rec(N);
+    auto tick = [&prog] { prog.tick(); };
+    const std::vector<TrialResult> rec = test.run_baseline(tick);
     auto nan = std::numeric_limits<double>::quiet_NaN();
-    auto response_of = [&](const std::vector<int64_t>& generated) {
-        return trim(tok.decode(std::vector<int32_t>(generated.begin(), generated.end()), true));
-    };
-    auto record = [&](int64_t i, const DecodeOut& d) {
-        const auto& t = trials[i];
-        auto& r = rec[i];
-        r.generated = d.generated;
-        r.response = response_of(d.generated);
-        const std::string& answer = needles[t.needle].answer;
-        r.rouge = rouge1(answer, r.response).recall;
-        r.rougeL = rougeL(answer, r.response).fmeasure;
-        r.passed = r.rouge > o.pass_threshold;
-        r.retrieval = d.credit.sum(0);
-        const auto steps = answer_steps(tok, d.generated, answer);
-        r.n_answer = static_cast<int64_t>(steps.size());
-        r.locos = steps.empty() ? torch::full({L, H}, nan, torch::kDouble)
-                                : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
-        prog.tick();
-    };
-    // Batches of up to --batch trials with equal prompt lengths (rows of one forward).
-    std::vector<std::vector<int64_t>> groups;
-    {
-        std::map<size_t, std::vector<int64_t>> open;
-        for (int64_t i = 0; i < N; ++i) {
-            auto& g = open[trials[i].prompt.size()];
-            g.push_back(i);
-            if (static_cast<int64_t>(g.size()) == o.batch) groups.push_back(std::move(g)), g.clear();
-        }
-        for (auto& [len, g] : open)
-            if (!g.empty()) groups.push_back(g);
-    }
-    auto run_groups = [&](const DecodeSettings& set, const HeadSet* hs, const std::function<void(int64_t, const DecodeOut&)>& f) {
-        for (const auto& g : groups) {
-            std::vector<const Trial*> ptrs;
-            for (auto i : g) ptrs.push_back(&trials[i]);
-            auto outs = decode_batch(m, ptrs, set, stop, hs);
-            for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
-        }
-    };
-    run_groups(ds, nullptr, record);
-
-    // Mean-query calibration as LOCOS runs it (nolima_ablation.py calibrate_mean_activations):
-    // --calibration-trials trials drawn by the seed from the whole grid, each rebuilt at
-    // min(length, 5000) context tokens and cut to 5000 prompt tokens, prefill only, unablated.
     std::vector<int64_t> calib_idx;
     at::Tensor q_mean;
-    if (calibrate) {
-        std::vector<int64_t> order(N);
-        for (int64_t i = 0; i < N; ++i) order[i] = i;
-        std::mt19937_64 rng(static_cast<uint64_t>(o.seed) + 2);
-        for (int64_t i = 0; i < n_calib; ++i) {  // partial Fisher-Yates
-            std::uniform_int_distribution<int64_t> pick(i, N - 1);
-            std::swap(order[i], order[pick(rng)]);
-        }
-        calib_idx.assign(order.begin(), order.begin() + n_calib);
-        std::vector<std::vector<int64_t>> prompts;
-        for (auto i : calib_idx) {
-            const Trial& t = trials[i];
-            auto p = t.length > kCalibrationMaxTokens ? make_trial(kCalibrationMaxTokens, t.depth, t.needle).prompt : t.prompt;
-            if (static_cast<int64_t>(p.size()) > kCalibrationMaxTokens) p.resize(kCalibrationMaxTokens);
-            prompts.push_back(std::move(p));
-        }
-        q_mean = calibrate_query_mean(m, prompts, o.prefill_chunk, [&prog] { prog.tick(); });
-    }
+    if (calibrate) q_mean = test.calibrate(n_calib, static_cast<uint64_t>(o.seed) + 2, kCalibrationMaxTokens, &calib_idx, tick);
 
     // ---- aggregate ----
     std::vector<at::Tensor> ret_pass, locos_pass;
     for (int64_t i = 0; i < N; ++i) {
         if (!rec[i].passed) continue;
         ret_pass.push_back(rec[i].retrieval);
-        if (rec[i].n_answer > 0) locos_pass.push_back(rec[i].locos);
+        if (rec[i].answer_steps > 0) locos_pass.push_back(rec[i].locos);
     }
     const int64_t n_pass = static_cast<int64_t>(ret_pass.size()), n_locos = static_cast<int64_t>(locos_pass.size());
     auto ret_score = n_pass ? torch::stack(ret_pass).mean(0) : torch::full({L, H}, nan, torch::kDouble);
@@ -387,30 +239,27 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
             ablate_source = "--ablate";
         }
         sets.push_back(ablate_heads);
-        for (auto& s : random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1))
+        for (auto& s : with_flag("--random-controls", [&] {
+                 return random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1);
+             }))
             sets.push_back(s);
     }
     const int64_t S = static_cast<int64_t>(sets.size());
     std::vector<float> abl_recall(S * N), abl_rougeL(S * N);
     std::vector<float> abl_acc(S), abl_rougeL_mean(S);
     std::vector<int32_t> masks(S * L * H, 0);
-    DecodeSettings dsa = ds;
-    dsa.score = false;
     for (int64_t si = 0; si < S; ++si) {
         HeadSet hs{sets[si], abl, q_mean};
         for (auto [l, h] : sets[si]) masks[(si * L + l) * H + h] = 1;
         int64_t passed = 0;
         double rl_sum = 0;
-        auto score_ablated = [&](int64_t i, const DecodeOut& d) {
-            const std::string response = response_of(d.generated), &answer = needles[trials[i].needle].answer;
-            const double r = rouge1(answer, response).recall, rl = rougeL(answer, response).fmeasure;
-            abl_recall[si * N + i] = static_cast<float>(r);
-            abl_rougeL[si * N + i] = static_cast<float>(rl);
-            passed += r > o.pass_threshold;
-            rl_sum += rl;
-            prog.tick();
-        };
-        run_groups(dsa, &hs, score_ablated);
+        const auto res = test.run_ablated(hs, tick);
+        for (int64_t i = 0; i < N; ++i) {
+            abl_recall[si * N + i] = static_cast<float>(res[i].rouge1_recall);
+            abl_rougeL[si * N + i] = static_cast<float>(res[i].rougeL_f);
+            passed += res[i].passed;
+            rl_sum += res[i].rougeL_f;
+        }
         abl_acc[si] = static_cast<float>(passed) / static_cast<float>(N);
         abl_rougeL_mean[si] = static_cast<float>(rl_sum / static_cast<double>(N));
     }
@@ -455,7 +304,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (want_ret) {
         for (int l = 0; l < L; ++l)
             for (int h = 0; h < H; ++h)
-                if (ret_score[l][h].item<double>() > o.flag_threshold) flagged.push_back(fmt::format("L{}H{}", l, h));
+                if (ret_score[l][h].item<double>() > o.flag_threshold) flagged.push_back(format_head(l, h));
         w.write("/scores/retrieval/score", to_f(ret_score), {L, H});
         w.set_attrs("/scores/retrieval",
                     with({{"probe", std::string("retrieval")},
@@ -498,11 +347,11 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
         aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
         std::copy(rec[i].generated.begin(), rec[i].generated.end(), gen.begin() + i * Sg);
-        rouge_v[i] = static_cast<float>(rec[i].rouge);
-        rougeL_v[i] = static_cast<float>(rec[i].rougeL);
+        rouge_v[i] = static_cast<float>(rec[i].rouge1_recall);
+        rougeL_v[i] = static_cast<float>(rec[i].rougeL_f);
         passed_v[i] = rec[i].passed;
         len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
-        answer_steps_v[i] = rec[i].n_answer;
+        answer_steps_v[i] = rec[i].answer_steps;
         responses[i] = rec[i].response;
         auto a = to_f(rec[i].retrieval), b = to_f(rec[i].locos);
         ret_v.insert(ret_v.end(), a.begin(), a.end());
@@ -533,12 +382,12 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         w.write(ag + "/rougeL_f", abl_rougeL, {S, N});
         w.write(ag + "/accuracy", abl_acc, {S});
         std::vector<float> base_r(N);
-        for (int64_t i = 0; i < N; ++i) base_r[i] = static_cast<float>(rec[i].rouge);
+        for (int64_t i = 0; i < N; ++i) base_r[i] = static_cast<float>(rec[i].rouge1_recall);
         w.write(ag + "/baseline_rouge1_recall", base_r, {N});
         w.write(ag + "/baseline_rougeL_f", rougeL_v, {N});
         w.write(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(base_acc)}, {1});
         std::vector<std::string> names;
-        for (const auto& s : sets) names.push_back(head_names(s));
+        for (const auto& s : sets) names.push_back(format_heads(s));
         Attrs aa = {{"ablation", std::string(ablation_name(abl))},
                     {"heads", names},
                     {"source", ablate_source},
@@ -565,13 +414,13 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
 
     // ---- summary ----
     double base_rougeL = 0;
-    for (const auto& r : rec) base_rougeL += r.rougeL / static_cast<double>(N);
+    for (const auto& r : rec) base_rougeL += r.rougeL_f / static_cast<double>(N);
     std::printf("trials %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", static_cast<long long>(N),
                 static_cast<long long>(n_pass), base_acc, base_rougeL);
     auto print_top = [&](const char* name, const at::Tensor& s) {
         std::string line = fmt::format("{:<10}", name);
         for (auto [l, h] : top_heads(s, std::min<int64_t>(5, L * H)))
-            line += fmt::format(" L{}H{} {:.4f}", l, h, s[l][h].item<double>());
+            line += fmt::format(" {} {:.4f}", format_head(l, h), s[l][h].item<double>());
         std::printf("%s\n", line.c_str());
     };
     if (want_ret) {
@@ -587,7 +436,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     }
     for (int64_t si = 0; si < S; ++si)
         std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)  ROUGE-L F %.3f (baseline %.3f)\n",
-                    si == 0 ? "heads  " : "control", head_names(sets[si]).c_str(), abl_acc[si], base_acc,
+                    si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), abl_acc[si], base_acc,
                     abl_rougeL_mean[si], base_rougeL);
     log_info(fmt::format("wrote {} ({} trials)", o.out.out, N));
     return 0;
