@@ -10,12 +10,13 @@
 # A ratio is refused (printed as "refused") when either side failed or when the two sides' logits
 # differ by more than the tolerance below.
 # Usage: scripts/bench.sh [--smoke]   (--smoke: a tiny model, seconds; what CI runs)
-# Env: BENCH_DIR (default /tmp/headscope-bench), REPS (default 5), BENCH_SHAPES (batch:tokens list,
+# Env: HEADSCOPE_BIN (default build/headscope; ctest sets it, so a build-torch2/ run benchmarks its own
+# binary), BENCH_DIR (default /tmp/headscope-bench), REPS (default 5), BENCH_SHAPES (batch:tokens list,
 # default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
-HS=build/headscope
+HS=${HEADSCOPE_BIN:-build/headscope}
 [ -x "$HS" ] || { echo "bench.sh: build first (bash scripts/build.sh)" >&2; exit 1; }
 PY=$(bash scripts/find_python.sh torch numpy) || exit 1
 DIR=${BENCH_DIR:-/tmp/headscope-bench}; mkdir -p "$DIR"

@@ -1,5 +1,6 @@
 #include "system.h"
 
+#include <ATen/Version.h>
 #include <dlfcn.h>
 #include <link.h>
 #include <malloc.h>
@@ -43,6 +44,8 @@ int set_threads(int n) {
 static int find_blas(struct dl_phdr_info* info, size_t, void* data) {
     std::string name = info->dlpi_name ? info->dlpi_name : "";
     auto base = name.substr(name.find_last_of('/') + 1);
+    // cuBLAS (loaded by a CUDA build of libtorch, e.g. the pip wheel's) multiplies on the GPU only.
+    if (base.find("cublas") != std::string::npos) return 0;
     if (base.find("blas") != std::string::npos || base.find("mkl_rt") != std::string::npos) {
         auto* out = static_cast<std::string*>(data);
         if (out->empty()) *out = name;
@@ -63,7 +66,9 @@ SystemInfo system_info() {
         s.blas_library = realpath(lib.c_str(), buf) ? std::string(buf) : lib;
     }
     const std::string& p = s.blas_library;
-    if (p.empty()) {
+    if (p.empty() && at::show_config().find("BLAS_INFO=mkl") != std::string::npos) {
+        s.blas_kind = "MKL (linked into libtorch)";  // the pip wheel and the libtorch archives
+    } else if (p.empty()) {
         s.blas_kind = "none found (libtorch's own kernels)";
     } else if (p.find("openblas") != std::string::npos) {
         s.blas_kind = "OpenBLAS";

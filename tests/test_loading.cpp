@@ -186,10 +186,15 @@ TEST_CASE("bf16 compute stays close to fp32 on every real checkpoint in testdata
         auto a = m32->forward(tokens), b = m16->forward(tokens).to(torch::kFloat);
         CHECK((b.scalar_type() == torch::kFloat));
         // bf16 keeps 8 bits of mantissa: logits of magnitude ~10 agree to a few tenths (measured
-        // 0.10 / 0.21 / 0.41 on aidreams260K / tinystories-656k / stories260K, largest logits 12-17).
+        // 0.10 / 0.21 / 0.41 on aidreams260K / tinystories-656k / stories260K with libtorch 1.13,
+        // 0.16 / 0.23 / 0.56 with 2.15; largest logits 12-17). The bound is 0.6, not 0.5, for 2.x:
+        // its 0.56 is one logit (stories260K, row 0, position 8, token 267), also the worst under
+        // 1.13 (0.41). libtorch 2.x rounds bf16 SiLU once from fp32 (1.13 rounded an intermediate:
+        // one bf16 step off in ~30% of outputs), another rounding path that moves that logit further;
+        // over 40 random sequences both give the same median worst error (0.21) and mean error (0.033).
         const double err = (a - b).abs().max().item<double>();
         MESSAGE(name << ": max |bf16 - fp32| logit " << err << " (largest logit " << a.abs().max().item<double>() << ")");
-        CHECK(err < 0.5);
+        CHECK(err < 0.6);
         // The top token agrees wherever fp32's top-2 gap exceeds twice the worst error (a smaller gap
         // may flip honestly).
         auto top2 = std::get<0>(a.topk(2, -1));  // [2, T, 2]

@@ -1,0 +1,62 @@
+#!/usr/bin/env bash
+# The test suite against PyPI's current torch wheel (libtorch 2.x) instead of Debian's libtorch 1.13,
+# from a fresh Debian 12 machine with scripts/install_deps.sh done:
+#   1. a virtual environment: .venv-torch2/ in the repository root (ignored by git), or
+#      $HEADSCOPE_TORCH2_VENV; created when absent, reused otherwise;
+#   2. pip installs torch there when it is missing (pip's cache, ~/.cache/pip, is reused), then the nvcc
+#      of the wheel's own CUDA version (cuda-toolkit[nvcc], ~110 MB): the wheel is a CUDA build and its
+#      CMake files want a CUDA toolkit even on a machine without a GPU (scripts/build.sh, "CUDA");
+#   3. scripts/build.sh --torch into build-torch2/;
+#   4. ctest in build-torch2/ (the CI toy models are trained once into build-torch2/ci-toy/).
+# Prints how long each phase took.
+#   bash scripts/test_torch2.sh [CTEST ARGS...]   e.g. -R unit_ to run the doctest suites only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo="$(pwd)"
+venv="${HEADSCOPE_TORCH2_VENV:-$repo/.venv-torch2}"
+times=()
+phase_start=0
+start() { phase_start=$(date +%s); echo "== test_torch2.sh: $1" >&2; }
+done_() { times+=("$(printf '%-8s %5d s' "$1" $(($(date +%s) - phase_start)))"); }
+report() { echo "== test_torch2.sh: phase times" >&2; printf '   %s\n' "${times[@]}" >&2; }
+trap report EXIT
+
+start "virtual environment $venv"
+if [ ! -x "$venv/bin/python" ]; then
+  # Debian's python3 lacks ensurepip (and so venv) until python3-venv is installed.
+  if ! python3 -m venv "$venv" 2>/dev/null; then
+    rm -rf "$venv"
+    SUDO=""
+    [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -q
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q python3-venv
+    python3 -m venv "$venv"
+  fi
+fi
+done_ venv
+
+start "torch (pip)"
+py="$venv/bin/python"
+if ! "$py" -c 'import torch' 2>/dev/null; then
+  "$py" -m pip install torch
+fi
+# The CUDA toolkit version the wheel depends on (empty for a CPU-only torch): its nvcc, same version.
+cuda_tk=$("$py" -c 'from importlib.metadata import version
+try: print(version("cuda-toolkit"))
+except Exception: print("")')
+if [ -n "$cuda_tk" ] && ! ls "$venv"/lib/python3*/site-packages/nvidia/cu*/bin/nvcc >/dev/null 2>&1; then
+  "$py" -m pip install "cuda-toolkit[nvcc]==$cuda_tk"
+fi
+prefix=$("$py" -c 'import torch; print(torch.utils.cmake_prefix_path)' 2>/dev/null)
+echo "torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null) at $prefix" >&2
+done_ pip
+
+start "build build-torch2/"
+bash scripts/build.sh --torch "$prefix"
+done_ build
+
+start "ctest in build-torch2/"
+rc=0
+(cd build-torch2 && ctest --output-on-failure --timeout 1500 "$@") || rc=$?
+done_ ctest
+exit $rc
