@@ -40,7 +40,7 @@ args=(-DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$root/share/cmake/Torch" -DCMAKE_P
 # archives are (torch._C._GLIBCXX_USE_CXX11_ABI is True); older pip wheels were built with the old one
 # and cannot be linked with Debian's libraries. No flag is needed for a new-ABI libtorch.
 c10="$root/lib/libc10.so"
-if [ -f "$c10" ] && ! nm -D --defined-only "$c10" | grep -q __cxx11; then
+if [ -f "$c10" ] && [ "$(nm -D --defined-only "$c10" | grep -c __cxx11)" -eq 0 ]; then  # (grep -q: SIGPIPE under pipefail)
   echo "build.sh: $c10 uses the pre-C++11 string ABI (_GLIBCXX_USE_CXX11_ABI=0); headscope links Debian's" >&2
   echo "  libraries (new ABI): use torch >= 2.7 or a 'cxx11 ABI' libtorch archive" >&2
   exit 2
