@@ -34,7 +34,7 @@ std::vector<int64_t> AblationData::file_tokens() const {
     return out;
 }
 
-static AblationData from_seqs(const std::string& name, const std::string& kind,
+static AblationData from_seqs(const std::string& name, DataKind kind,
                               const std::vector<std::vector<int64_t>>& seqs) {
     AblationData d;
     d.name = name, d.kind = kind;
@@ -51,7 +51,7 @@ static AblationData from_seqs(const std::string& name, const std::string& kind,
 
 AblationData sequence_data(const std::string& name, const std::vector<std::vector<int64_t>>& seqs) {
     if (seqs.empty()) throw DataError(fmt::format("data '{}': no sequences", name));
-    return from_seqs(name, "tokens", seqs);
+    return from_seqs(name, DataKind::kTokens, seqs);
 }
 
 AblationData repeated_data(const Model& m, int64_t n, int64_t count, int64_t seed, int64_t lo, int64_t hi,
@@ -59,7 +59,7 @@ AblationData repeated_data(const Model& m, int64_t n, int64_t count, int64_t see
     StripeInput in;
     in.seq_len = n, in.batch = count, in.seed = seed, in.token_lo = lo, in.token_hi = hi;
     AblationData d;
-    d.kind = "repeated";
+    d.kind = DataKind::kRepeated;
     d.tokens = repeated_random_tokens(m, in, tok);
     d.lengths.assign(count, d.tokens.size(1));
     d.n = n;
@@ -79,12 +79,12 @@ static void check_ids(const Experiment& e, const DataSpec& d, const Model& m, co
 
 static const Tokenizer& need_tokenizer(const Experiment& e, const DataSpec& d, const Tokenizer* tok) {
     if (!tok) e.fail(d.mark, fmt::format("data '{}' ({}) needs a tokenizer: none found next to the model (set tokenizer:)",
-                                         d.name, d.kind));
+                                         d.name, name_of(d.kind)));
     return *tok;
 }
 
 AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok) {
-    if (d.kind == "repeated") {
+    if (d.kind == DataKind::kRepeated) {
         AblationData out;
         try {
             out = repeated_data(m, d.length, d.count, d.seed >= 0 ? d.seed : e.seed, d.token_lo, d.token_hi, tok);
@@ -97,7 +97,7 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
     const std::string text = read_utf8_text_file(d.file);
     std::vector<std::vector<int64_t>> seqs;
     std::vector<int64_t> answers, cfs;
-    if (d.kind == "text") {
+    if (d.kind == DataKind::kText) {
         const Tokenizer& t = need_tokenizer(e, d, tok);
         auto ids32 = t.encode(text, false);
         std::vector<int64_t> ids(ids32.begin(), ids32.end());
@@ -122,7 +122,7 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
             if (line.empty()) continue;
             if (d.count > 0 && static_cast<int64_t>(seqs.size()) >= d.count) break;
             const std::string where = fmt::format("{}:{}", d.file, line_no);
-            if (d.kind == "tokens") {
+            if (d.kind == DataKind::kTokens) {
                 std::vector<int64_t> ids;
                 for (const auto& part : split(line, ',')) {
                     const auto p = trim(part);
@@ -165,24 +165,6 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
     return out;
 }
 
-AblationMode parse_mode_kind(const std::string& s) {
-    if (s == "zero") return AblationMode::kZero;
-    if (s == "mean") return AblationMode::kMean;
-    if (s == "resample") return AblationMode::kResample;
-    if (s == "scale") return AblationMode::kScale;
-    if (s == "zero-query") return AblationMode::kZeroQuery;
-    if (s == "mean-query") return AblationMode::kMeanQuery;
-    throw UsageError(fmt::format("unknown mode '{}' (zero, mean, resample, scale, zero-query, mean-query)", s));
-}
-
-MetricKind parse_metric_kind(const std::string& s) {
-    if (s == "loss") return MetricKind::kLoss;
-    if (s == "accuracy") return MetricKind::kAccuracy;
-    if (s == "logit-diff") return MetricKind::kLogitDiff;
-    if (s == "kl") return MetricKind::kKl;
-    throw UsageError(fmt::format("unknown metric '{}' (loss, accuracy, logit-diff, kl)", s));
-}
-
 // ---------------------------------------------------------------- engine
 
 namespace {
@@ -205,8 +187,6 @@ struct Ablator::Impl {
     at::Tensor resample_src;       // [N] int64
     int64_t L = 0, H = 0;
 };
-
-static bool query_mode(AblationMode m) { return m == AblationMode::kZeroQuery || m == AblationMode::kMeanQuery; }
 
 // Final residual [B, T, D] of a forward (no logits).
 static at::Tensor final_resid(const Model& m, const at::Tensor& tokens, Hooks& hooks, ForwardOptions fo) {
@@ -263,10 +243,10 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
     if (N == 0) throw DataError(fmt::format("data '{}': no rows", data.name));
     const auto dev = m.options.device;
     const auto lopt = torch::TensorOptions().dtype(torch::kLong);
-    const bool answer = s_.metric == MetricKind::kAccuracy || s_.metric == MetricKind::kLogitDiff || s_.positions == "answer";
+    const bool answer = s_.metric == MetricKind::kAccuracy || s_.metric == MetricKind::kLogitDiff || s_.positions == Positions::kAnswer;
     if (answer && data.answers.size() != static_cast<size_t>(N))
         throw ConfigError(fmt::format("data '{}': the metric needs prompt/answer pairs (a prompts dataset)", data.name));
-    if (s_.positions == "repeated-half" && data.n < 2)
+    if (s_.positions == Positions::kRepeatedHalf && data.n < 2)
         throw ConfigError(fmt::format("data '{}': positions repeated-half needs a repeated dataset", data.name));
     if (s_.metric == MetricKind::kLogitDiff)
         for (int64_t i = 0; i < N; ++i)
@@ -289,7 +269,7 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
             };
             if (answer) {
                 add(len - 1, data.answers[i], data.counterfactuals.empty() ? 0 : std::max<int64_t>(0, data.counterfactuals[i]));
-            } else if (s_.positions == "repeated-half") {
+            } else if (s_.positions == Positions::kRepeatedHalf) {
                 for (int64_t p = data.n + 1; p <= 2 * data.n - 1; ++p) add(p, acc[i][p + 1], 0);
             } else {
                 for (int64_t p = 0; p + 1 < len; ++p) add(p, acc[i][p + 1], 0);
@@ -314,18 +294,18 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
     }
     // References for mean / resample: z (or q) of the clean model on the reference data.
     const auto mode = s_.mode;
-    if (mode == AblationMode::kMean || mode == AblationMode::kMeanQuery || mode == AblationMode::kResample) {
+    if (needs_reference(mode)) {
         const AblationData* ref = s_.reference ? s_.reference : &data;
         const int64_t Nr = ref->rows(), Tr = ref->tokens.size(1);
         const int64_t min_len = *std::min_element(ref->lengths.begin(), ref->lengths.end());
-        if (mode == AblationMode::kResample && min_len < T)
+        if (mode == Intervention::kResample && min_len < T)
             throw ConfigError(fmt::format("mode resample: reference '{}' has rows of {} tokens, shorter than the {} of '{}'",
                                           ref->name, min_len, T, data.name));
-        if (mode != AblationMode::kResample && s_.per_position && Tr < T)
+        if (mode != Intervention::kResample && s_.per_position && Tr < T)
             throw ConfigError(fmt::format("mode {}: per-position means over '{}' ({} positions) cannot cover '{}' ({} positions); "
-                                          "use per_position: false", mode == AblationMode::kMean ? "mean" : "mean-query",
+                                          "use per_position: false", intervention_name(mode),
                                           ref->name, Tr, data.name, T));
-        const Point p = query_mode(mode) ? Point::kAttnQ : Point::kAttnZ;
+        const Point p = on_query(mode) ? Point::kAttnQ : Point::kAttnZ;
         std::vector<at::Tensor> sum(I.L), full(I.L);
         auto valid = torch::zeros({Nr, Tr});
         for (int64_t i = 0; i < Nr; ++i) valid[i].narrow(0, 0, ref->lengths[i]).fill_(1.0);
@@ -335,7 +315,7 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
             auto vmask = valid.narrow(0, r0, rb).to(dev).view({rb, Tr, 1, 1});
             Hooks h;
             h.capture(p, [&](int l, const at::Tensor& x) {  // x [rb, Tr, H, d]
-                if (mode == AblationMode::kResample) {
+                if (mode == Intervention::kResample) {
                     full[l] = full[l].defined() ? torch::cat({full[l], x}) : x.clone();
                 } else {
                     auto xs = (x.to(torch::kFloat) * vmask);
@@ -349,14 +329,14 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
         }
         I.ref.resize(I.L);
         for (int64_t l = 0; l < I.L; ++l) {
-            if (mode == AblationMode::kResample) {
+            if (mode == Intervention::kResample) {
                 I.ref[l] = full[l];
             } else {
                 auto count = s_.per_position ? valid.sum(0).view({Tr, 1, 1}) : valid.sum().view({1, 1});
                 I.ref[l] = (sum[l] / count.to(dev)).to(m.options.dtype);  // [Tr, H, d] or [H, d]
             }
         }
-        if (mode == AblationMode::kResample) {
+        if (mode == Intervention::kResample) {
             // Row i reads reference row (i + shift) mod N_ref; shift != 0 when the reference is the
             // data itself, so no row reads its own activations.
             const bool self = ref == &data || ref->name == data.name;
@@ -379,34 +359,35 @@ namespace {
 void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, const at::Tensor& M, const Chunk& ch,
                int64_t first_layer) {
     const int64_t g = M.size(0), b = ch.b, H = I.H;
-    const Point p = query_mode(s.mode) ? Point::kAttnQ : Point::kAttnZ;
+    const Point p = on_query(s.mode) ? Point::kAttnQ : Point::kAttnZ;
     for (int64_t l = first_layer; l < I.L; ++l) {
         auto ml = M.select(1, l);  // [g, H]
         if (!ml.any().item<bool>()) continue;
         auto drop = ml.repeat_interleave(b, 0).view({g * b, 1, H, 1});
         at::Tensor value;
-        if (s.mode == AblationMode::kMean || s.mode == AblationMode::kMeanQuery) {
+        if (s.mode == Intervention::kMean || s.mode == Intervention::kMeanQuery) {
             value = I.ref[l];
-        } else if (s.mode == AblationMode::kResample) {
+        } else if (s.mode == Intervention::kResample) {
             auto src = I.resample_src.narrow(0, ch.r0, b).to(I.ref[l].device());
             value = I.ref[l].index_select(0, src).repeat({g, 1, 1, 1});  // [g*b, T_ref, H, d]
         }
-        const AblationMode mode = s.mode;
+        const Intervention mode = s.mode;
         const double factor = s.factor;
         const bool per_pos = s.per_position;
         hooks.edit(p, [drop, value, mode, factor, per_pos](int, const at::Tensor& x) -> std::optional<at::Tensor> {
             auto d = drop.to(x.scalar_type());
             switch (mode) {
-                case AblationMode::kZero:
-                case AblationMode::kZeroQuery: return x * (1 - d);
-                case AblationMode::kScale: return x * (1 + d * (factor - 1));
-                case AblationMode::kMean:
-                case AblationMode::kMeanQuery: {
+                case Intervention::kZero:
+                case Intervention::kZeroQuery: return x * (1 - d);
+                case Intervention::kScale: return x * (1 + d * (factor - 1));
+                case Intervention::kMean:
+                case Intervention::kMeanQuery: {
                     const int64_t T = x.size(1);
                     auto v = per_pos ? value.narrow(0, 0, T).unsqueeze(0) : value.view({1, 1, value.size(0), value.size(1)});
                     return x + d * (v - x);
                 }
-                case AblationMode::kResample: return x + d * (value.narrow(1, 0, x.size(1)) - x);
+                case Intervention::kResample: return x + d * (value.narrow(1, 0, x.size(1)) - x);
+                case Intervention::kNone: break;
             }
             return std::nullopt;
         }, static_cast<int>(l));
@@ -597,10 +578,10 @@ StudyConfigs build_study(const Experiment& e, const StudySpec& s,
         c.control_seed.push_back(seed), c.fraction.push_back(0.0);
     };
     add(torch::zeros({L, H}, torch::kUInt8), "baseline", "baseline", 0, -1);
-    auto cand = s.has_heads && s.sweep != "cumulative" ? resolve_heads(e, s.heads, computed, L, H)
+    auto cand = s.has_heads && s.sweep != SweepKind::kCumulative ? resolve_heads(e, s.heads, computed, L, H)
                                                        : torch::ones({L, H}, torch::kUInt8);
     std::vector<at::Tensor> excluded;  // heads under test, per configuration (after the baseline)
-    if (s.sweep == "single") {
+    if (s.sweep == SweepKind::kSingle) {
         if (count(cand) == 0) e.fail(s.heads_mark, fmt::format("study '{}': the head set is empty", s.name));
         for (int l = 0; l < L; ++l)
             for (int h = 0; h < H; ++h)
@@ -609,20 +590,20 @@ StudyConfigs build_study(const Experiment& e, const StudySpec& s,
                     m[l][h] = 1;
                     add(m, "single", format_head(l, h), 1, -1);
                 }
-    } else if (s.sweep == "layer") {
+    } else if (s.sweep == SweepKind::kLayer) {
         for (int l = 0; l < L; ++l)
             if (cand[l].any().item<bool>()) {
                 auto m = torch::zeros({L, H}, torch::kUInt8);
                 m[l].fill_(1);
                 add(m, "layer", fmt::format("L{}", l), H, -1);
             }
-    } else if (s.sweep == "set") {
+    } else if (s.sweep == SweepKind::kSet) {
         for (const auto& [name, spec] : s.sets) {
             auto m = resolve_heads(e, spec, computed, L, H);
             if (count(m) == 0) e.fail(spec.mark, fmt::format("set '{}' is empty", name));
             add(m, "set", name, count(m), -1);
         }
-    } else if (s.sweep == "cumulative") {
+    } else if (s.sweep == SweepKind::kCumulative) {
         for (size_t ki = 0; ki < s.heads.ks.size(); ++ki) {
             auto m = resolve_heads(e, s.heads, computed, L, H, ki);
             add(m, "cumulative", fmt::format("{}-{}", s.heads.kind == HeadSpec::Kind::kTop ? "top" : "bottom", s.heads.ks[ki]),
@@ -632,7 +613,7 @@ StudyConfigs build_study(const Experiment& e, const StudySpec& s,
     if (s.controls == 0) return c;
     // Controls after each configuration: random sets of its size among the heads not under test.
     at::Tensor widest;  // cumulative: every head the sweep tests
-    if (s.sweep == "cumulative")
+    if (s.sweep == SweepKind::kCumulative)
         for (size_t i = 1; i < c.masks.size(); ++i) widest = widest.defined() ? widest.bitwise_or(c.masks[i]) : c.masks[i].clone();
     StudyConfigs out;
     for (size_t i = 0; i < c.masks.size(); ++i) {

@@ -24,7 +24,8 @@ class Tokenizer;
 
 // One dataset of an experiment, ready for forwards.
 struct AblationData {
-    std::string name, kind;          // kind: repeated | text | tokens | prompts
+    std::string name;
+    DataKind kind = DataKind::kTokens;
     at::Tensor tokens;               // [N, T] int64, right-padded with id 0 past each row's length
     std::vector<int64_t> lengths;    // [N]
     int64_t n = 0;                   // repeated: |R| (T = 2n + 1)
@@ -45,19 +46,16 @@ AblationData repeated_data(const Model& m, int64_t n, int64_t count, int64_t see
 // Token-id sequences as given (one row each).
 AblationData sequence_data(const std::string& name, const std::vector<std::vector<int64_t>>& seqs);
 
-enum class AblationMode { kZero, kMean, kResample, kScale, kZeroQuery, kMeanQuery };
-AblationMode parse_mode_kind(const std::string& s);  // names as in the YAML
-enum class MetricKind { kLoss, kAccuracy, kLogitDiff, kKl };
-MetricKind parse_metric_kind(const std::string& s);
-
+// The intervention (src/intervention.h) and the metric (src/experiment.h: MetricKind, Positions)
+// use the experiment's vocabularies.
 struct AblationSetup {
-    AblationMode mode = AblationMode::kZero;
+    Intervention mode = Intervention::kZero;  // any but kNone
     double factor = 0.0;             // scale
     bool per_position = true;        // mean / mean-query
     const AblationData* reference = nullptr;  // mean, mean-query, resample
     int64_t resample_seed = 0;
     MetricKind metric = MetricKind::kLoss;
-    std::string positions = "all";   // loss / kl: all | repeated-half | answer
+    Positions positions = Positions::kAll;  // loss / kl
     int64_t max_rows = 64;           // rows per forward (configurations x dataset rows)
     bool prefix_reuse = true;        // share layers below the first ablated layer of a batch
 };

@@ -92,19 +92,9 @@ std::string PromptTemplate::suffix(const std::string& q) const {
 
 // ---- tokens ----
 
-StopRule parse_stop_rule(const std::string& s) {
-    if (s == "newline") return StopRule::kNewline;
-    if (s == "eos") return StopRule::kEos;
-    if (s == "none") return StopRule::kNone;
-    throw UsageError(fmt::format("stop rule '{}': expected newline, eos or none", s));
-}
-
-const char* stop_rule_name(StopRule r) {
-    switch (r) {
-        case StopRule::kNewline: return "newline";
-        case StopRule::kEos: return "eos";
-        default: return "none";
-    }
+const NameTable<StopRule>& stop_rule_names() {
+    static const NameTable<StopRule> t = {{StopRule::kNewline, "newline"}, {StopRule::kEos, "eos"}, {StopRule::kNone, "none"}};
+    return t;
 }
 
 bool TokenFacts::stop(int64_t id) const {
@@ -204,39 +194,27 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
 
 // ---- ablation ----
 
-Ablation parse_ablation(const std::string& s) {
-    if (s == "zero-query") return Ablation::kZeroQuery;
-    if (s == "mean-query") return Ablation::kMeanQuery;
-    if (s == "zero") return Ablation::kZero;
-    throw UsageError(fmt::format("ablation '{}': expected zero-query, mean-query or zero", s));
+const std::vector<Intervention>& needle_ablations() {
+    static const std::vector<Intervention> v = {Intervention::kZeroQuery, Intervention::kMeanQuery, Intervention::kZero};
+    return v;
 }
 
-const char* ablation_name(Ablation a) {
-    switch (a) {
-        case Ablation::kZeroQuery: return "zero-query";
-        case Ablation::kMeanQuery: return "mean-query";
-        case Ablation::kZero: return "zero";
-        default: return "none";
-    }
+const NameTable<AblationScope>& ablation_scope_names() {
+    static const NameTable<AblationScope> t = {{AblationScope::kAll, "all"}, {AblationScope::kDecode, "decode"}};
+    return t;
 }
-
-AblationScope parse_ablation_scope(const std::string& s) {
-    if (s == "all") return AblationScope::kAll;
-    if (s == "decode") return AblationScope::kDecode;
-    throw UsageError(fmt::format("ablation scope '{}': expected all or decode", s));
-}
-
-const char* ablation_scope_name(AblationScope s) { return s == AblationScope::kAll ? "all" : "decode"; }
 
 void HeadSet::apply(Hooks& hooks) const {
     for (auto [l, h] : heads) {
         switch (mode) {
-            case Ablation::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
-            case Ablation::kMeanQuery:
+            case Intervention::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Intervention::kMeanQuery:
                 hooks.intervene_q_pre_rope(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
                 break;
-            case Ablation::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
-            default: break;
+            case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Intervention::kNone: break;
+            default:
+                throw std::invalid_argument(std::string("HeadSet: the needle test does not run ") + intervention_name(mode));
         }
     }
 }

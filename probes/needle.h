@@ -10,6 +10,7 @@
 
 #include "heads.h"
 #include "hooks.h"
+#include "intervention.h"
 #include "model.h"
 #include "rouge.h"
 #include "tokenizer.h"
@@ -60,8 +61,8 @@ struct Trial {
 // decodes to exactly "\n" (LOCOS: the id of encode("\n"); Wu: "<0x0A>") and on EOS; kEos on EOS
 // only; kNone never (max_new_tokens steps).
 enum class StopRule { kNewline, kEos, kNone };
-StopRule parse_stop_rule(const std::string& s);  // newline | eos | none (UsageError naming "stop")
-const char* stop_rule_name(StopRule r);
+const NameTable<StopRule>& stop_rule_names();  // newline, eos, none
+inline const char* stop_rule_name(StopRule r) { return name_in(stop_rule_names(), r); }
 
 // Token-level facts about the tokenizer the trials need, computed once.
 struct TokenFacts {
@@ -87,17 +88,15 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
                   const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
                   int needle_index, std::pair<int64_t, int64_t> answer);
 
-// The head interventions of one ablation run.
-enum class Ablation { kNone, kZeroQuery, kMeanQuery, kZero };
-Ablation parse_ablation(const std::string& s);  // zero-query | mean-query | zero (UsageError)
-const char* ablation_name(Ablation a);
+// The interventions a needle test can run (src/intervention.h), in the order --help lists them.
+const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero
 
 // Zero-query and zero act on the query after RoPE and on z; mean-query replaces the query BEFORE
 // RoPE (after q-norm) with q_mean, which the family then rotates at each position (LOCOS's
 // nolima_ablation.py). `rows` >= 0 aims the ablation at one batch row only.
 struct HeadSet {
-    std::vector<std::pair<int, int>> heads;
-    Ablation mode = Ablation::kNone;
+    std::vector<Head> heads;
+    Intervention mode = Intervention::kNone;
     at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
     void apply(Hooks& hooks) const;
 };
@@ -106,8 +105,8 @@ struct HeadSet {
 // nolima_ablation.py: hooks on q_proj during generate); kDecode = decode steps only (Wu et al.,
 // needle_in_haystack_with_mask.py: block_list is passed to the decode loop, not to the prefill).
 enum class AblationScope { kAll, kDecode };
-AblationScope parse_ablation_scope(const std::string& s);  // all | decode (UsageError)
-const char* ablation_scope_name(AblationScope s);
+const NameTable<AblationScope>& ablation_scope_names();  // all, decode
+inline const char* ablation_scope_name(AblationScope s) { return name_in(ablation_scope_names(), s); }
 
 struct DecodeSettings {
     int64_t max_new_tokens = 50;

@@ -22,6 +22,31 @@ void Experiment::fail(const YamlMark& m, const std::string& msg) const {
     throw ConfigError(fmt::format("{}: {}", mark_str(file, m), msg));
 }
 
+const NameTable<DataKind>& data_kind_names() {
+    static const NameTable<DataKind> t = {
+        {DataKind::kRepeated, "repeated"}, {DataKind::kText, "text"}, {DataKind::kTokens, "tokens"}, {DataKind::kPrompts, "prompts"}};
+    return t;
+}
+
+const NameTable<SweepKind>& sweep_names() {
+    static const NameTable<SweepKind> t = {{SweepKind::kSingle, "single"}, {SweepKind::kLayer, "layer"},
+                                           {SweepKind::kSet, "set"},       {SweepKind::kCumulative, "cumulative"},
+                                           {SweepKind::kPrune, "prune"}};
+    return t;
+}
+
+const NameTable<MetricKind>& metric_names() {
+    static const NameTable<MetricKind> t = {
+        {MetricKind::kLoss, "loss"}, {MetricKind::kAccuracy, "accuracy"}, {MetricKind::kLogitDiff, "logit-diff"}, {MetricKind::kKl, "kl"}};
+    return t;
+}
+
+const NameTable<Positions>& positions_names() {
+    static const NameTable<Positions> t = {
+        {Positions::kAll, "all"}, {Positions::kRepeatedHalf, "repeated-half"}, {Positions::kAnswer, "answer"}};
+    return t;
+}
+
 const DataSpec* Experiment::find_data(const std::string& name) const {
     for (const auto& d : data)
         if (d.name == name) return &d;
@@ -97,6 +122,13 @@ struct Reader {
             fail(n, fmt::format("'{}': unknown value '{}' (expected one of: {})", key, s, fmt::join(valid, ", ")));
         return s;
     }
+    // One of a vocabulary's words (its table, in order, lists the expected ones).
+    template <class E>
+    E pick(const YAML::Node& n, const std::string& key, const NameTable<E>& t) const {
+        const std::string s = str(n, key);
+        if (auto v = find_in(t, s)) return *v;
+        fail(n, fmt::format("'{}': unknown value '{}' (expected one of: {})", key, s, fmt::join(names_in(t), ", ")));
+    }
     int64_t positive(const YAML::Node& n, const std::string& key) const {
         const int64_t v = integer(n, key);
         if (v <= 0) fail(n, fmt::format("'{}': expected a positive integer, got {}", key, v));
@@ -109,10 +141,10 @@ DataSpec parse_data(const Reader& r, const std::string& name, const YAML::Node& 
     d.name = name;
     d.mark = mark_of(n);
     if (!n.IsMap()) r.fail(n, fmt::format("data '{}': expected a mapping with a 'kind', got {}", name, type_name(n)));
-    if (!n["kind"]) r.fail(n, fmt::format("data '{}': missing 'kind' (repeated, text, tokens or prompts)", name));
-    d.kind = r.choice(n["kind"], "kind", {"repeated", "text", "tokens", "prompts"});
-    const std::string what = fmt::format("data '{}' ({})", name, d.kind);
-    if (d.kind == "repeated") {
+    if (!n["kind"]) r.fail(n, fmt::format("data '{}': missing 'kind' ({})", name, or_list(names_in(data_kind_names()))));
+    d.kind = r.pick(n["kind"], "kind", data_kind_names());
+    const std::string what = fmt::format("data '{}' ({})", name, name_of(d.kind));
+    if (d.kind == DataKind::kRepeated) {
         r.keys(n, what, {"kind", "length", "count", "token_range", "seed"});
         if (!n["length"]) r.fail(n, what + ": missing 'length' (|R|)");
         if (!n["count"]) r.fail(n, what + ": missing 'count' (rows)");
@@ -129,13 +161,13 @@ DataSpec parse_data(const Reader& r, const std::string& name, const YAML::Node& 
         if (n["seed"]) d.seed = r.integer(n["seed"], "seed");
         return d;
     }
-    if (d.kind == "text") r.keys(n, what, {"kind", "file", "seq_len", "count"});
+    if (d.kind == DataKind::kText) r.keys(n, what, {"kind", "file", "seq_len", "count"});
     else r.keys(n, what, {"kind", "file", "count"});
     if (!n["file"]) r.fail(n, what + ": missing 'file'");
     d.file = r.str(n["file"], "file");
     d.file_mark = mark_of(n["file"]);
     if (n["count"]) d.count = r.positive(n["count"], "count");
-    if (d.kind == "text") {
+    if (d.kind == DataKind::kText) {
         if (!n["seq_len"]) r.fail(n, what + ": missing 'seq_len'");
         d.seq_len = r.positive(n["seq_len"], "seq_len");
     }
@@ -227,25 +259,26 @@ HeadSpec parse_heads(const Reader& r, const YAML::Node& n, bool allow_list_k) {
 }
 
 ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
-    static const std::vector<std::string> kinds = {"zero", "mean", "resample", "scale", "zero-query", "mean-query"};
+    const auto& kinds = intervention_names();
     ModeSpec m;
     m.mark = mark_of(n);
     if (n.IsScalar()) {
-        m.kind = r.choice(n, "mode", kinds);
+        m.kind = r.pick(n, "mode", kinds);
     } else {
         r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed"});
-        if (!n["kind"]) r.fail(n, "mode: missing 'kind' (" + fmt::format("{}", fmt::join(kinds, ", ")) + ")");
-        m.kind = r.choice(n["kind"], "kind", kinds);
+        if (!n["kind"]) r.fail(n, "mode: missing 'kind' (" + fmt::format("{}", fmt::join(names_in(kinds), ", ")) + ")");
+        m.kind = r.pick(n["kind"], "kind", kinds);
         if (n["data"]) m.data = r.str(n["data"], "data");
         if (n["per_position"]) m.per_position = r.boolean(n["per_position"], "per_position");
         if (n["factor"]) m.factor = r.number(n["factor"], "factor");
-        if (n["factor"] && m.kind != "scale") r.fail(n["factor"], "mode: 'factor' applies to mode scale only");
+        if (n["factor"] && m.kind != Intervention::kScale) r.fail(n["factor"], "mode: 'factor' applies to mode scale only");
     }
-    const bool needs_data = m.kind == "mean" || m.kind == "mean-query" || m.kind == "resample";
+    const bool needs_data = needs_reference(m.kind);
+    const char* kind = name_of(m.kind);
     if (needs_data && m.data.empty())
-        r.fail(n, fmt::format("mode {}: needs 'data' (the reference dataset), e.g. {{kind: {}, data: NAME}}", m.kind, m.kind));
-    if (!needs_data && !m.data.empty()) r.fail(n, fmt::format("mode {}: takes no 'data'", m.kind));
-    if (m.kind == "scale" && !n["factor"]) r.fail(n, "mode scale: needs 'factor', e.g. {kind: scale, factor: 2.0}");
+        r.fail(n, fmt::format("mode {}: needs 'data' (the reference dataset), e.g. {{kind: {}, data: NAME}}", kind, kind));
+    if (!needs_data && !m.data.empty()) r.fail(n, fmt::format("mode {}: takes no 'data'", kind));
+    if (m.kind == Intervention::kScale && !n["factor"]) r.fail(n, "mode scale: needs 'factor', e.g. {kind: scale, factor: 2.0}");
     return m;
 }
 
@@ -254,16 +287,16 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     m.mark = mark_of(n);
     r.keys(n, "metric", {"kind", "data", "positions"});
     if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, retrieval)");
-    m.kind = r.choice(n["kind"], "kind", {"loss", "accuracy", "logit-diff", "kl", "retrieval"});
-    if (m.kind == "retrieval")
+    if (n["kind"].IsScalar() && n["kind"].Scalar() == "retrieval")
         r.fail(n["kind"], "metric retrieval: needle tests run as `headscope retrieval` (its --ablate/--ablate-top options), not as a YAML metric");
+    m.kind = r.pick(n["kind"], "kind", metric_names());
     if (!n["data"]) r.fail(n, "metric: missing 'data' (a dataset name)");
     m.data = r.str(n["data"], "data");
     if (n["positions"]) {
-        m.positions = r.choice(n["positions"], "positions", {"all", "repeated-half", "answer"});
+        m.positions = r.pick(n["positions"], "positions", positions_names());
         m.positions_mark = mark_of(n["positions"]);
-        if (m.kind == "accuracy" || m.kind == "logit-diff")
-            r.fail(n["positions"], fmt::format("metric {}: 'positions' does not apply (it reads the answer position)", m.kind));
+        if (m.kind == MetricKind::kAccuracy || m.kind == MetricKind::kLogitDiff)
+            r.fail(n["positions"], fmt::format("metric {}: 'positions' does not apply (it reads the answer position)", name_of(m.kind)));
     }
     return m;
 }
@@ -277,26 +310,26 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     if (s.name.empty() || s.name.find_first_of("/ ") != std::string::npos)
         r.fail(n["name"], fmt::format("study name '{}': expected a non-empty name without '/' or spaces", s.name));
     if (!n["sweep"]) r.fail(n, fmt::format("study '{}': missing 'sweep' (single, layer, set, cumulative, prune)", s.name));
-    s.sweep = r.choice(n["sweep"], "sweep", {"single", "layer", "set", "cumulative", "prune"});
+    s.sweep = r.pick(n["sweep"], "sweep", sweep_names());
     s.sweep_mark = mark_of(n["sweep"]);
     if (n["heads"]) {
-        s.heads = parse_heads(r, n["heads"], s.sweep == "cumulative");
+        s.heads = parse_heads(r, n["heads"], s.sweep == SweepKind::kCumulative);
         s.has_heads = true;
         s.heads_mark = mark_of(n["heads"]);
     }
-    if (s.sweep == "cumulative") {
+    if (s.sweep == SweepKind::kCumulative) {
         if (!s.has_heads || (s.heads.kind != HeadSpec::Kind::kTop && s.heads.kind != HeadSpec::Kind::kBottom))
             r.fail(s.has_heads ? n["heads"] : n, fmt::format("study '{}': a cumulative sweep needs heads: {{top: [k, ...], by: SCORE}} (or bottom)", s.name));
     }
     if (n["sets"]) {
-        if (s.sweep != "set") r.fail(n["sets"], fmt::format("study '{}': 'sets' belongs to sweep: set", s.name));
+        if (s.sweep != SweepKind::kSet) r.fail(n["sets"], fmt::format("study '{}': 'sets' belongs to sweep: set", s.name));
         const auto sets = n["sets"];
         if (!sets.IsMap() || sets.size() == 0) r.fail(sets, "sets: expected a mapping NAME: HEADS");
         for (const auto& kv : sets) s.sets.push_back({kv.first.as<std::string>(), parse_heads(r, kv.second, false)});
     }
-    if (s.sweep == "set" && s.sets.empty() && !s.has_heads)
+    if (s.sweep == SweepKind::kSet && s.sets.empty() && !s.has_heads)
         r.fail(n, fmt::format("study '{}': sweep set needs 'sets' (NAME: HEADS) or 'heads'", s.name));
-    if (s.sweep == "set" && s.sets.empty()) s.sets.push_back({"heads", s.heads});
+    if (s.sweep == SweepKind::kSet && s.sets.empty()) s.sets.push_back({"heads", s.heads});
     if (n["mode"]) s.mode = parse_mode(r, n["mode"]);
     if (!n["metric"]) r.fail(n, fmt::format("study '{}': missing 'metric'", s.name));
     s.metric = parse_metric(r, n["metric"]);
@@ -307,9 +340,9 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
         s.controls = r.integer(c["random"], "random");
         if (s.controls < 0) r.fail(c["random"], "controls: random must be >= 0");
         s.controls_mark = mark_of(c);
-        if (s.sweep == "prune") r.fail(c, "controls: not defined for a prune sweep");
+        if (s.sweep == SweepKind::kPrune) r.fail(c, "controls: not defined for a prune sweep");
     }
-    if (s.sweep == "prune") {
+    if (s.sweep == SweepKind::kPrune) {
         if (!n["steps"]) r.fail(n, fmt::format("study '{}': a prune sweep needs 'steps' (fractions, e.g. [0.1, 0.2, 0.5])", s.name));
         const auto st = n["steps"];
         if (!st.IsSequence() || st.size() == 0) r.fail(st, "steps: expected a list of fractions");
@@ -320,7 +353,7 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
             s.steps.push_back(prev = f);
         }
         if (n["recompute"]) s.recompute = r.boolean(n["recompute"], "recompute");
-        if (s.mode.kind != "zero") r.fail(n["mode"], "prune: the head mask multiplies z, so mode must be zero");
+        if (s.mode.kind != Intervention::kZero) r.fail(n["mode"], "prune: the head mask multiplies z, so mode must be zero");
     } else {
         if (n["steps"]) r.fail(n["steps"], "'steps' belongs to sweep: prune");
         if (n["recompute"]) r.fail(n["recompute"], "'recompute' belongs to sweep: prune");
@@ -401,21 +434,23 @@ Experiment parse_experiment_text(const std::string& text, const std::string& fil
             need_data(sn["metric"]["data"], s.metric.data);
             if (!s.mode.data.empty()) need_data(sn["mode"]["data"], s.mode.data);
             // What the metric needs from its dataset.
-            const std::string dk = e.find_data(s.metric.data)->kind;
+            const DataKind dk = e.find_data(s.metric.data)->kind;
+            const char* dkn = name_of(dk);
             const auto mnode = sn["metric"];
-            if ((s.metric.kind == "accuracy" || s.metric.kind == "logit-diff") && dk != "prompts")
+            const MetricKind mk = s.metric.kind;
+            if ((mk == MetricKind::kAccuracy || mk == MetricKind::kLogitDiff) && dk != DataKind::kPrompts)
                 r.fail(mnode, fmt::format("metric {} needs a prompts dataset (prompt/answer pairs); '{}' is {}",
-                                          s.metric.kind, s.metric.data, dk));
-            if (s.metric.positions == "repeated-half" && dk != "repeated")
+                                          name_of(mk), s.metric.data, dkn));
+            if (s.metric.positions == Positions::kRepeatedHalf && dk != DataKind::kRepeated)
                 r.fail(mnode["positions"], fmt::format("positions repeated-half needs a repeated dataset; '{}' is {}",
-                                                       s.metric.data, dk));
-            if (s.metric.positions == "answer" && dk != "prompts")
+                                                       s.metric.data, dkn));
+            if (s.metric.positions == Positions::kAnswer && dk != DataKind::kPrompts)
                 r.fail(mnode["positions"], fmt::format("positions answer needs a prompts dataset; '{}' is {}",
-                                                       s.metric.data, dk));
-            if (s.sweep == "prune" && s.metric.kind != "loss" && s.metric.kind != "kl" && s.metric.kind != "logit-diff")
+                                                       s.metric.data, dkn));
+            if (s.sweep == SweepKind::kPrune && mk == MetricKind::kAccuracy)
                 r.fail(mnode, fmt::format("prune needs a differentiable metric (loss, kl or logit-diff), not {}",
-                                          s.metric.kind));
-            if (s.metric.kind == "kl" && s.mode.kind == "scale" && s.mode.factor == 1.0)
+                                          name_of(mk)));
+            if (mk == MetricKind::kKl && s.mode.kind == Intervention::kScale && s.mode.factor == 1.0)
                 r.fail(sn["mode"], "mode scale with factor 1 leaves the model unchanged: kl would be 0");
             auto check_by = [&](const HeadSpec& h, auto&& self) -> void {
                 if (h.inner) self(*h.inner, self);

@@ -4,7 +4,9 @@
 // score shapes) happen in the engine with the same marks (probes/ablation.h).
 #pragma once
 
-#include "heads.h"  // head names (L1H3) as the YAML writes them
+#include "heads.h"         // head names (L1H3) as the YAML writes them
+#include "intervention.h"  // mode kinds: the one intervention vocabulary
+#include "names.h"
 
 #include <cstdint>
 #include <memory>
@@ -20,9 +22,24 @@ struct YamlMark {
 // Where something is in the experiment file: "exp.yaml:12:5".
 std::string mark_str(const std::string& file, const YamlMark& m);
 
+// The spec's vocabularies: one enum and one name table each (the YAML's words, in its order).
+enum class DataKind { kRepeated, kText, kTokens, kPrompts };
+enum class SweepKind { kSingle, kLayer, kSet, kCumulative, kPrune };
+enum class MetricKind { kLoss, kAccuracy, kLogitDiff, kKl };
+enum class Positions { kAll, kRepeatedHalf, kAnswer };  // where loss / kl are read
+const NameTable<DataKind>& data_kind_names();    // repeated, text, tokens, prompts
+const NameTable<SweepKind>& sweep_names();       // single, layer, set, cumulative, prune
+const NameTable<MetricKind>& metric_names();     // loss, accuracy, logit-diff, kl
+const NameTable<Positions>& positions_names();   // all, repeated-half, answer
+inline const char* name_of(DataKind k) { return name_in(data_kind_names(), k); }
+inline const char* name_of(SweepKind k) { return name_in(sweep_names(), k); }
+inline const char* name_of(MetricKind k) { return name_in(metric_names(), k); }
+inline const char* name_of(Positions k) { return name_in(positions_names(), k); }
+inline const char* name_of(Intervention k) { return intervention_name(k); }
+
 struct DataSpec {
     std::string name;
-    std::string kind;  // repeated | text | tokens | prompts
+    DataKind kind = DataKind::kRepeated;
     int64_t length = 0;                  // repeated: |R|
     int64_t count = 0;                   // rows (repeated), at most (text, tokens, prompts; 0 = all)
     int64_t token_lo = -1, token_hi = -1;  // repeated: [lo, hi)
@@ -54,7 +71,7 @@ struct HeadSpec {
 };
 
 struct ModeSpec {
-    std::string kind = "zero";  // zero | mean | resample | scale | zero-query | mean-query
+    Intervention kind = Intervention::kZero;
     std::string data;           // mean, mean-query, resample: the reference dataset
     bool per_position = true;   // mean, mean-query: per position (true) or pooled over positions
     double factor = 0.0;        // scale
@@ -62,15 +79,15 @@ struct ModeSpec {
 };
 
 struct MetricSpec {
-    std::string kind;              // loss | accuracy | logit-diff | kl (retrieval: refused, see headscope retrieval)
+    MetricKind kind = MetricKind::kLoss;  // (retrieval: refused, see headscope retrieval)
     std::string data;
-    std::string positions = "all"; // loss, kl: all | repeated-half | answer
+    Positions positions = Positions::kAll;  // loss, kl
     YamlMark mark, positions_mark;
 };
 
 struct StudySpec {
     std::string name;
-    std::string sweep;  // single | layer | set | cumulative | prune
+    SweepKind sweep = SweepKind::kSingle;
     HeadSpec heads;     // single / layer / cumulative / prune: the candidates (default all heads)
     bool has_heads = false;
     std::vector<std::pair<std::string, HeadSpec>> sets;  // set sweep: named sets, in file order
@@ -103,7 +120,5 @@ struct Experiment {
 // (unreadable file).
 Experiment parse_experiment(const std::string& path);
 Experiment parse_experiment_text(const std::string& text, const std::string& file_name);
-
-// "L1H3" -> {1, 3}; false when not of that form.
 
 }  // namespace hs

@@ -301,7 +301,7 @@ bad ablate "--data" "prompts: answer a number" 5 "pr.jsonl:1" - -- ablate "$M" -
 bad ablate "--data" "non-UTF-8 text" 5 "bad-utf8.txt" - -- ablate "$M" --heads L1H0 --data "$T/bad-utf8.txt" --data-kind text
 bad ablate "--repeated" "absurd length (10^9)" 3 "--seq-len 1000000000: .*context" - -- ablate "$M" --heads L1H0 --repeated 1000000000
 bad ablate "--count" "absurd (10^12)" 3 "1000000000000 rows of .* needs at least" - -- ablate "$M" --heads L1H0 --repeated 10 --count 1000000000000
-bad ablate "--heads" "layer out of range" 2 "L7H0 out of range" - -- ablate "$M" --heads L7H0 --repeated 10
+bad ablate "--heads" "layer out of range" 2 "L7H0 is outside the model" - -- ablate "$M" --heads L7H0 --repeated 10
 
 bad bench "--batch" "absurd (10^9)" 2 "--batch 1000000000 --seq 16: needs at least" - -- bench "$M" --batch 1000000000 --seq 16 --reps 1
 bad bench "--seq" "longer than the context" 2 "--seq 100000 exceeds" - -- bench "$M" --seq 100000 --reps 1

@@ -128,7 +128,7 @@ TEST_CASE("ablation engine: each configuration's metric equals a forward with th
 
     SUBCASE("zero, loss on the repeated half") {
         AblationSetup s;
-        s.positions = "repeated-half";
+        s.positions = Positions::kRepeatedHalf;
         auto got = Ablator(*m, data, s).evaluate(M);
         for (size_t c = 0; c < configs.size(); ++c) {
             Hooks hk;
@@ -140,11 +140,11 @@ TEST_CASE("ablation engine: each configuration's metric equals a forward with th
     }
     SUBCASE("scale and zero-query") {
         AblationSetup s;
-        s.positions = "repeated-half";
-        s.mode = AblationMode::kScale;
+        s.positions = Positions::kRepeatedHalf;
+        s.mode = Intervention::kScale;
         s.factor = 1.7;
         auto got = Ablator(*m, data, s).evaluate(M);
-        s.mode = AblationMode::kZeroQuery;
+        s.mode = Intervention::kZeroQuery;
         auto gotq = Ablator(*m, data, s).evaluate(M);
         for (size_t c = 0; c < configs.size(); ++c) {
             Hooks hk, hq;
@@ -167,11 +167,11 @@ TEST_CASE("ablation engine: each configuration's metric equals a forward with th
             m->forward(ref.tokens, &cap);
         }
         AblationSetup s;
-        s.positions = "repeated-half";
-        s.mode = AblationMode::kMean;
+        s.positions = Positions::kRepeatedHalf;
+        s.mode = Intervention::kMean;
         s.reference = &ref;
         auto got = Ablator(*m, data, s).evaluate(M);
-        s.mode = AblationMode::kResample;
+        s.mode = Intervention::kResample;
         s.resample_seed = 4;
         Ablator rs(*m, data, s);
         auto gotr = rs.evaluate(M);
@@ -222,10 +222,10 @@ TEST_CASE("ablation engine: batched equals unbatched, and prefix reuse equals fu
     auto gen = at::detail::createCPUGenerator(3);
     for (int r = 0; r < 2; ++r) masks.push_back(at::randint(2, {L, H}, gen, torch::TensorOptions().dtype(torch::kLong)).to(torch::kUInt8));
     auto M = torch::stack(masks);
-    for (auto mode : {AblationMode::kZero, AblationMode::kMeanQuery}) {
+    for (auto mode : {Intervention::kZero, Intervention::kMeanQuery}) {
         CAPTURE(static_cast<int>(mode));
         AblationSetup s;
-        s.positions = "repeated-half";
+        s.positions = Positions::kRepeatedHalf;
         s.mode = mode;
         s.max_rows = 1000;  // every configuration in one forward
         Ablator batched(*m, data, s);
@@ -249,8 +249,8 @@ TEST_CASE("ablation prune: gradient importance equals central finite differences
     auto m = load_model(toy());
     const int L = m->config.n_layers, H = m->config.n_heads;
     auto data = repeated_data(*m, 8, 4, 21, 6, 68);
-    for (std::string pos : {"repeated-half", "all"}) {
-        CAPTURE(pos);
+    for (Positions pos : {Positions::kRepeatedHalf, Positions::kAll}) {
+        CAPTURE(name_of(pos));
         AblationSetup s;
         s.positions = pos;
         Ablator ab(*m, data, s);
@@ -271,7 +271,7 @@ TEST_CASE("ablation prune: gradient importance equals central finite differences
                 worst = std::max(worst, rel);
                 CHECK_MESSAGE(rel < 1e-3, format_head(l, h) << ": autograd " << g << " vs finite differences " << fd);
             }
-        MESSAGE(pos << ": worst relative difference " << worst);
+        MESSAGE(name_of(pos) << ": worst relative difference " << worst);
     }
     auto n = normalise_per_layer(torch::tensor({{3.0, 4.0}, {0.0, 2.0}}, torch::kDouble));
     CHECK(max_diff(n, torch::tensor({{0.6, 0.8}, {0.0, 1.0}}, torch::kDouble)) < 1e-12);

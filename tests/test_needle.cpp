@@ -182,8 +182,8 @@ TEST_CASE("needle: the newline stop rule stops on tokens that are exactly a newl
     const TokenFacts g = token_facts(*gpt2);
     CHECK(g.newline_ids == std::vector<int64_t>{198});
     CHECK(!g.stop(628));
-    CHECK(parse_stop_rule("eos") == StopRule::kEos);
-    CHECK_THROWS_AS(parse_stop_rule("newlines"), UsageError);
+    CHECK(parse_name(stop_rule_names(), "eos", "stop rule") == StopRule::kEos);
+    CHECK_THROWS_AS(parse_name(stop_rule_names(), "newlines", "stop rule"), UsageError);
 }
 
 TEST_CASE("needle: a head whose argmax lands on the answer at every step scores exactly 1; other needle tokens 0") {
@@ -336,15 +336,15 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
 
     // Ablation: zero-query on L0H0 loses the copy; mean-query with a zero mean is the same run,
     // with a non-zero mean it is not (the planted head then attends by the rotated mean).
-    HeadSet zq{{{0, 0}}, Ablation::kZeroQuery, {}};
-    HeadSet mq{{{0, 0}}, Ablation::kMeanQuery, torch::zeros({2, kH, kHd})};
+    HeadSet zq{{{0, 0}}, Intervention::kZeroQuery, {}};
+    HeadSet mq{{{0, 0}}, Intervention::kMeanQuery, torch::zeros({2, kH, kHd})};
     const DecodeOut a = decode_trial(*m, t, s, never, &zq), b = decode_trial(*m, t, s, never, &mq);
     CHECK(a.generated[0] != kTarget);
     CHECK(a.generated == b.generated);
     CHECK(torch::equal(a.lplus, b.lplus));
     auto mean = torch::zeros({2, kH, kHd});
     mean[0][0] = torch::randn({kHd}) * 3.0;
-    HeadSet mq1{{{0, 0}}, Ablation::kMeanQuery, mean};
+    HeadSet mq1{{{0, 0}}, Intervention::kMeanQuery, mean};
     const DecodeOut c1 = decode_trial(*m, t, s, never, &mq1);
     CHECK(!torch::allclose(c1.lplus, a.lplus));
     // Scope: ablating in decode steps only leaves the prefill (and so the cache) intact.

@@ -31,54 +31,42 @@ static std::string guess_kind(const std::string& file) {
 int run_ablate(const AblateOptions& o) {
     if (o.data.empty() == (o.repeated == 0))
         throw UsageError("give one of --data FILE and --repeated N (rows [BOS, R, R] with |R| = N)");
-    const auto mode = parse_mode_kind(o.mode);
-    const auto metric = parse_metric_kind(o.metric);
+    const auto mode = with_flag("--mode", [&] { return parse_intervention(o.mode, "mode"); });
+    const auto metric = with_flag("--metric", [&] { return parse_name(metric_names(), o.metric, "metric"); });
     auto l = open_model(o.model, false);
     const Model& m = *l.model;
     const int L = m.config.n_layers, H = m.config.n_heads;
     auto mask = torch::zeros({L, H}, torch::kUInt8);
-    for (const auto& part : split(o.heads, ',')) {
-        const auto p = trim(part);
-        int layer, head;
-        if (p.empty()) continue;
-        if (!parse_head_name(p, layer, head))
-            throw UsageError(fmt::format("--heads: '{}' is not a head name like L1H3", p));
-        if (layer >= L || head >= H)
-            throw UsageError(fmt::format("--heads: {} out of range: the model has {} layers and {} heads per layer", p, L, H));
-        mask[layer][head] = 1;
-    }
-    if (!mask.any().item<bool>()) throw UsageError("--heads: no head named");
+    for (auto [layer, head] : with_flag("--heads", [&] { return parse_head_list(o.heads, L, H); })) mask[layer][head] = 1;
     Experiment e;
     e.file = "--data";
     e.seed = o.seed;
     DataSpec d;
     d.name = "data";
     if (o.repeated > 0) {
-        d.kind = "repeated", d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
+        d.kind = DataKind::kRepeated, d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
         if (!o.token_range.empty()) {
             auto r = parse_token_list(o.token_range, "--token-range");
             if (r.size() != 2) throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
             d.token_lo = r[0], d.token_hi = r[1];
         }
     } else {
-        d.kind = o.data_kind == "auto" ? guess_kind(o.data) : o.data_kind;
-        if (d.kind != "tokens" && d.kind != "text" && d.kind != "prompts")
+        const auto kind = find_in(data_kind_names(), o.data_kind == "auto" ? guess_kind(o.data) : o.data_kind);
+        if (!kind || *kind == DataKind::kRepeated)
             throw UsageError(fmt::format("--data-kind '{}': expected auto, tokens, text or prompts", o.data_kind));
-        d.file = o.data, d.count = o.count, d.seq_len = o.seq_len;
+        d.kind = *kind, d.file = o.data, d.count = o.count, d.seq_len = o.seq_len;
     }
     const AblationData data = make_data(e, d, m, l.tokenizer.get());
     AblationSetup s;
     s.mode = mode, s.factor = o.factor, s.metric = metric, s.max_rows = o.max_rows, s.resample_seed = o.seed;
-    s.positions = !o.positions.empty() ? o.positions
-                  : (metric == MetricKind::kAccuracy || metric == MetricKind::kLogitDiff) ? "answer"
-                  : d.kind == "repeated"                                                    ? "repeated-half"
-                                                                                            : "all";
-    if (s.positions != "all" && s.positions != "repeated-half" && s.positions != "answer")
-        throw UsageError(fmt::format("--positions '{}': expected all, repeated-half or answer", s.positions));
+    s.positions = !o.positions.empty() ? with_flag("--positions", [&] { return parse_name(positions_names(), o.positions, "positions"); })
+                  : (metric == MetricKind::kAccuracy || metric == MetricKind::kLogitDiff) ? Positions::kAnswer
+                  : d.kind == DataKind::kRepeated                                           ? Positions::kRepeatedHalf
+                                                                                            : Positions::kAll;
     Ablator ab(m, data, s);
     auto rows = ab.evaluate(torch::stack({torch::zeros({L, H}, torch::kUInt8), mask}));
     const double clean = rows[0].mean().item<double>(), abl = rows[1].mean().item<double>();
-    std::printf("metric   %s (positions %s, %ld rows of %s)\n", o.metric.c_str(), s.positions.c_str(),
+    std::printf("metric   %s (positions %s, %ld rows of %s)\n", o.metric.c_str(), name_of(s.positions),
                 static_cast<long>(data.rows()), o.repeated > 0 ? "[BOS, R, R]" : o.data.c_str());
     std::printf("ablated  %s (mode %s)\n", o.heads.c_str(), o.mode.c_str());
     std::printf("clean    %.6f\n", clean);
@@ -97,7 +85,7 @@ void setup_ablate(CLI::App& app) {
         "Example: headscope ablate models/toy-induction --heads L1H0,L1H3 --mode zero --metric loss --repeated 20 --token-range 6,68");
     add_model_args(sub, o->model);
     sub->add_option("--heads", o->heads, "heads to ablate, e.g. L1H0,L1H3")->required();
-    sub->add_option("--mode", o->mode, "zero, mean, resample, scale, zero-query, mean-query")->capture_default_str();
+    sub->add_option("--mode", o->mode, or_list(intervention_name_list()))->capture_default_str();
     sub->add_option("--factor", o->factor, "mode scale: z *= factor");
     sub->add_option("--metric", o->metric, "loss, kl, accuracy, logit-diff")->capture_default_str();
     sub->add_option("--positions", o->positions, "loss/kl: all, repeated-half or answer (default by data)");

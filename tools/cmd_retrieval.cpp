@@ -158,15 +158,15 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
     if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
     if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
-    const AblationScope scope = with_flag("--ablation-scope", [&] { return parse_ablation_scope(o.ablation_scope); });
-    const StopRule stop_rule = with_flag("--stop", [&] { return parse_stop_rule(o.stop); });
+    const AblationScope scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
+    const StopRule stop_rule = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
     if (o.batch < 1) throw UsageError("--batch: need at least 1");
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
     if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
     if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
     const bool ablating = !o.ablate.empty() || o.ablate_top > 0;
     if (o.random_controls > 0 && !ablating) throw UsageError("--random-controls needs --ablate or --ablate-top");
-    const Ablation abl = with_flag("--ablation", [&] { return parse_ablation(o.ablation); });
+    const Intervention abl = with_flag("--ablation", [&] { return parse_intervention(o.ablation, "ablation", needle_ablations()); });
 
     // ---- inputs ----
     auto lm = open_model(o.model, true);
@@ -199,7 +199,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
 
     // ---- baseline pass: both scores from one decode per trial; mean-query calibration ----
     int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
-    const bool calibrate = ablating && abl == Ablation::kMeanQuery;
+    const bool calibrate = ablating && abl == Intervention::kMeanQuery;
     const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
     Progress prog("needle trials", N * (1 + n_sets_planned) + n_calib);
     auto tick = [&prog] { prog.tick(); };
@@ -388,7 +388,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         w.write(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(base_acc)}, {1});
         std::vector<std::string> names;
         for (const auto& s : sets) names.push_back(format_heads(s));
-        Attrs aa = {{"ablation", std::string(ablation_name(abl))},
+        Attrs aa = {{"ablation", std::string(intervention_name(abl))},
                     {"heads", names},
                     {"source", ablate_source},
                     {"random_controls", o.random_controls},
@@ -396,7 +396,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"scope", std::string(ablation_scope_name(scope))},
                     {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
                                              "without replacement from the heads NOT in set 0")}};
-        if (abl == Ablation::kMeanQuery) {
+        if (abl == Intervention::kMeanQuery) {
             aa["calibration_trials"] = n_calib;
             aa["calibration_trial_indices"] = calib_idx;
             aa["calibration_seed"] = o.seed + 2;

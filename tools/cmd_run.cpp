@@ -77,17 +77,18 @@ struct StudyState {
     std::vector<uint8_t> done;  // [S]
 };
 
-bool higher_is_worse(const MetricSpec& m) { return m.kind == "loss" || m.kind == "kl"; }
+bool higher_is_worse(const MetricSpec& m) { return m.kind == MetricKind::kLoss || m.kind == MetricKind::kKl; }
 
 std::string metric_description(const MetricSpec& m) {
-    if (m.kind == "loss")
-        return m.positions == "repeated-half"
+    if (m.kind == MetricKind::kLoss)
+        return m.positions == Positions::kRepeatedHalf
                    ? "mean next-token cross-entropy (nats) at positions n+1..2n-1 of [BOS, R, R] (predicting tokens n+2..2n)"
-               : m.positions == "answer" ? "cross-entropy (nats) of the answer's first token at the last prompt position"
+               : m.positions == Positions::kAnswer ? "cross-entropy (nats) of the answer's first token at the last prompt position"
                                          : "mean next-token cross-entropy (nats) over every position of each row";
-    if (m.kind == "kl")
-        return "mean KL(clean || ablated) (nats) of the next-token distribution at the scored positions (" + m.positions + ")";
-    if (m.kind == "accuracy") return "1 where the argmax at the last prompt position is the answer's first token";
+    if (m.kind == MetricKind::kKl)
+        return std::string("mean KL(clean || ablated) (nats) of the next-token distribution at the scored positions (") +
+               name_of(m.positions) + ")";
+    if (m.kind == MetricKind::kAccuracy) return "1 where the argmax at the last prompt position is the answer's first token";
     return "logit(answer) - logit(counterfactual) at the last prompt position";
 }
 
@@ -119,16 +120,16 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         const std::string g = "/data/" + d.name;
         w.write(g + "/tokens", d.file_tokens(), {d.rows(), d.tokens.size(1)});
         w.write(g + "/lengths", d.lengths, {d.rows()});
-        Attrs a = {{"kind", d.kind}, {"pad_value", int64_t(-1)}};
-        if (d.kind == "repeated") a["length"] = d.n;
+        Attrs a = {{"kind", std::string(name_of(d.kind))}, {"pad_value", int64_t(-1)}};
+        if (d.kind == DataKind::kRepeated) a["length"] = d.n;
         for (const auto& spec : e.data)
             if (spec.name == d.name) {
                 if (!spec.file.empty()) a["source_file"] = spec.file;
-                if (spec.kind == "repeated") {
+                if (spec.kind == DataKind::kRepeated) {
                     a["seed"] = spec.seed >= 0 ? spec.seed : e.seed;
                     a["token_lo"] = spec.token_lo, a["token_hi"] = spec.token_hi;
                 }
-                if (spec.kind == "text") a["seq_len"] = spec.seq_len;
+                if (spec.kind == DataKind::kText) a["seq_len"] = spec.seq_len;
             }
         if (!d.answers.empty()) {
             w.write(g + "/answers", d.answers, {d.rows()});
@@ -157,22 +158,22 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         w.write(g + "/k", st.cfg.k, {S});
         w.write(g + "/control_seed", st.cfg.control_seed, {S});
         w.write(g + "/done", st.done, {S});
-        Attrs a = {{"sweep", s.sweep},
-                   {"mode", s.mode.kind},
-                   {"metric", s.metric.kind},
+        const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff;
+        Attrs a = {{"sweep", std::string(name_of(s.sweep))},
+                   {"mode", std::string(name_of(s.mode.kind))},
+                   {"metric", std::string(name_of(s.metric.kind))},
                    {"dataset", s.metric.data},
-                   {"positions", (s.metric.kind == "accuracy" || s.metric.kind == "logit-diff") ? std::string("answer")
-                                                                                              : s.metric.positions},
+                   {"positions", std::string(name_of(answer_metric ? Positions::kAnswer : s.metric.positions))},
                    {"metric_description", metric_description(s.metric)},
                    {"controls", s.controls},
                    {"n_configurations", S},
                    {"shard", shard.str()}};
         if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
-        if (s.mode.kind == "mean" || s.mode.kind == "mean-query")
+        if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
             a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
-        if (s.mode.kind == "scale") a["mode_factor"] = s.mode.factor;
-        if (s.mode.kind == "resample") a["resample_seed"] = st.setup.resample_seed;
-        if (s.sweep == "prune") {
+        if (s.mode.kind == Intervention::kScale) a["mode_factor"] = s.mode.factor;
+        if (s.mode.kind == Intervention::kResample) a["resample_seed"] = st.setup.resample_seed;
+        if (s.sweep == SweepKind::kPrune) {
             std::vector<float> fr(st.cfg.fraction.begin(), st.cfg.fraction.end());
             w.write(g + "/fraction", fr, {S});
             w.write(g + "/order", st.prune.order, {static_cast<int64_t>(st.prune.order.size())});
@@ -199,12 +200,12 @@ std::vector<ProbeResult> compute_probes(const Experiment& e, const Model& m, con
             if (x.name == p.data) d = &x;
         ProbeResult r{p.probe, p.data, {}, {{"probe", p.probe}, {"dataset", p.data}}};
         if (p.probe == "induction-loss") {
-            if (d->kind != "repeated") e.fail(p.mark, "probe induction-loss needs a repeated dataset");
+            if (d->kind != DataKind::kRepeated) e.fail(p.mark, "probe induction-loss needs a repeated dataset");
             auto il = induction_loss(m, d->tokens, d->n);
             r.score = il.ablated;
             r.attrs["baseline_loss"] = il.baseline;
             r.attrs["convention"] = std::string("stripe");
-        } else if (d->kind == "repeated") {
+        } else if (d->kind == DataKind::kRepeated) {
             r.score = stripe_scores(m, d->tokens, d->n, {parse_stripe_kind(p.probe)}).front().score;
             r.attrs["convention"] = std::string("stripe");
         } else {
@@ -264,8 +265,9 @@ void print_summary(const StudyState& st) {
     auto metric = st.rows.mean(1);
     const int64_t S = metric.size(0);
     const double base = metric[0].item<double>();
-    std::string line = fmt::format("{:<14} {} {}: baseline {:.4f}", st.spec->name, st.spec->metric.kind, st.spec->sweep, base);
-    if (st.spec->sweep == "prune") {
+    std::string line = fmt::format("{:<14} {} {}: baseline {:.4f}", st.spec->name, name_of(st.spec->metric.kind),
+                                   name_of(st.spec->sweep), base);
+    if (st.spec->sweep == SweepKind::kPrune) {
         for (int64_t i = 1; i < S; ++i) line += fmt::format("  {} {:.4f}", c.labels[i], metric[i].item<double>());
         std::printf("%s\n", line.c_str());
         return;
@@ -336,7 +338,7 @@ int run_run(const RunOptions& o) {
         return nullptr;
     };
     for (const auto& p : e.probes)
-        if (p.probe == "induction-loss" && find(p.data)->kind != "repeated")
+        if (p.probe == "induction-loss" && find(p.data)->kind != DataKind::kRepeated)
             e.fail(p.data_mark, "probe induction-loss needs a repeated dataset");
 
     auto probes = compute_probes(e, m, data);
@@ -349,12 +351,12 @@ int run_run(const RunOptions& o) {
         StudyState st;
         st.spec = &s;
         st.data = find(s.metric.data);
-        st.setup.mode = parse_mode_kind(s.mode.kind);
+        st.setup.mode = s.mode.kind;
         st.setup.factor = s.mode.factor;
         st.setup.per_position = s.mode.per_position;
         st.setup.reference = s.mode.data.empty() ? nullptr : find(s.mode.data);
         st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
-        st.setup.metric = parse_metric_kind(s.metric.kind);
+        st.setup.metric = s.metric.kind;
         st.setup.positions = s.metric.positions;
         st.setup.max_rows = e.batch_rows;
         st.setup.prefix_reuse = !o.no_prefix_reuse;
@@ -363,7 +365,7 @@ int run_run(const RunOptions& o) {
         } catch (const ConfigError& ex) {
             e.fail(s.mode.mark, ex.what());
         }
-        if (s.sweep == "prune") {
+        if (s.sweep == SweepKind::kPrune) {
             st.prune = plan_prune(s, *st.ab, L, H);
             st.cfg = st.prune.configs;
         } else {
