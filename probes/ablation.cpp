@@ -123,14 +123,7 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
             if (d.count > 0 && static_cast<int64_t>(seqs.size()) >= d.count) break;
             const std::string where = fmt::format("{}:{}", d.file, line_no);
             if (d.kind == DataKind::kTokens) {
-                std::vector<int64_t> ids;
-                for (const auto& part : split(line, ',')) {
-                    const auto p = trim(part);
-                    char* end = nullptr;
-                    const long long v = std::strtoll(p.c_str(), &end, 10);
-                    if (p.empty() || !end || *end) throw DataError(fmt::format("{}: '{}' is not a token id", where, p));
-                    ids.push_back(v);
-                }
+                std::vector<int64_t> ids = parse_token_list(line, where);
                 check_ids(e, d, m, ids, where);
                 seqs.push_back(std::move(ids));
             } else {  // prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}

@@ -16,10 +16,60 @@ namespace hs {
 
 using namespace torch::indexing;
 
+const std::vector<HeadProbe>& head_probes() {
+    static const std::vector<HeadProbe> t = {
+        {"induction", StripeKind::kInduction, false, "stripe: mean over q in [n+1, 2n] of A[q, q-n+1] on [BOS, R, R]"},
+        {"previous-token", StripeKind::kPreviousToken, false, "stripe: mean over q in [1, 2n] of A[q, q-1] on [BOS, R, R]"},
+        {"duplicate-token", StripeKind::kDuplicateToken, false, "stripe: mean over q in [n+1, 2n] of A[q, q-n] on [BOS, R, R]"},
+        {"attention-sink", StripeKind::kAttentionSink, false, "mean attention to position 0 over query positions q >= 1"},
+        {"induction-loss", std::nullopt, true,
+         "mean cross-entropy on the repeated half of [BOS, R, R] (predicting tokens n+2..2n) with head "
+         "(layer, head)'s z zeroed; compare with attribute baseline_loss"},
+    };
+    return t;
+}
+
 const std::vector<std::string>& detector_probe_names() {
-    static const std::vector<std::string> names = {"induction", "previous-token", "duplicate-token",
-                                                   "attention-sink", "induction-loss"};
+    static const std::vector<std::string> names = [] {
+        std::vector<std::string> v;
+        for (const auto& p : head_probes()) v.emplace_back(p.name);
+        return v;
+    }();
     return names;
+}
+
+const HeadProbe& find_head_probe(const std::string& name) {
+    for (const auto& p : head_probes())
+        if (name == p.name) return p;
+    throw UsageError(fmt::format("unknown probe '{}' (valid: {})", name, fmt::join(detector_probe_names(), ", ")));
+}
+
+std::string probe_description(const HeadProbe& p, bool stripe) {
+    if (stripe || p.repeated_only || p.pattern == StripeKind::kAttentionSink) return p.stripe_description;
+    return std::string("detector: TransformerLens head_detector score against the ") + p.name +
+           " detection pattern, averaged over sequences";
+}
+
+std::vector<ProbeScores> run_head_probes(const Model& m, const std::vector<std::string>& probes, const ProbeInput& in) {
+    const bool stripe = in.stripe_tokens.defined();
+    std::vector<StripeKind> kinds;
+    for (const auto& name : probes) {
+        const HeadProbe& p = find_head_probe(name);
+        if (p.repeated_only && !stripe) throw UsageError(fmt::format("probe {} needs [BOS, R, R] rows", p.name));
+        if (p.pattern) kinds.push_back(*p.pattern);
+    }
+    std::vector<ProbeScores> out;
+    if (!kinds.empty()) {
+        auto scores = stripe ? stripe_scores(m, in.stripe_tokens, in.n, kinds, in.max_rows)
+                             : detector_scores(m, in.seqs, kinds, in.detector);
+        for (auto& s : scores) out.push_back({s.probe, s.score, s.samples, std::nullopt});
+    }
+    for (const auto& name : probes)
+        if (find_head_probe(name).repeated_only) {  // induction-loss
+            auto il = induction_loss(m, in.stripe_tokens, in.n, in.max_rows);
+            out.push_back({name, il.ablated, il.samples, il.baseline});
+        }
+    return out;
 }
 
 std::string stripe_name(StripeKind k) {
@@ -33,10 +83,9 @@ std::string stripe_name(StripeKind k) {
 }
 
 StripeKind parse_stripe_kind(const std::string& name) {
-    for (auto k : {StripeKind::kInduction, StripeKind::kPreviousToken, StripeKind::kDuplicateToken,
-                   StripeKind::kAttentionSink})
-        if (stripe_name(k) == name) return k;
-    throw UsageError(fmt::format("unknown probe '{}' (valid: {})", name, fmt::join(detector_probe_names(), ", ")));
+    const HeadProbe& p = find_head_probe(name);
+    if (!p.pattern) throw UsageError(fmt::format("probe {} reads no attention pattern", p.name));
+    return *p.pattern;
 }
 
 DetectorKind detector_kind_for(StripeKind k) {
@@ -114,16 +163,17 @@ std::pair<int64_t, int64_t> token_range(const Model& m, const StripeInput& in) {
     const int64_t V = m.config.vocab_size;
     const int64_t lo = in.token_lo < 0 ? 0 : in.token_lo, hi = in.token_hi < 0 ? V : in.token_hi;
     if (lo >= hi || hi > V)
-        throw UsageError(fmt::format("--token-range {},{}: need 0 <= lo < hi <= vocab size {}", lo, hi, V));
+        throw UsageError(fmt::format("token range {},{}: need 0 <= lo < hi <= vocab size {}", lo, hi, V), "token_range");
     return {lo, hi};
 }
 
 at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const Tokenizer* tok) {
-    if (in.seq_len < 2) throw UsageError(fmt::format("--seq-len {}: need at least 2", in.seq_len));
-    if (in.batch < 1) throw UsageError(fmt::format("--batch {}: need at least 1", in.batch));
+    if (in.seq_len < 2) throw UsageError(fmt::format("|R| = {}: need at least 2", in.seq_len), "seq_len");
+    if (in.batch < 1) throw UsageError(fmt::format("{} rows: need at least 1", in.batch), "batch");
     if (in.seq_len > (m.config.max_seq_len - 1) / 2)  // 2n + 1 > context, without overflow for huge n
-        throw DataError(fmt::format("--seq-len {}: [BOS, R, R] has {} tokens, more than the model's context of {}",
-                                    in.seq_len, static_cast<double>(in.seq_len) * 2 + 1, m.config.max_seq_len));
+        throw DataError(fmt::format("|R| = {}: [BOS, R, R] has {} tokens, more than the model's context of {}", in.seq_len,
+                                    static_cast<double>(in.seq_len) * 2 + 1, m.config.max_seq_len),
+                        "seq_len");
     // The ids, the drawn rows and the result: three [B, 2n + 1] int64 tensors at least.
     check_fits_in_memory(size_product({static_cast<double>(in.batch), 2.0 * in.seq_len + 1, 3 * 8.0}),
                          fmt::format("{} rows of [BOS, R, R] with |R| = {}", in.batch, in.seq_len));
@@ -137,7 +187,7 @@ at::Tensor repeated_random_tokens(const Model& m, const StripeInput& in, const T
         if (tok && id < tok->vocab_size() && tok->is_special(static_cast<int32_t>(id))) continue;
         allowed.push_back(id);
     }
-    if (allowed.empty()) throw UsageError(fmt::format("--token-range {},{} holds only special tokens", lo, hi));
+    if (allowed.empty()) throw UsageError(fmt::format("token range {},{} holds only special tokens", lo, hi), "token_range");
     // A CPU generator: the same seed gives the same tokens on every device.
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(in.seed));
     auto idx = at::randint(static_cast<int64_t>(allowed.size()), {in.batch, in.seq_len}, gen,

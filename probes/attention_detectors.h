@@ -18,6 +18,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,7 +29,7 @@ class Tokenizer;
 enum class DetectorKind { kPreviousToken, kDuplicateToken, kInduction };
 enum class ErrorMeasure { kMul, kAbs };
 
-// Probe names as the CLI and the HDF5 file spell them.
+// Probe names as the CLI and the HDF5 file spell them (the names of head_probes(), in order).
 const std::vector<std::string>& detector_probe_names();  // induction, previous-token, ...
 std::string stripe_name(StripeKind k);
 StripeKind parse_stripe_kind(const std::string& name);  // throws UsageError listing valid names
@@ -100,6 +101,40 @@ std::vector<LayerHeadScores> stripe_scores(const Model& m, const at::Tensor& tok
 // with its stripe formula (mean A[q, 0] over q >= 1); the other kinds by detection pattern.
 std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<std::vector<int64_t>>& seqs,
                                              const std::vector<StripeKind>& kinds, const DetectorOptions& opts);
+
+// ---- The head probes of `headscope detect` and of a YAML study's `probes:` list: one table ----
+
+struct HeadProbe {
+    const char* name;
+    std::optional<StripeKind> pattern;  // the attention stripe / detection pattern it reads;
+                                        // nullopt for induction-loss (causal: one forward per head)
+    bool repeated_only;                 // runs only on [BOS, R, R] rows
+    const char* stripe_description;     // what the score is on [BOS, R, R] rows
+};
+const std::vector<HeadProbe>& head_probes();
+// UsageError "unknown probe 'x' (valid: induction, ...)".
+const HeadProbe& find_head_probe(const std::string& name);
+// The `description` attribute of a score: the stripe formula on [BOS, R, R] rows, or the
+// TransformerLens detector on given sequences.
+std::string probe_description(const HeadProbe& p, bool stripe);
+
+// What the probes run on: [BOS, R, R] rows (stripe_tokens [B, 1 + 2n] defined) or given sequences.
+struct ProbeInput {
+    at::Tensor stripe_tokens;
+    int64_t n = 0;
+    std::vector<std::vector<int64_t>> seqs;  // when stripe_tokens is undefined
+    DetectorOptions detector;
+    int64_t max_rows = 64;
+};
+struct ProbeScores {
+    std::string probe;
+    at::Tensor score, samples;            // [L, H], [N, L, H]
+    std::optional<double> baseline_loss;  // induction-loss
+};
+// Every pattern probe in one pass (stripe_scores or detector_scores), then induction-loss if
+// asked. UsageError when a repeated-only probe meets given sequences. Results: the pattern probes
+// in the order asked, then induction-loss.
+std::vector<ProbeScores> run_head_probes(const Model& m, const std::vector<std::string>& probes, const ProbeInput& in);
 
 // Induction loss (TransformerLens evals.induction_loss): per-token cross-entropy of predicting
 // token p+1 from position p, averaged over p in [n+1, 2n-1] (tokens n+2..2n, the part of the

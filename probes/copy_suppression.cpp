@@ -112,7 +112,7 @@ CopySuppressionScores copy_suppression_weights(const Model& m, const CopySuppres
     const int64_t V = c.vocab_size;
     CopySuppressionScores s{empty_stats(c.n_layers, c.n_heads), empty_stats(c.n_layers, c.n_heads), {}};
     if (o.n_tokens < 0 || o.n_tokens > V)
-        throw UsageError(fmt::format("--n-tokens {} outside [0, {}] (0 = every token)", o.n_tokens, V));
+        throw UsageError(fmt::format("{} tokens: outside [0, {}] (0 = every token)", o.n_tokens, V), "n_tokens");
     if (o.n_tokens == 0) {
         s.tokens = torch::arange(V, torch::kLong);
     } else {

@@ -168,8 +168,8 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
                   const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
                   int needle_index, std::pair<int64_t, int64_t> answer) {
     const int64_t n = static_cast<int64_t>(needle.size());
-    if (answer.first < 0 || answer.second > n || answer.first >= answer.second)
-        throw std::invalid_argument("build_trial: the answer span lies outside the needle");
+    HS_REQUIRE(answer.first >= 0 && answer.second <= n && answer.first < answer.second,
+               "build_trial: the answer span lies outside the needle");
     if (n >= length)
         throw DataError(fmt::format("needle {} has {} tokens, no shorter than the context length {}", needle_index, n, length));
     if (haystack.empty()) throw DataError("the haystack has no tokens");
@@ -214,7 +214,7 @@ void HeadSet::apply(Hooks& hooks) const {
             case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
             case Intervention::kNone: break;
             default:
-                throw std::invalid_argument(std::string("HeadSet: the needle test does not run ") + intervention_name(mode));
+                HS_REQUIRE(false, std::string("HeadSet: the needle test does not run ") + intervention_name(mode));
         }
     }
 }
@@ -223,7 +223,7 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
                                 const std::function<void()>& after_each) {
     torch::NoGradGuard ng;
     const auto& cfg = m.config;
-    if (prompts.empty()) throw std::invalid_argument("calibrate_query_mean: no prompt");
+    HS_REQUIRE(!prompts.empty(), "calibrate_query_mean: no prompt");
     auto total = torch::zeros({cfg.n_layers, cfg.n_heads, cfg.d_head}, torch::kDouble);
     at::Tensor sum;  // this prompt's per-position sum, on the model's device, in double
     Hooks hooks;
@@ -235,7 +235,7 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
     const int64_t chunk = std::max<int64_t>(1, prefill_chunk);
     for (const auto& p : prompts) {
         const int64_t P = static_cast<int64_t>(p.size());
-        if (P == 0) throw std::invalid_argument("calibrate_query_mean: empty prompt");
+        HS_REQUIRE(P > 0, "calibrate_query_mean: empty prompt");
         sum = torch::zeros({cfg.n_layers, cfg.n_heads, cfg.d_head}, torch::TensorOptions(torch::kDouble).device(m.options.device));
         auto ids = torch::tensor(p, torch::kLong).view({1, P}).to(m.options.device);
         KVCache cache;
@@ -291,8 +291,7 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
     const int64_t P = static_cast<int64_t>(trials[0]->prompt.size());
     std::vector<int64_t> flat;
     for (const Trial* t : trials) {
-        if (static_cast<int64_t>(t->prompt.size()) != P)
-            throw std::invalid_argument("decode_batch: every trial of a batch needs the same prompt length");
+        HS_REQUIRE(static_cast<int64_t>(t->prompt.size()) == P, "decode_batch: every trial of a batch needs the same prompt length");
         flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
     }
     auto dev = m.options.device;

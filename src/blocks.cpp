@@ -3,6 +3,7 @@
 #include "errors.h"
 
 #include <cmath>
+#include <limits>
 
 namespace hs::blocks {
 
@@ -138,6 +139,25 @@ int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T,
     constexpr int64_t kBudget = int64_t{1} << 23, kMaxRows = 128;
     const int64_t per_row = std::max<int64_t>(1, B * H * S);
     return std::max<int64_t>(1, std::min({T, kMaxRows, std::max<int64_t>(16, kBudget / per_row)}));
+}
+
+at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v) {
+    const int64_t T = q.size(1), S = k.size(1), H = q.size(2), K = k.size(2), d = q.size(3);
+    // Query head h reads key/value head h / (H / K) (grouped-query attention).
+    auto kh = k.repeat_interleave(H / K, 2), vh = v.repeat_interleave(H / K, 2);  // [B, S, H, d]
+    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    auto scores = torch::einsum("bthd,bshd->bhts", {q, kh}) * scale;  // [B, H, T, S]
+    if (cfg.attn_softcap > 0) scores = cfg.attn_softcap * torch::tanh(scores / cfg.attn_softcap);
+    // Query t sits at absolute position past + t: it sees key s <= past + t, and on a sliding-window
+    // layer only the last `window` of those.
+    const int64_t past = S - T;
+    auto qpos = torch::arange(past, S, torch::kLong).unsqueeze(1), kpos = torch::arange(S, torch::kLong).unsqueeze(0);
+    auto visible = kpos <= qpos;
+    if (cfg.is_sliding(layer)) visible = visible & (kpos > qpos - cfg.sliding_window);
+    scores = scores.masked_fill(visible.logical_not().to(q.device()), -std::numeric_limits<double>::infinity());
+    auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
+    return torch::einsum("bhts,bshd->bthd", {pattern, vh});                            // z [B, T, H, d]
 }
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,

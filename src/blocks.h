@@ -55,6 +55,13 @@ at::Tensor query_pre_rope(const Hooks* hooks, int layer, at::Tensor q);
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache);
 
+// The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
+// no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the
+// queries see (S - T of them from before: `past`), -> z [B, T, H, d] before W_O. attention() must
+// equal it (tests/test_blocks.cpp); read this one first.
+at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v);
+
 // Positions [T] int64 continuing from the cache.
 at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache);
 

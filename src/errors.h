@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 namespace hs {
 
@@ -40,29 +41,56 @@ inline std::string one_line(const std::string& msg) {
     return out;
 }
 
+// `param` (optional) names the parameter the message is about in the library's words ("seq_len",
+// "token_range", "out"): the tool that knows which flag or YAML key carried it puts that in front
+// (tools/common.h with_flags). The message itself never names a flag.
 class Error : public std::runtime_error {
 public:
-    Error(ExitCode code, const std::string& msg) : std::runtime_error(one_line(msg)), code_(code) {}
+    Error(ExitCode code, const std::string& msg, std::string param = {})
+        : std::runtime_error(one_line(msg)), code_(code), param_(std::move(param)) {}
     ExitCode code() const { return code_; }
+    const std::string& param() const { return param_; }
 
 private:
     ExitCode code_;
+    std::string param_;
 };
 
 struct UsageError : Error {
-    explicit UsageError(const std::string& m) : Error(ExitCode::kUsage, m) {}
+    explicit UsageError(const std::string& m, std::string param = {}) : Error(ExitCode::kUsage, m, std::move(param)) {}
 };
 struct ConfigError : Error {
-    explicit ConfigError(const std::string& m) : Error(ExitCode::kConfig, m) {}
+    explicit ConfigError(const std::string& m, std::string param = {}) : Error(ExitCode::kConfig, m, std::move(param)) {}
 };
 struct ModelLoadError : Error {
-    explicit ModelLoadError(const std::string& m) : Error(ExitCode::kModelLoad, m) {}
+    explicit ModelLoadError(const std::string& m, std::string param = {}) : Error(ExitCode::kModelLoad, m, std::move(param)) {}
 };
 struct DataError : Error {
-    explicit DataError(const std::string& m) : Error(ExitCode::kData, m) {}
+    explicit DataError(const std::string& m, std::string param = {}) : Error(ExitCode::kData, m, std::move(param)) {}
 };
 struct StorageError : Error {
-    explicit StorageError(const std::string& m) : Error(ExitCode::kStorage, m) {}
+    explicit StorageError(const std::string& m, std::string param = {}) : Error(ExitCode::kStorage, m, std::move(param)) {}
 };
+
+// The same error (class and exit code) with "prefix: " in front of its message.
+[[noreturn]] inline void rethrow_prefixed(const Error& e, const std::string& prefix) {
+    const std::string m = prefix + ": " + e.what();
+    switch (e.code()) {
+        case ExitCode::kUsage: throw UsageError(m, e.param());
+        case ExitCode::kConfig: throw ConfigError(m, e.param());
+        case ExitCode::kModelLoad: throw ModelLoadError(m, e.param());
+        case ExitCode::kData: throw DataError(m, e.param());
+        case ExitCode::kStorage: throw StorageError(m, e.param());
+        default: throw Error(e.code(), m, e.param());
+    }
+}
+
+// A caller's mistake (a bug in headscope, not bad input): std::logic_error naming the file and line,
+// which main() reports as an internal error (exit 1).
+#define HS_REQUIRE(cond, msg)                                                                              \
+    do {                                                                                                   \
+        if (!(cond))                                                                                       \
+            throw std::logic_error(std::string(__FILE__) + ":" + std::to_string(__LINE__) + ": " + (msg)); \
+    } while (0)
 
 }  // namespace hs

@@ -363,17 +363,18 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
 
 }  // namespace
 
-Experiment parse_experiment(const std::string& path) {
+Experiment parse_experiment(const std::string& path, const std::vector<std::string>& probe_names) {
     std::string text = read_text_file(path);
     try {
         check_utf8(text, path);
     } catch (const DataError& e) {
         throw ConfigError(e.what());  // a YAML experiment is configuration (exit 3), FILE:LINE as the others
     }
-    return parse_experiment_text(text, path);
+    return parse_experiment_text(text, path, probe_names);
 }
 
-Experiment parse_experiment_text(const std::string& text, const std::string& file_name) {
+Experiment parse_experiment_text(const std::string& text, const std::string& file_name,
+                                 const std::vector<std::string>& probe_names) {
     Experiment e;
     e.file = file_name;
     e.text = text;
@@ -415,8 +416,7 @@ Experiment parse_experiment_text(const std::string& text, const std::string& fil
             for (const auto& p : ps) {
                 r.keys(p, "probe", {"probe", "data"});
                 if (!p["probe"] || !p["data"]) r.fail(p, "probe: expected {probe: NAME, data: DATASET}");
-                ProbeSpec s{r.choice(p["probe"], "probe", {"induction", "previous-token", "duplicate-token",
-                                                          "attention-sink", "induction-loss"}),
+                ProbeSpec s{r.choice(p["probe"], "probe", probe_names),
                             r.str(p["data"], "data"), mark_of(p), mark_of(p["data"])};
                 need_data(p["data"], s.data);
                 for (const auto& q : e.probes)

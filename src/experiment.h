@@ -117,8 +117,10 @@ struct Experiment {
 };
 
 // Reads and checks the file (no model needed). Throws ConfigError (bad YAML, schema) or DataError
-// (unreadable file).
-Experiment parse_experiment(const std::string& path);
-Experiment parse_experiment_text(const std::string& text, const std::string& file_name);
+// (unreadable file). probe_names: what `probes:` may list (the probe table lives in probes/:
+// detector_probe_names() in attention_detectors.h).
+Experiment parse_experiment(const std::string& path, const std::vector<std::string>& probe_names);
+Experiment parse_experiment_text(const std::string& text, const std::string& file_name,
+                                 const std::vector<std::string>& probe_names);
 
 }  // namespace hs

@@ -557,7 +557,7 @@ static std::string strip_slashes(std::string p) {
 
 StagedFolder::StagedFolder(const std::string& out, bool force) : out_(strip_slashes(out)) {
     namespace fs = std::filesystem;
-    if (out_.empty()) throw UsageError("--out: empty folder name");
+    if (out_.empty()) throw UsageError("empty folder name", "out");
     std::error_code ec;
     if (fs::exists(out_, ec)) {
         if (!fs::is_directory(out_, ec)) throw StorageError(fmt::format("{}: exists and is not a folder", out_));

@@ -155,10 +155,10 @@ void AtomicFile::commit() {
     committed_ = true;
 }
 
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
+std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string* bad) {
     std::vector<int64_t> out;
     for (const auto& part : split(s, ',')) {
-        auto t = trim(part);
+        const auto t = trim(part);
         if (t.empty()) continue;
         size_t used = 0;
         long long v = 0;
@@ -167,11 +167,21 @@ std::vector<int64_t> parse_token_list(const std::string& s, const std::string& w
         } catch (const std::exception&) {
             used = 0;
         }
-        if (used != t.size()) throw DataError(fmt::format("{}: '{}' is not a token id", what, t));
+        if (used != t.size()) {
+            if (bad) *bad = t;
+            return std::nullopt;
+        }
         out.push_back(v);
     }
-    if (out.empty()) throw DataError(fmt::format("{}: no token ids", what));
     return out;
+}
+
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
+    std::string bad;
+    auto ids = split_ints(s, &bad);
+    if (!ids) throw DataError(fmt::format("{}: '{}' is not a token id", what, bad));
+    if (ids->empty()) throw DataError(fmt::format("{}: no token ids", what));
+    return *ids;
 }
 
 }  // namespace hs

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,10 @@ std::string sha256_bytes(const void* data, size_t n);
 std::string utc_now_iso8601();
 std::vector<std::string> split(const std::string& s, char sep);
 std::string trim(const std::string& s);
-// "1,2,3" -> ids (DataError naming `what` on a bad entry; blank entries are skipped).
+// "1, 2,3" -> {1, 2, 3}, blank entries skipped; nullopt with *bad = the first entry that is not an
+// integer. The one integer-list reader: parse_token_list (data) and the tools' flag lists use it.
+std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string* bad);
+// "1,2,3" -> ids (DataError naming `what` on a bad entry or an empty list).
 std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
 
 // Writes to "<path>.tmp-<pid>" and renames onto path in commit(); the destructor removes the

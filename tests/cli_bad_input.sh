@@ -261,7 +261,7 @@ bad detect "--tokens-file" "a directory" 5 "dir.txt" "$O" -- detect "$M" --probe
 printf 'ab\xff\xfecd\n' >"$T/bad-utf8.txt"
 bad detect "--text-file" "non-UTF-8 text" 5 "bad-utf8.txt:1: .*UTF-8" "$O" -- detect "$M" --probe previous-token --text-file "$T/bad-utf8.txt" --out "$O"
 bad detect "--text-file" "a directory" 5 "dir.txt" "$O" -- detect "$M" --probe previous-token --text-file "$T/dir.txt" --out "$O"
-bad detect "--seq-len" "absurd (10^9)" 5 "--seq-len 1000000000: .* more than the model's context" "$O" -- detect "$M" --probe induction --seq-len 1000000000 --out "$O"
+bad detect "--seq-len" "absurd (10^9)" 5 "--seq-len: \\|R\\| = 1000000000: .* more than the model's context" "$O" -- detect "$M" --probe induction --seq-len 1000000000 --out "$O"
 bad detect "--batch" "absurd (10^12)" 2 "1000000000000 rows of .* needs at least" "$O" -- detect "$M" --probe induction --batch 1000000000000 --out "$O"
 bad detect "--token-range" "past the vocabulary" 2 "token-range" "$O" -- detect "$M" --probe induction --token-range 6,1000 --out "$O"
 bad copy-suppression "--text-file" "non-UTF-8 text" 5 "bad-utf8.txt:1: .*UTF-8" "$O" -- copy-suppression "$M" --text-file "$T/bad-utf8.txt" --out "$O"
@@ -299,7 +299,7 @@ bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M
 printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
 bad ablate "--data" "prompts: answer a number" 5 "pr.jsonl:1" - -- ablate "$M" --heads L1H0 --data "$T/pr.jsonl" --data-kind prompts --metric logit-diff
 bad ablate "--data" "non-UTF-8 text" 5 "bad-utf8.txt" - -- ablate "$M" --heads L1H0 --data "$T/bad-utf8.txt" --data-kind text
-bad ablate "--repeated" "absurd length (10^9)" 3 "--seq-len 1000000000: .*context" - -- ablate "$M" --heads L1H0 --repeated 1000000000
+bad ablate "--repeated" "absurd length (10^9)" 3 "--repeated: data .data.: \\|R\\| = 1000000000: .*context" - -- ablate "$M" --heads L1H0 --repeated 1000000000
 bad ablate "--count" "absurd (10^12)" 3 "1000000000000 rows of .* needs at least" - -- ablate "$M" --heads L1H0 --repeated 10 --count 1000000000000
 bad ablate "--heads" "layer out of range" 2 "L7H0 is outside the model" - -- ablate "$M" --heads L7H0 --repeated 10
 

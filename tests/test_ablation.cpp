@@ -55,7 +55,7 @@ int run_cli(const std::string& args) {
 
 std::string cfg_error(const std::string& yaml) {
     try {
-        parse_experiment_text(yaml, "exp.yaml");
+        parse_experiment_text(yaml, "exp.yaml", detector_probe_names());
     } catch (const ConfigError& e) {
         return e.what();
     }

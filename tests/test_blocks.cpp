@@ -121,6 +121,35 @@ TEST_CASE("attention in query blocks equals whole attention on every family fixt
     }
 }
 
+TEST_CASE("the blocked attention equals the whole reference attention (GQA, windows, soft-cap, a KV cache)") {
+    // attention() (blocked, cached, scratch-reusing) against blocks::attention_reference, fed the
+    // q, k, v the forward captured at the same layer: the same products in another order, so
+    // within kBlockTol of z's largest magnitude.
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 2, 23, 11);
+        KVCache cache;
+        torch::NoGradGuard ng;
+        for (auto part : {tokens.narrow(1, 0, 9), tokens.narrow(1, 9, 14)}) {  // prefill, then 14 more
+            std::vector<at::Tensor> q(m->config.n_layers), k(q), v(q), z(q);
+            Hooks h;
+            h.capture(Point::kAttnQ, [&](int l, const at::Tensor& x) { q[l] = x.clone(); });
+            h.capture(Point::kAttnK, [&](int l, const at::Tensor& x) { k[l] = x.clone(); });
+            h.capture(Point::kAttnV, [&](int l, const at::Tensor& x) { v[l] = x.clone(); });
+            h.capture(Point::kAttnZ, [&](int l, const at::Tensor& x) { z[l] = x.clone(); });
+            ForwardOptions fo;
+            fo.attn_block = 4;
+            m->forward(part, &h, &cache, fo);
+            for (int l = 0; l < m->config.n_layers; ++l) {
+                CAPTURE(l);
+                REQUIRE(k[l].size(1) == cache.k[l].size(1));  // every key seen so far
+                CHECK(rel_diff(z[l], blocks::attention_reference(m->config, l, q[l], k[l], v[l])) < kBlockTol);
+            }
+        }
+    }
+}
+
 TEST_CASE("automatic attention blocks bound the scratch and cover every query") {
     CHECK(blocks::attention_block_rows(0, 1, 12, 512, 512) == 128);     // at most 128 rows
     CHECK(blocks::attention_block_rows(0, 1, 12, 100, 100) == 100);     // small: one block

@@ -39,7 +39,7 @@ int run_ablate(const AblateOptions& o) {
     auto mask = torch::zeros({L, H}, torch::kUInt8);
     for (auto [layer, head] : with_flag("--heads", [&] { return parse_head_list(o.heads, L, H); })) mask[layer][head] = 1;
     Experiment e;
-    e.file = "--data";
+    e.file = o.repeated > 0 ? "--repeated" : "--data";  // where make_data's errors point
     e.seed = o.seed;
     DataSpec d;
     d.name = "data";

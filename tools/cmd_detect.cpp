@@ -90,20 +90,6 @@ static std::vector<float> to_vec(const at::Tensor& t) {
     return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
 }
 
-static std::string describe(const std::string& probe, bool stripe) {
-    if (probe == "induction-loss")
-        return "mean cross-entropy on the repeated half of [BOS, R, R] (predicting tokens n+2..2n) with head "
-               "(layer, head)'s z zeroed; compare with attribute baseline_loss";
-    if (probe == "attention-sink") return "mean attention to position 0 over query positions q >= 1";
-    if (stripe) {
-        if (probe == "induction") return "stripe: mean over q in [n+1, 2n] of A[q, q-n+1] on [BOS, R, R]";
-        if (probe == "previous-token") return "stripe: mean over q in [1, 2n] of A[q, q-1] on [BOS, R, R]";
-        return "stripe: mean over q in [n+1, 2n] of A[q, q-n] on [BOS, R, R]";
-    }
-    return "detector: TransformerLens head_detector score against the " + probe +
-           " detection pattern, averaged over sequences";
-}
-
 struct Result {
     std::string probe;
     at::Tensor score, samples;  // [L, H], [N, L, H]
@@ -119,7 +105,7 @@ static void print_top(const Result& r, int k) {
         const int64_t j = order[i];
         line += fmt::format(" {} {:.4f}", format_head(static_cast<int>(j / H), static_cast<int>(j % H)), flat[j].item<double>());
     }
-    if (r.probe == "induction-loss") line += fmt::format("  (baseline {:.4f})", std::get<double>(r.attrs.at("baseline_loss")));
+    if (r.attrs.count("baseline_loss")) line += fmt::format("  (baseline {:.4f})", std::get<double>(r.attrs.at("baseline_loss")));
     std::printf("%s\n", line.c_str());
 }
 
@@ -164,7 +150,7 @@ static StripeInput stripe_input(const DetectOptions& o) {
 static Attrs common_attrs(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe, int64_t n_seqs) {
     Attrs a = {{"convention", std::string(stripe ? "stripe" : "detector")}};
     if (stripe) {
-        auto [lo, hi] = token_range(m, in);
+        auto [lo, hi] = with_flags({{"token_range", "--token-range"}}, [&] { return token_range(m, in); });
         a.insert({{"seq_len", in.seq_len}, {"batch", in.batch}, {"seed", in.seed}, {"token_lo", lo}, {"token_hi", hi}});
     } else {
         a.insert({{"n_sequences", n_seqs}, {"source_file", o.tokens_file.empty() ? o.text_file : o.tokens_file}});
@@ -177,35 +163,24 @@ static std::vector<Result> compute(const DetectOptions& o, const Model& m, const
                                    const std::vector<std::vector<int64_t>>& seqs) {
     const bool stripe = stripe_tokens.defined();
     const Attrs common = common_attrs(o, m, in, stripe, static_cast<int64_t>(seqs.size()));
-    const DetectorOptions dopt{o.error_measure == "abs" ? ErrorMeasure::kAbs : ErrorMeasure::kMul, o.exclude_bos,
-                               o.exclude_current_token};
-    std::vector<StripeKind> kinds;
-    for (const auto& p : probes)
-        if (p != "induction-loss") kinds.push_back(parse_stripe_kind(p));
+    ProbeInput in_p;
+    in_p.stripe_tokens = stripe_tokens, in_p.n = in.seq_len, in_p.seqs = seqs, in_p.max_rows = o.max_rows;
+    in_p.detector = {o.error_measure == "abs" ? ErrorMeasure::kAbs : ErrorMeasure::kMul, o.exclude_bos, o.exclude_current_token};
     std::vector<Result> results;
-    if (!kinds.empty()) {
-        auto scores = stripe ? stripe_scores(m, stripe_tokens, in.seq_len, kinds, o.max_rows)
-                             : detector_scores(m, seqs, kinds, dopt);
-        for (auto& s : scores) {
-            Attrs a = common;
-            a["probe"] = s.probe;
-            a["description"] = describe(s.probe, stripe);
-            if (!stripe && s.probe != "attention-sink") {
-                a["error_measure"] = o.error_measure;
-                a["exclude_bos"] = int64_t(o.exclude_bos);
-                a["exclude_current_token"] = int64_t(o.exclude_current_token);
-            }
-            results.push_back({s.probe, s.score, s.samples, a});
-        }
-    }
-    if (std::count(probes.begin(), probes.end(), "induction-loss")) {
-        auto il = induction_loss(m, stripe_tokens, in.seq_len, o.max_rows);
+    for (auto& s : run_head_probes(m, probes, in_p)) {
+        const HeadProbe& p = find_head_probe(s.probe);
         Attrs a = common;
-        a["probe"] = std::string("induction-loss");
-        a["description"] = describe("induction-loss", true);
-        a["baseline_loss"] = il.baseline;
-        a["ablation"] = std::string("zero z of one head (all positions)");
-        results.push_back({"induction-loss", il.ablated, il.samples, a});
+        a["probe"] = s.probe;
+        a["description"] = probe_description(p, stripe);
+        if (s.baseline_loss) {
+            a["baseline_loss"] = *s.baseline_loss;
+            a["ablation"] = std::string("zero z of one head (all positions)");
+        } else if (!stripe && p.pattern != StripeKind::kAttentionSink) {
+            a["error_measure"] = o.error_measure;
+            a["exclude_bos"] = int64_t(o.exclude_bos);
+            a["exclude_current_token"] = int64_t(o.exclude_current_token);
+        }
+        results.push_back({s.probe, s.score, s.samples, a});
     }
     return results;
 }
@@ -215,8 +190,9 @@ int run_detect(const DetectOptions& o) {
     const WriteMode mode = write_mode(o.out);
     if (!o.tokens_file.empty() && !o.text_file.empty()) throw UsageError("give at most one of --tokens-file and --text-file");
     const bool stripe = o.tokens_file.empty() && o.text_file.empty();
-    if (!stripe && std::count(probes.begin(), probes.end(), "induction-loss"))
-        throw UsageError("--probe induction-loss needs the stripe convention (no --tokens-file/--text-file)");
+    for (const auto& p : probes)
+        if (!stripe && find_head_probe(p).repeated_only)
+            throw UsageError(fmt::format("--probe {} needs the stripe convention (no --tokens-file/--text-file)", p));
     if (o.error_measure != "mul" && o.error_measure != "abs")
         throw UsageError(fmt::format("--error-measure '{}': expected mul or abs", o.error_measure));
     StripeInput in = stripe_input(o);
@@ -235,7 +211,8 @@ int run_detect(const DetectOptions& o) {
     std::vector<std::vector<int64_t>> seqs;
     at::Tensor stripe_tokens;  // [B, 1 + 2n]; undefined in the detector convention
     if (stripe) {
-        stripe_tokens = repeated_random_tokens(m, in, l.tokenizer.get());
+        stripe_tokens = with_flags({{"seq_len", "--seq-len"}, {"batch", "--batch"}, {"token_range", "--token-range"}},
+                                   [&] { return repeated_random_tokens(m, in, l.tokenizer.get()); });
         for (int64_t b = 0; b < in.batch; ++b) {
             auto row = stripe_tokens[b].contiguous();
             seqs.emplace_back(row.data_ptr<int64_t>(), row.data_ptr<int64_t>() + row.numel());

@@ -68,22 +68,11 @@ static std::string shipped_file(const std::string& rel) {
 }
 
 static std::vector<int64_t> parse_int_list(const std::string& s, const std::string& what) {
-    std::vector<int64_t> out;
-    for (const auto& part : split(s, ',')) {
-        const auto p = trim(part);
-        if (p.empty()) continue;
-        size_t used = 0;
-        int64_t v = 0;
-        try {
-            v = std::stoll(p, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != p.size()) throw UsageError(fmt::format("{}: '{}' is not an integer", what, p));
-        out.push_back(v);
-    }
-    if (out.empty()) throw UsageError(fmt::format("{}: no value given", what));
-    return out;
+    std::string bad;
+    auto out = split_ints(s, &bad);
+    if (!out) throw UsageError(fmt::format("{}: '{}' is not an integer", what, bad));
+    if (out->empty()) throw UsageError(fmt::format("{}: no value given", what));
+    return *out;
 }
 
 static std::vector<double> parse_depths(const std::string& s) {

@@ -199,26 +199,24 @@ std::vector<ProbeResult> compute_probes(const Experiment& e, const Model& m, con
         for (const auto& x : data)
             if (x.name == p.data) d = &x;
         ProbeResult r{p.probe, p.data, {}, {{"probe", p.probe}, {"dataset", p.data}}};
-        if (p.probe == "induction-loss") {
-            if (d->kind != DataKind::kRepeated) e.fail(p.mark, "probe induction-loss needs a repeated dataset");
-            auto il = induction_loss(m, d->tokens, d->n);
-            r.score = il.ablated;
-            r.attrs["baseline_loss"] = il.baseline;
-            r.attrs["convention"] = std::string("stripe");
-        } else if (d->kind == DataKind::kRepeated) {
-            r.score = stripe_scores(m, d->tokens, d->n, {parse_stripe_kind(p.probe)}).front().score;
-            r.attrs["convention"] = std::string("stripe");
+        const bool stripe = d->kind == DataKind::kRepeated;
+        if (find_head_probe(p.probe).repeated_only && !stripe)
+            e.fail(p.mark, fmt::format("probe {} needs a repeated dataset", p.probe));
+        ProbeInput in;
+        if (stripe) {
+            in.stripe_tokens = d->tokens, in.n = d->n;
         } else {
-            std::vector<std::vector<int64_t>> seqs;
             auto acc = d->tokens.accessor<int64_t, 2>();
             for (int64_t i = 0; i < d->rows(); ++i) {
                 std::vector<int64_t> s;
                 for (int64_t t = 0; t < d->lengths[i]; ++t) s.push_back(acc[i][t]);
-                seqs.push_back(std::move(s));
+                in.seqs.push_back(std::move(s));
             }
-            r.score = detector_scores(m, seqs, {parse_stripe_kind(p.probe)}, DetectorOptions{}).front().score;
-            r.attrs["convention"] = std::string("detector");
         }
+        auto scores = run_head_probes(m, {p.probe}, in).front();
+        r.score = scores.score;
+        if (scores.baseline_loss) r.attrs["baseline_loss"] = *scores.baseline_loss;
+        r.attrs["convention"] = std::string(stripe ? "stripe" : "detector");
         out.push_back(std::move(r));
     }
     return out;
@@ -290,7 +288,7 @@ void print_summary(const StudyState& st) {
 int run_run(const RunOptions& o) {
     const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
     if (o.resume && o.force) throw UsageError("--resume and --force exclude each other");
-    Experiment e = parse_experiment(o.file);
+    Experiment e = parse_experiment(o.file, detector_probe_names());
     if (!o.model.empty()) e.model = o.model;
     std::string out = !o.out.empty() ? o.out : e.output;
     if (out.empty()) throw UsageError(fmt::format("{}: no output: set output: in the file or pass --out", o.file));
@@ -338,8 +336,8 @@ int run_run(const RunOptions& o) {
         return nullptr;
     };
     for (const auto& p : e.probes)
-        if (p.probe == "induction-loss" && find(p.data)->kind != DataKind::kRepeated)
-            e.fail(p.data_mark, "probe induction-loss needs a repeated dataset");
+        if (find_head_probe(p.probe).repeated_only && find(p.data)->kind != DataKind::kRepeated)
+            e.fail(p.data_mark, fmt::format("probe {} needs a repeated dataset", p.probe));
 
     auto probes = compute_probes(e, m, data);
     std::vector<std::pair<std::string, at::Tensor>> computed;

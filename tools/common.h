@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hs::cli {
@@ -22,7 +23,21 @@ auto with_flag(const std::string& flag, F&& fn) -> decltype(fn()) {
     try {
         return fn();
     } catch (const UsageError& e) {
-        throw UsageError(flag + ": " + e.what());
+        throw UsageError(flag + ": " + e.what(), e.param());
+    }
+}
+
+// Runs fn; an error of any class whose param() (the library's name for a parameter, errors.h) is
+// in `flags` is rethrown with that flag in front, keeping its class and exit code:
+// with_flags({{"seq_len", "--seq-len"}}, ...) turns "|R| = 9: ..." into "--seq-len: |R| = 9: ...".
+template <class F>
+auto with_flags(const std::vector<std::pair<std::string, std::string>>& flags, F&& fn) -> decltype(fn()) {
+    try {
+        return fn();
+    } catch (const Error& e) {
+        for (const auto& [param, flag] : flags)
+            if (e.param() == param) rethrow_prefixed(e, flag);
+        throw;
     }
 }
 
