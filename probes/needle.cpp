@@ -474,21 +474,49 @@ TrialResult NeedleTest::judge(int64_t i, const std::vector<int64_t>& generated) 
 }
 
 std::vector<TrialResult> NeedleTest::run_baseline(const std::function<void()>& tick) const {
-    const int L = m_.config.n_layers, H = m_.config.n_heads;
     std::vector<TrialResult> out(trials_.size());
     DecodeSettings s = c_.decode;
     s.score = true;
     run(s, nullptr, [&](int64_t i, const DecodeOut& d) {
-        auto& r = out[i];
-        r = judge(i, d.generated);
-        r.retrieval = d.credit.sum(0);
-        const auto steps = answer_steps(tok_, d.generated, needles_[trials_[i].needle].answer);
-        r.answer_steps = static_cast<int64_t>(steps.size());
-        r.locos = steps.empty() ? torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble)
-                                : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
+        out[i] = scored(i, d);
         if (tick) tick();
     });
     return out;
+}
+
+TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
+    const int L = m_.config.n_layers, H = m_.config.n_heads;
+    TrialResult r = judge(i, d.generated);
+    r.retrieval = d.credit.sum(0);
+    const auto steps = answer_steps(tok_, d.generated, needles_[trials_[i].needle].answer);
+    r.answer_steps = static_cast<int64_t>(steps.size());
+    r.locos = steps.empty() ? torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble)
+                            : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
+    return r;
+}
+
+std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
+    const auto& g = groups_.at(static_cast<size_t>(batch));
+    std::vector<const Trial*> ptrs;
+    for (auto i : g) ptrs.push_back(&trials_[i]);
+    DecodeSettings s = c_.decode;
+    s.score = true;
+    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); });
+    std::vector<TrialResult> res;
+    for (size_t k = 0; k < g.size(); ++k) res.push_back(scored(g[k], outs[k]));
+    return res;
+}
+
+std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, int64_t batch) const {
+    const auto& g = groups_.at(static_cast<size_t>(batch));
+    std::vector<const Trial*> ptrs;
+    for (auto i : g) ptrs.push_back(&trials_[i]);
+    DecodeSettings s = c_.decode;
+    s.score = false;
+    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, &ablate);
+    std::vector<TrialResult> res;
+    for (size_t k = 0; k < g.size(); ++k) res.push_back(judge(g[k], outs[k].generated));
+    return res;
 }
 
 std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const std::function<void()>& tick) const {

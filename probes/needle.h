@@ -216,11 +216,19 @@ public:
     at::Tensor calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
                          const std::function<void()>& tick = {}) const;
 
+    // The batches the passes decode (trial indices, each a row of one forward), and one batch of a
+    // pass on its own: its trials' results in the batch's order, equal to what the whole pass gives
+    // them (the same forwards). For sharded and resumable runs (headscope retrieval --shard, --resume).
+    const std::vector<std::vector<int64_t>>& batches() const { return groups_; }
+    std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
+    std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
+
 private:
     Trial make_trial(int64_t length, double depth, size_t needle) const;
     std::vector<int64_t> encode(const std::string& s) const;
     void run(const DecodeSettings& s, const HeadSet* ablate, const std::function<void(int64_t, const DecodeOut&)>& f) const;
     TrialResult judge(int64_t i, const std::vector<int64_t>& generated) const;
+    TrialResult scored(int64_t i, const DecodeOut& d) const;  // judge + the head scores
 
     const Model& m_;
     const Tokenizer& tok_;

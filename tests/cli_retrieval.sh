@@ -108,7 +108,7 @@ fi
 T6="$TD/tinystories-656k"
 ok "tinystories-656k" -- "$HS" retrieval "$T6" "${H[@]}" --lengths-range 60:120:2 --depths 25,75 --max-new-tokens 5 --out "$TMP/t.h5"
 ok "top tinystories" -- "$HS" top "$TMP/t.h5" --probe retrieval -k 3
-ex=$("$HS" retrieval --help | grep -o 'Example: .*' | sed 's/^Example: //; s#\.\./shared/testdata#'"$TD"'#; s# --out needle.h5# --out '"$TMP"'/ex.h5#')
+ex=$("$HS" retrieval --help | grep -o 'Example: .*' | head -1 | sed 's/^Example: //; s#\.\./shared/testdata#'"$TD"'#; s# --out needle.h5# --out '"$TMP"'/ex.h5#')
 ( cd "$ROOT" && eval "$HS ${ex#headscope }" ) >"$TMP/out" 2>"$TMP/err" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL help example: $ex"; head -3 "$TMP/err"; }
 
 echo "cli-retrieval: $pass passed, $fail failed"

@@ -6,7 +6,9 @@
 #include "errors.h"
 #include "guard.h"
 #include "needle.h"
+#include "needle_store.h"
 #include "progress.h"
+#include "run_state.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -15,7 +17,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <chrono>
 #include <limits>
+#include <memory>
+#include <thread>
 
 namespace hs::cli {
 
@@ -43,12 +48,14 @@ struct RetrievalOptions {
     std::string ablation_scope = "all";
     std::string stop = "newline";
     int64_t batch = 1;
+    std::string shard;
+    bool resume = false;
+    double checkpoint_seconds = 60;
+    int pause_ms = 0;
 };
 
 // LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
 constexpr int64_t kCalibrationMaxTokens = 5000;
-// LOCOS computes bootstrap intervals only over at least this many scored trials (logit_contrib.py).
-constexpr int64_t kBootstrapMinTrials = 10;
 
 // A shipped data file: as given when it exists, else under the source tree next to the binary
 // (build/headscope -> datasets/...).
@@ -125,6 +132,83 @@ static std::vector<float> to_f(const at::Tensor& t) {
 }
 
 
+// The parts of the file that do not depend on the trials' results: the trials' prompts and spans,
+// the parameters, the score groups' descriptions (needle_store.h writes the rest).
+static void write_needle_static(ResultWriter& w, const NeedleTest& test, const Attrs& params, bool want_ret,
+                                bool want_locos, int64_t bootstrap, int64_t seed) {
+    auto with = [&](Attrs a) {
+        for (auto& kv : params) a.insert(kv);
+        return a;
+    };
+    if (want_ret)
+        w.set_attrs("/scores/retrieval",
+                    with({{"probe", std::string("retrieval")},
+                          {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|answer span| "
+                                                      "when the head's argmax key lies in the answer's tokens inside the "
+                                                      "needle and holds the generated token; summed over steps (a "
+                                                      "perfect copier scores 1 per trial), mean over passing trials")}}));
+    if (want_locos)
+        w.set_attrs("/scores/locos",
+                    with({{"probe", std::string("locos")},
+                          {"description", std::string("mean over answer steps of L+ - L-, phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j "
+                                                      "(raw unembedding row, no final norm); L+ over the needle, L- over "
+                                                      "the other keys the head can see times n/(K-n); mean over passing "
+                                                      "trials with an answer step")},
+                          {"bootstrap_resamples", bootstrap},
+                          {"bootstrap_seed", seed},
+                          {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
+                                             "NaN when fewer than 10 trials are scored (the reference's rule)")}}));
+    const auto& trials = test.trials();
+    const int64_t N = static_cast<int64_t>(trials.size());
+    int64_t Tmax = 0;
+    for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
+    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), aspan(N * 2), len_v(N), needle_v(N);
+    std::vector<float> depth_v(N);
+    for (int64_t i = 0; i < N; ++i) {
+        const auto& t = trials[i];
+        std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
+        span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
+        aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
+        len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
+    }
+    const std::string tg = "/retrieval/trials";
+    w.write(tg + "/prompt_tokens", prompt_tokens, {N, Tmax});
+    w.write(tg + "/needle_span", span, {N, 2});
+    w.write(tg + "/answer_span", aspan, {N, 2});
+    w.write(tg + "/length", len_v, {N});
+    w.write(tg + "/depth", depth_v, {N});
+    w.write(tg + "/needle", needle_v, {N});
+    w.set_attrs("/retrieval", params);
+    w.set_attrs(tg, {{"padding", std::string("-1 past each prompt's end and each generation's end")},
+                     {"locos_without_answer_steps", std::string("NaN")},
+                     {"done", std::string("1 = the trial's unablated decode ran (a shard runs some, --resume skips those done)")}});
+}
+
+// --resume: what a previous run of the same scan (same parameters, model and shard) finished;
+// nullptr when the file holds no needle results yet.
+static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path, const Attrs& params, const Shard& shard,
+                                                         const Model& m) {
+    ResultReader r(path);
+    if (!r.exists("/retrieval")) return nullptr;
+    if (!r.exists("/meta") || attr_text(r.attrs("/meta").count("weights_sha256") ? r.attrs("/meta").at("weights_sha256")
+                                                                                 : AttrValue(std::string())) != m.weights_sha256())
+        throw StorageError(fmt::format("{}: holds results of another model; refusing to resume", path));
+    const auto a = r.attrs("/retrieval");
+    for (const auto& [k, v] : params) {
+        if (k == "haystack_file" || k == "needles_file") continue;  // the contents' sha256 is compared
+        const std::string was = a.count(k) ? attr_text(a.at(k)) : "(absent)", now = attr_text(v);
+        if (was != now) {
+            auto cut = [](std::string s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; };
+            throw StorageError(fmt::format("{}: was run with {} {}, not {}; refusing to resume (--force starts over)", path,
+                                           k, cut(was), cut(now)));
+        }
+    }
+    const std::string was_shard = a.count("shard") ? attr_text(a.at("shard")) : "(none)";
+    if (was_shard != shard.str())
+        throw StorageError(fmt::format("{}: was run as shard {}, not {}; refusing to resume", path, was_shard, shard.str()));
+    return std::make_unique<NeedleResults>(read_needle_results(r));
+}
+
 int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_given) {
     // ---- command line ----
     bool want_ret = false, want_locos = false;
@@ -156,6 +240,12 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     const bool ablating = !o.ablate.empty() || o.ablate_top > 0;
     if (o.random_controls > 0 && !ablating) throw UsageError("--random-controls needs --ablate or --ablate-top");
     const Intervention abl = with_flag("--ablation", [&] { return parse_intervention(o.ablation, "ablation", needle_ablations()); });
+    const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
+    if (shard.count > 1 && o.ablate_top > 0 && o.from.empty())
+        throw UsageError("--shard: --ablate-top without --from ranks heads by the whole grid's scores, which one shard "
+                         "does not have: run the scan, merge it, then --ablate-top K --from MERGED.h5:scores/locos/score");
+    if (o.resume && (o.out.force || o.out.append)) throw UsageError("--resume excludes --force and --append");
+    if (o.checkpoint_seconds < 0) throw UsageError("--checkpoint-seconds: need >= 0");
 
     // ---- inputs ----
     auto lm = open_model(o.model, true);
@@ -182,87 +272,17 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
     cfg.decode.max_new_tokens = o.max_new_tokens, cfg.decode.prefill_chunk = o.prefill_chunk, cfg.decode.scope = scope;
     cfg.max_positions = m.config.max_seq_len;
     const NeedleTest test = with_flag("--lengths", [&] { return NeedleTest(m, tok, needles, needles_path, haystack, facts, cfg); });
-    const auto& trials = test.trials();
-    const int64_t N = static_cast<int64_t>(trials.size());
-    ResultWriter w(o.out.out, mode);  // fails now (unwritable, exists) rather than after the trials
-
-    // ---- baseline pass: both scores from one decode per trial; mean-query calibration ----
-    int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
-    const bool calibrate = ablating && abl == Intervention::kMeanQuery;
-    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
-    Progress prog("needle trials", N * (1 + n_sets_planned) + n_calib);
-    auto tick = [&prog] { prog.tick(); };
-    const std::vector<TrialResult> rec = test.run_baseline(tick);
-    auto nan = std::numeric_limits<double>::quiet_NaN();
-    std::vector<int64_t> calib_idx;
-    at::Tensor q_mean;
-    if (calibrate) q_mean = test.calibrate(n_calib, static_cast<uint64_t>(o.seed) + 2, kCalibrationMaxTokens, &calib_idx, tick);
-
-    // ---- aggregate ----
-    std::vector<at::Tensor> ret_pass, locos_pass;
-    for (int64_t i = 0; i < N; ++i) {
-        if (!rec[i].passed) continue;
-        ret_pass.push_back(rec[i].retrieval);
-        if (rec[i].answer_steps > 0) locos_pass.push_back(rec[i].locos);
-    }
-    const int64_t n_pass = static_cast<int64_t>(ret_pass.size()), n_locos = static_cast<int64_t>(locos_pass.size());
-    auto ret_score = n_pass ? torch::stack(ret_pass).mean(0) : torch::full({L, H}, nan, torch::kDouble);
-    auto locos_samples = n_locos ? torch::stack(locos_pass) : torch::zeros({0, L, H}, torch::kDouble);
-    auto locos_score = n_locos ? locos_samples.mean(0) : torch::full({L, H}, nan, torch::kDouble);
-    // Intervals only over at least 10 scored trials, as the reference (logit_contrib.py); NaN below.
-    const bool with_ci = n_locos >= kBootstrapMinTrials;
-    auto [ci_low, ci_high] = bootstrap_ci(with_ci ? locos_samples : locos_samples.narrow(0, 0, 0), o.bootstrap,
-                                          static_cast<uint64_t>(o.seed));
-    if (n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
-    else if (want_locos && n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
-
-    // ---- ablation ----
-    std::vector<std::vector<std::pair<int, int>>> sets;
-    std::string ablate_source;
-    if (ablating) {
-        if (o.ablate_top > 0) {
-            const at::Tensor& src = from_score.defined() ? from_score : (want_locos ? locos_score : ret_score);
-            ablate_source = !o.from.empty() ? o.from : want_locos ? "this run: scores/locos/score" : "this run: scores/retrieval/score";
-            ablate_heads = top_heads(src, o.ablate_top);
-        } else {
-            ablate_source = "--ablate";
-        }
-        sets.push_back(ablate_heads);
-        for (auto& s : with_flag("--random-controls", [&] {
-                 return random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1);
-             }))
-            sets.push_back(s);
-    }
-    const int64_t S = static_cast<int64_t>(sets.size());
-    std::vector<float> abl_recall(S * N), abl_rougeL(S * N);
-    std::vector<float> abl_acc(S), abl_rougeL_mean(S);
-    std::vector<int32_t> masks(S * L * H, 0);
-    for (int64_t si = 0; si < S; ++si) {
-        HeadSet hs{sets[si], abl, q_mean};
-        for (auto [l, h] : sets[si]) masks[(si * L + l) * H + h] = 1;
-        int64_t passed = 0;
-        double rl_sum = 0;
-        const auto res = test.run_ablated(hs, tick);
-        for (int64_t i = 0; i < N; ++i) {
-            abl_recall[si * N + i] = static_cast<float>(res[i].rouge1_recall);
-            abl_rougeL[si * N + i] = static_cast<float>(res[i].rougeL_f);
-            passed += res[i].passed;
-            rl_sum += res[i].rougeL_f;
-        }
-        abl_acc[si] = static_cast<float>(passed) / static_cast<float>(N);
-        abl_rougeL_mean[si] = static_cast<float>(rl_sum / static_cast<double>(N));
-    }
-    prog.finish();
-
-    // ---- write ----
-    if (w.exists("/meta")) check_same_model(w, m);
-    write_meta(w, m, o.seed);
-    for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"}) w.remove(g);
-    int64_t n_baseline_pass = 0;
-    for (const auto& r : rec) n_baseline_pass += r.passed;
-    const double base_acc = static_cast<double>(n_baseline_pass) / static_cast<double>(N);
+    const int64_t N = static_cast<int64_t>(test.trials().size());
+    // ---- resume, the output ----
+    const std::string& out = o.out.out;
+    const bool resuming = o.resume && file_exists(out);
+    if (file_exists(out) && !o.resume && mode == WriteMode::kCreate)
+        throw StorageError(fmt::format("{}: exists (use --resume to continue it, --force to replace it or --append to add to it)", out));
+    { ResultWriter probe(out, resuming ? WriteMode::kAppend : mode); }  // fails now (unwritable) rather than after the trials
     Attrs params = {{"haystack_file", hay_path},
                     {"needles_file", needles_path},
+                    {"haystack_sha256", sha256_bytes(hay_text.data(), hay_text.size())},
+                    {"needles_sha256", sha256_file(needles_path)},
                     {"template", o.tmpl},
                     {"lengths", lengths},
                     {"depths", std::vector<double>(depths.begin(), depths.end())},
@@ -279,133 +299,179 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                     {"bootstrap_resamples", o.bootstrap},
                     {"seed", o.seed},
                     {"n_trials", N},
-                    {"n_passed", n_pass},
-                    {"accuracy", base_acc},
                     {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
                                            "a stop token (see stop: newline = a token decoding to exactly \"\\n\" or "
                                            "EOS, tokenizer's or config.json's; eos = EOS only; none = never) ends "
                                            "the response without being kept or scored")}};
-    auto with = [&](Attrs a) {
-        for (auto& kv : params) a.insert(kv);
-        return a;
-    };
-    std::vector<std::string> flagged;
-    if (want_ret) {
-        for (int l = 0; l < L; ++l)
-            for (int h = 0; h < H; ++h)
-                if (ret_score[l][h].item<double>() > o.flag_threshold) flagged.push_back(format_head(l, h));
-        w.write("/scores/retrieval/score", to_f(ret_score), {L, H});
-        w.set_attrs("/scores/retrieval",
-                    with({{"probe", std::string("retrieval")},
-                          {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|answer span| "
-                                                      "when the head's argmax key lies in the answer's tokens inside the "
-                                                      "needle and holds the generated token; summed over steps (a "
-                                                      "perfect copier scores 1 per trial), mean over passing trials")},
-                          {"flag_threshold", o.flag_threshold},
-                          {"flagged", flagged},
-                          {"n_trials_scored", n_pass}}));
-    }
-    if (want_locos) {
-        w.write("/scores/locos/score", to_f(locos_score), {L, H});
-        w.write("/scores/locos/ci_low", to_f(ci_low), {L, H});
-        w.write("/scores/locos/ci_high", to_f(ci_high), {L, H});
-        w.set_attrs("/scores/locos",
-                    with({{"probe", std::string("locos")},
-                          {"description", std::string("mean over answer steps of L+ - L-, phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j "
-                                                      "(raw unembedding row, no final norm); L+ over the needle, L- over "
-                                                      "the other keys the head can see times n/(K-n); mean over passing "
-                                                      "trials with an answer step")},
-                          {"bootstrap_resamples", o.bootstrap},
-                          {"bootstrap_seed", o.seed},
-                          {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
-                                             "NaN when fewer than 10 trials are scored (the reference's rule)")},
-                          {"n_trials_scored", n_locos}}));
-    }
-    // trials
-    int64_t Tmax = 0;
-    for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
-    const int64_t Sg = o.max_new_tokens;
-    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), aspan(N * 2), gen(N * Sg, -1), len_v(N), needle_v(N),
-        answer_steps_v(N);
-    std::vector<float> rouge_v(N), rougeL_v(N), depth_v(N), ret_v, locos_v;
-    std::vector<int32_t> passed_v(N);
-    std::vector<std::string> responses(N);
-    for (int64_t i = 0; i < N; ++i) {
-        const auto& t = trials[i];
-        std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
-        span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
-        aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
-        std::copy(rec[i].generated.begin(), rec[i].generated.end(), gen.begin() + i * Sg);
-        rouge_v[i] = static_cast<float>(rec[i].rouge1_recall);
-        rougeL_v[i] = static_cast<float>(rec[i].rougeL_f);
-        passed_v[i] = rec[i].passed;
-        len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
-        answer_steps_v[i] = rec[i].answer_steps;
-        responses[i] = rec[i].response;
-        auto a = to_f(rec[i].retrieval), b = to_f(rec[i].locos);
-        ret_v.insert(ret_v.end(), a.begin(), a.end());
-        locos_v.insert(locos_v.end(), b.begin(), b.end());
-    }
-    const std::string tg = "/retrieval/trials";
-    w.write(tg + "/prompt_tokens", prompt_tokens, {N, Tmax});
-    w.write(tg + "/needle_span", span, {N, 2});
-    w.write(tg + "/answer_span", aspan, {N, 2});
-    w.write(tg + "/generated", gen, {N, Sg});
-    w.write(tg + "/rouge1_recall", rouge_v, {N});
-    w.write(tg + "/rougeL_f", rougeL_v, {N});
-    w.write(tg + "/passed", passed_v, {N});
-    w.write(tg + "/length", len_v, {N});
-    w.write(tg + "/depth", depth_v, {N});
-    w.write(tg + "/needle", needle_v, {N});
-    w.write(tg + "/answer_steps", answer_steps_v, {N});
-    w.write(tg + "/retrieval", ret_v, {N, L, H});
-    w.write(tg + "/locos", locos_v, {N, L, H});
-    w.write_strings(tg + "/response", responses);
-    w.set_attrs("/retrieval", params);
-    w.set_attrs(tg, {{"padding", std::string("-1 past each prompt's end and each generation's end")},
-                     {"locos_without_answer_steps", std::string("NaN")}});
-    if (ablating) {
-        const std::string ag = "/retrieval/ablation";
-        w.write(ag + "/masks", masks, {S, L, H});
-        w.write(ag + "/rouge1_recall", abl_recall, {S, N});
-        w.write(ag + "/rougeL_f", abl_rougeL, {S, N});
-        w.write(ag + "/accuracy", abl_acc, {S});
-        std::vector<float> base_r(N);
-        for (int64_t i = 0; i < N; ++i) base_r[i] = static_cast<float>(rec[i].rouge1_recall);
-        w.write(ag + "/baseline_rouge1_recall", base_r, {N});
-        w.write(ag + "/baseline_rougeL_f", rougeL_v, {N});
-        w.write(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(base_acc)}, {1});
-        std::vector<std::string> names;
-        for (const auto& s : sets) names.push_back(format_heads(s));
-        Attrs aa = {{"ablation", std::string(intervention_name(abl))},
-                    {"heads", names},
-                    {"source", ablate_source},
-                    {"random_controls", o.random_controls},
-                    {"control_seed", o.seed + 1},
-                    {"scope", std::string(ablation_scope_name(scope))},
-                    {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
-                                             "without replacement from the heads NOT in set 0")}};
-        if (abl == Intervention::kMeanQuery) {
-            aa["calibration_trials"] = n_calib;
-            aa["calibration_trial_indices"] = calib_idx;
-            aa["calibration_seed"] = o.seed + 2;
-            aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
-                                            "calibration_trials trials drawn by calibration_seed from the whole grid, "
-                                            "unablated prefill of each trial's prompt (context at most 5000 tokens, "
-                                            "prompt cut to 5000), averaged over each prompt's positions, then over the "
-                                            "prompts (each prompt weighs equally); RoPE is applied at each position to "
-                                            "the mean");
-            w.write(ag + "/query_mean", to_f(q_mean), {L, H, m.config.d_head});
+    NeedleResults res;
+    res.init(N, L, H, o.max_new_tokens);
+    std::unique_ptr<NeedleResults> prev;
+    if (resuming) prev = load_needle_resume(out, params, shard, m);
+    if (prev)
+        for (int64_t i = 0; i < N; ++i)
+            if (prev->done[i]) res.copy_trial(*prev, i);
+
+    // ---- ablation sets known before the trials (--ablate, --ablate-top K --from FILE) ----
+    std::vector<std::vector<std::pair<int, int>>> sets;
+    std::string ablate_source;
+    auto choose_sets = [&](const NeedleSummary* scored_here) {
+        if (o.ablate_top > 0) {
+            const at::Tensor& src = from_score.defined() ? from_score : (want_locos ? scored_here->locos : scored_here->ret);
+            ablate_source = !o.from.empty() ? o.from : want_locos ? "this run: scores/locos/score" : "this run: scores/retrieval/score";
+            ablate_heads = top_heads(src, o.ablate_top);
+        } else {
+            ablate_source = "--ablate";
         }
-        w.set_attrs(ag, aa);
+        sets.push_back(ablate_heads);
+        for (auto& s : with_flag("--random-controls", [&] {
+                 return random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1);
+             }))
+            sets.push_back(s);
+        res.init_sets(sets);
+        if (prev)  // ablated trials a killed run finished, when it ablated the same heads
+            for (int64_t s = 0; s < res.S; ++s)
+                if (res.same_set(*prev, s, s))
+                    for (int64_t i = 0; i < N; ++i)
+                        if (prev->abl_done[s * N + i]) res.copy_ablated(*prev, s, s, i);
+    };
+    const bool sets_first = ablating && !(o.ablate_top > 0 && o.from.empty());
+    if (sets_first) choose_sets(nullptr);
+
+    // Work items: baseline batch g, then ablation set s's batch g; this shard owns item k when
+    // k % N == I (k = g for the baseline, (1 + s) * G + g for set s).
+    const auto& batches = test.batches();
+    const int64_t G = static_cast<int64_t>(batches.size());
+    const int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
+    const bool calibrate = ablating && abl == Intervention::kMeanQuery;
+    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    auto all_done = [&](const std::vector<uint8_t>& done, int64_t offset, int64_t g) {
+        for (auto i : batches[g])
+            if (!done[offset + i]) return false;
+        return true;
+    };
+    int64_t planned = n_calib;
+    for (int64_t p = 0; p <= n_sets_planned; ++p)
+        for (int64_t g = 0; g < G; ++g)
+            if (shard.owns(p * G + g)) planned += static_cast<int64_t>(batches[g].size());
+    Progress prog("needle trials", planned);
+    auto tick = [&prog] { prog.tick(); };
+
+    // ---- writing: the whole file, atomically, at checkpoints and at the end ----
+    std::vector<int64_t> calib_idx;
+    at::Tensor q_mean;
+    bool first_write = true;
+    auto complete = [&] {
+        for (int64_t p = 0; p <= n_sets_planned; ++p)
+            for (int64_t g = 0; g < G; ++g) {
+                if (!shard.owns(p * G + g)) continue;
+                if (p == 0 ? !all_done(res.done, 0, g) : (res.S == 0 || !all_done(res.abl_done, (p - 1) * N, g))) return false;
+            }
+        return true;
+    };
+    auto flush = [&] {
+        ResultWriter w(out, first_write && !resuming ? mode : WriteMode::kAppend);
+        first_write = false;
+        if (w.exists("/meta")) check_same_model(w, m);
+        write_meta(w, m, o.seed);
+        for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"})
+            if (w.exists(g)) w.remove(g);
+        const NeedleSummary sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+        write_needle_static(w, test, params, want_ret, want_locos, o.bootstrap, o.seed);
+        w.set_attrs("/retrieval", {{"shard", shard.str()},
+                                   {"shard_index", shard.index},
+                                   {"shard_count", shard.count},
+                                   {"complete", int64_t(complete())}});
+        write_needle_results(w, res, sum, want_ret, want_locos);
+        if (res.S > 0) {
+            const std::string ag = "/retrieval/ablation";
+            std::vector<std::string> names;
+            for (const auto& s : sets) names.push_back(format_heads(s));
+            Attrs aa = {{"ablation", std::string(intervention_name(abl))},
+                        {"heads", names},
+                        {"source", ablate_source},
+                        {"random_controls", o.random_controls},
+                        {"control_seed", o.seed + 1},
+                        {"scope", std::string(ablation_scope_name(scope))},
+                        {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
+                                                 "without replacement from the heads NOT in set 0")}};
+            if (abl == Intervention::kMeanQuery) {
+                aa["calibration_trials"] = n_calib;
+                aa["calibration_trial_indices"] = calib_idx;
+                aa["calibration_seed"] = o.seed + 2;
+                aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
+                                                "calibration_trials trials drawn by calibration_seed from the whole grid, "
+                                                "unablated prefill of each trial's prompt (context at most 5000 tokens, "
+                                                "prompt cut to 5000), averaged over each prompt's positions, then over the "
+                                                "prompts (each prompt weighs equally); RoPE is applied at each position to "
+                                                "the mean");
+                w.write(ag + "/query_mean", to_f(q_mean), {L, H, m.config.d_head});
+            }
+            w.set_attrs(ag, aa);
+        }
+        w.commit();
+    };
+    auto last_flush = std::chrono::steady_clock::now();
+    auto after_batch = [&] {
+        const auto now = std::chrono::steady_clock::now();
+        if (std::chrono::duration<double>(now - last_flush).count() >= o.checkpoint_seconds) {
+            flush();
+            last_flush = std::chrono::steady_clock::now();
+            if (o.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
+        }
+    };
+
+    if (prev) {
+        int64_t had = 0;
+        for (auto d : res.done) had += d;
+        for (auto d : res.abl_done) had += d;
+        log_info(fmt::format("resuming {}: {} decodes already done", out, had));
     }
-    w.commit();
+    // ---- baseline pass: both scores from one decode per trial ----
+    for (int64_t g = 0; g < G; ++g) {
+        if (!shard.owns(g)) continue;
+        if (all_done(res.done, 0, g)) {
+            for (size_t k = 0; k < batches[g].size(); ++k) tick();
+            continue;
+        }
+        const auto rs = test.run_baseline_batch(g);
+        for (size_t k = 0; k < rs.size(); ++k) res.set_trial(batches[g][k], rs[k]), tick();
+        after_batch();
+    }
+    NeedleSummary sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+    if (shard.count == 1) {
+        if (sum.n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
+        else if (want_locos && sum.n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
+    }
+
+    // ---- ablation: mean-query calibration (over the whole grid, the same in every shard), then the sets ----
+    if (calibrate) q_mean = test.calibrate(n_calib, static_cast<uint64_t>(o.seed) + 2, kCalibrationMaxTokens, &calib_idx, tick);
+    if (ablating && !sets_first) choose_sets(&sum);
+    const int64_t S = static_cast<int64_t>(sets.size());
+    for (int64_t si = 0; si < S; ++si) {
+        HeadSet hs{sets[si], abl, q_mean};
+        for (int64_t g = 0; g < G; ++g) {
+            if (!shard.owns((1 + si) * G + g)) continue;
+            if (all_done(res.abl_done, si * N, g)) {
+                for (size_t k = 0; k < batches[g].size(); ++k) tick();
+                continue;
+            }
+            const auto rs = test.run_ablated_batch(hs, g);
+            for (size_t k = 0; k < rs.size(); ++k) res.set_ablated(si, batches[g][k], rs[k]), tick();
+            after_batch();
+        }
+    }
+    prog.finish();
+    flush();
+    sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
 
     // ---- summary ----
-    double base_rougeL = 0;
-    for (const auto& r : rec) base_rougeL += r.rougeL_f / static_cast<double>(N);
-    std::printf("trials %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", static_cast<long long>(N),
-                static_cast<long long>(n_pass), base_acc, base_rougeL);
+    if (shard.count > 1)
+        std::printf("shard %s: trials %lld of %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", shard.str().c_str(),
+                    static_cast<long long>(sum.n_done), static_cast<long long>(N), static_cast<long long>(sum.n_pass),
+                    sum.accuracy, sum.rougeL);
+    else
+        std::printf("trials %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", static_cast<long long>(N),
+                    static_cast<long long>(sum.n_pass), sum.accuracy, sum.rougeL);
     auto print_top = [&](const char* name, const at::Tensor& s) {
         std::string line = fmt::format("{:<10}", name);
         for (auto [l, h] : top_heads(s, std::min<int64_t>(5, L * H)))
@@ -413,21 +479,21 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
         std::printf("%s\n", line.c_str());
     };
     if (want_ret) {
-        print_top("retrieval", ret_score);
+        print_top("retrieval", sum.ret);
         std::printf("flagged (> %.2f): %s\n", o.flag_threshold,
-                    flagged.empty() ? "none" : fmt::format("{}", fmt::join(flagged, ",")).c_str());
+                    sum.flagged.empty() ? "none" : fmt::format("{}", fmt::join(sum.flagged, ",")).c_str());
     }
     if (want_locos) {
-        print_top("locos", locos_score);
-        if (!with_ci && n_locos > 0)
+        print_top("locos", sum.locos);
+        if (!sum.with_ci && sum.n_locos > 0)
             std::printf("locos CI: not computed (%lld scored trials, the reference's minimum is %lld): NaN\n",
-                        static_cast<long long>(n_locos), static_cast<long long>(kBootstrapMinTrials));
+                        static_cast<long long>(sum.n_locos), static_cast<long long>(kBootstrapMinTrials));
     }
     for (int64_t si = 0; si < S; ++si)
         std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)  ROUGE-L F %.3f (baseline %.3f)\n",
-                    si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), abl_acc[si], base_acc,
-                    abl_rougeL_mean[si], base_rougeL);
-    log_info(fmt::format("wrote {} ({} trials)", o.out.out, N));
+                    si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), sum.abl_acc[si], sum.accuracy,
+                    sum.abl_rougeL[si], sum.rougeL);
+    log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, shard.count > 1 ? ", shard " + shard.str() : ""));
     return 0;
 }
 
@@ -448,7 +514,14 @@ void setup_retrieval(CLI::App& app) {
         "prefix; mean-query = LOCOS's pre-RoPE mean query; zero = output zeroed) and --random-controls N random\n"
         "sets excluding them; --ablation-scope all (LOCOS: every forward) or decode (Wu et al.: decode steps).\n"
         "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
-        "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5");
+        "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5\n"
+        "Shards (a Slurm job array: --shard slurm; scripts/slurm/), joined by `headscope merge` into what one run writes:\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
+        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 0/2 --out needle.shard-0-of-2.h5\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
+        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 1/2 --out needle.shard-1-of-2.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
@@ -487,6 +560,15 @@ void setup_retrieval(CLI::App& app) {
                     "all: ablate in the prefill and every decode step (LOCOS, nolima_ablation.py); decode: decode "
                     "steps only (Wu et al., needle_in_haystack_with_mask.py)")
         ->capture_default_str();
+    sub->add_option("--shard", o->shard,
+                    "I/N: this task's share of the work (batches of trials, for the baseline and each ablation set, "
+                    "k % N == I); slurm: I, N from SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT; slurm/N: N given. "
+                    "`headscope merge` joins the N files into what one run writes");
+    sub->add_flag("--resume", o->resume, "continue --out, a file a killed run of the same scan (and shard) left: its done trials are kept");
+    sub->add_option("--checkpoint-seconds", o->checkpoint_seconds,
+                    "rewrite --out (atomically) after a batch when this long has passed since the last write (0: every batch)")
+        ->capture_default_str();
+    sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each checkpoint")->group("");
     sub->callback([o, range, lens] { set_exit_code(run_retrieval(*o, range->count() > 0, lens->count() > 0)); });
 }
 

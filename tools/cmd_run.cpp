@@ -17,6 +17,7 @@
 #include <filesystem>
 
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <thread>
 
@@ -24,14 +25,52 @@ namespace hs::cli {
 
 std::string Shard::str() const { return fmt::format("{}/{}", index, count); }
 
+// A Slurm array's variable as a non-negative integer; UsageError naming it when unset or not one.
+static int64_t slurm_env(const char* name, const std::string& s) {
+    const char* v = std::getenv(name);
+    if (!v || !*v)
+        throw UsageError(fmt::format("--shard '{}': {} is not set (not inside a Slurm job array; give I/N instead)", s, name));
+    size_t used = 0;
+    int64_t x = -1;
+    try {
+        x = std::stoll(v, &used);
+    } catch (const std::exception&) {
+        used = 0;
+    }
+    if (used != std::string(v).size() || x < 0)
+        throw UsageError(fmt::format("--shard '{}': {}='{}' is not a non-negative integer", s, name, v));
+    return x;
+}
+
 Shard parse_shard(const std::string& s) {
     Shard sh;
     auto p = split(s, '/');
+    if (!p.empty() && p[0] == "slurm") {
+        // slurm: I = SLURM_ARRAY_TASK_ID, N = SLURM_ARRAY_TASK_COUNT (the array's indices must be
+        // 0..N-1); slurm/N: N given, for a task resubmitted alone (--array=2: its count is 1).
+        if (p.size() > 2) throw UsageError(fmt::format("--shard '{}': expected slurm or slurm/N", s));
+        sh.index = slurm_env("SLURM_ARRAY_TASK_ID", s);
+        if (p.size() == 2) {
+            try {
+                size_t used = 0;
+                sh.count = std::stoll(p[1], &used);
+                if (used != p[1].size()) throw std::invalid_argument("");
+            } catch (const std::exception&) {
+                throw UsageError(fmt::format("--shard '{}': expected slurm/N with N an integer", s));
+            }
+        } else {
+            sh.count = slurm_env("SLURM_ARRAY_TASK_COUNT", s);
+        }
+        if (sh.count < 1 || sh.index >= sh.count)
+            throw UsageError(fmt::format("--shard '{}': array task {} of {} tasks: the array's indices must be 0..N-1 "
+                                         "(sbatch --array=0-{})", s, sh.index, sh.count, std::max<int64_t>(sh.count - 1, 0)));
+        return sh;
+    }
     try {
         if (p.size() != 2) throw std::invalid_argument("");
         sh.index = std::stoll(p[0]), sh.count = std::stoll(p[1]);
     } catch (const std::exception&) {
-        throw UsageError(fmt::format("--shard '{}': expected I/N, e.g. 0/4", s));
+        throw UsageError(fmt::format("--shard '{}': expected I/N (e.g. 0/4), slurm or slurm/N", s));
     }
     if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count)
         throw UsageError(fmt::format("--shard '{}': need 0 <= I < N", s));
@@ -427,7 +466,9 @@ void setup_run(CLI::App& app) {
     sub->add_option("-o,--out", o->out, "write here instead of the file's output:");
     sub->add_flag("--resume", o->resume, "continue an existing output file of the same experiment and model");
     sub->add_flag("--force", o->force, "replace an existing output file");
-    sub->add_option("--shard", o->shard, "I/N: run every N-th configuration starting at I (output gets .shard-I-of-N)");
+    sub->add_option("--shard", o->shard, "I/N: run every N-th configuration starting at I (output gets .shard-I-of-N "
+                                         "unless --out is given); slurm: I and N from SLURM_ARRAY_TASK_ID and "
+                                         "SLURM_ARRAY_TASK_COUNT; slurm/N: N given (a task resubmitted alone)");
     sub->add_option("--batch-rows", o->batch_rows, "rows per forward pass (configurations x dataset rows; default: "
                                                    "the file's batch_rows, else 64)");
     sub->add_flag("--no-prefix-reuse", o->no_prefix_reuse, "recompute the layers below the first ablated layer per "
