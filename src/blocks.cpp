@@ -29,16 +29,8 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
     return x;
 }
 
-namespace {
-thread_local ForwardContext t_ctx;
-}
-
-const ForwardContext& forward_context() { return t_ctx; }
-ForwardScope::ForwardScope(const ForwardContext& c) : saved_(t_ctx) { t_ctx = c; }
-ForwardScope::~ForwardScope() { t_ctx = saved_; }
-
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
-    if (x.dim() == 3 && x.size(0) > 1 && t_ctx.per_row_gemm) {
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
+    if (x.dim() == 3 && x.size(0) > 1 && per_row) {
         // One GEMM per batch row: BLAS picks kernels by matrix size, so in a folded GEMM a row's
         // last bits depend on what else is in the batch. This way a row of a batch whose other
         // rows carry interventions equals its unbatched run bit for bit.
@@ -48,6 +40,27 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b)
     // Folded: [B*T, D] x [D, N] in one GEMM (addmm with the bias).
     return b.defined() ? at::linear(x, w, b) : torch::matmul(x, w.t());
 }
+
+int Pass::last_layer() const { return opts.stop_after_layer >= 0 ? opts.stop_after_layer : m.config.n_layers - 1; }
+
+at::Tensor Pass::finish(const at::Tensor& x) const {
+    if (!opts.compute_logits || opts.stop_after_layer >= 0) return {};
+    return m.unembed(x);
+}
+
+at::Tensor Pass::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {
+    return blocks::linear(x, w, b, per_row_gemm);
+}
+
+at::Tensor Pass::mlp(const LayerWeights& lw, const at::Tensor& x) const { return blocks::mlp(m.config, lw, x, per_row_gemm); }
+
+at::Tensor Pass::attention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const {
+    return blocks::attention(m, layer, q, k, v, hooks, cache, opts.attn_block, per_row_gemm);
+}
+
+at::Tensor Pass::query_pre_rope(int layer, at::Tensor q) const { return blocks::query_pre_rope(hooks, layer, std::move(q)); }
+
+at::Tensor Pass::hook(Point p, int layer, at::Tensor x) const { return blocks::hook(hooks, p, layer, std::move(x)); }
 
 at::Tensor activation(Activation a, const at::Tensor& x) {
     switch (a) {
@@ -59,12 +72,12 @@ at::Tensor activation(Activation a, const at::Tensor& x) {
     return x;
 }
 
-at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x) {
+at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row) {
     if (cfg.gated_mlp) {
-        auto g = activation(cfg.act, linear(x, lw.w_gate, lw.b_gate));
-        return linear(g * linear(x, lw.w_up, lw.b_up), lw.w_down, lw.b_down);
+        auto g = activation(cfg.act, linear(x, lw.w_gate, lw.b_gate, per_row));
+        return linear(g * linear(x, lw.w_up, lw.b_up, per_row), lw.w_down, lw.b_down, per_row);
     }
-    return linear(activation(cfg.act, linear(x, lw.w_up, lw.b_up)), lw.w_down, lw.b_down);
+    return linear(activation(cfg.act, linear(x, lw.w_up, lw.b_up, per_row)), lw.w_down, lw.b_down, per_row);
 }
 
 // Inverse frequencies [rot_dim / 2], with Hugging Face's "linear" and "llama3" scalings.
@@ -161,7 +174,7 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
 }
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
-                     KVCache* cache) {
+                     KVCache* cache, int64_t attn_block, bool per_row) {
     const ModelConfig& cfg = m.config;
     const LayerWeights& lw = m.weights.layers[layer];
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
@@ -211,7 +224,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
                                  hooks->needs_whole(Point::kAttnPattern, layer));
     const bool see_scores = !whole && hooks && hooks->wants(Point::kAttnScores, layer);
     const bool see_pattern = !whole && hooks && hooks->wants(Point::kAttnPattern, layer);
-    const int64_t rows = whole ? T : attention_block_rows(forward_context().attn_block, B, H, T, S);
+    const int64_t rows = whole ? T : attention_block_rows(attn_block, B, H, T, S);
     // Blocks reuse one scratch buffer per tensor for the whole layer (allocated once, at the largest
     // block), instead of allocating, page-faulting and freeing fresh [B, H, rows, m] tensors block
     // after block: at T = 4096 that was ~4 x 25 MiB x 32 blocks per layer. Row observers are told
@@ -304,7 +317,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         out = head_out.sum(2);
         if (lw.bo.defined()) out = out + lw.bo;
     } else {
-        out = linear(z.reshape({B, T, H * d}), lw.wo, lw.bo);  // [B, T, D]
+        out = linear(z.reshape({B, T, H * d}), lw.wo, lw.bo, per_row);  // [B, T, D]
     }
     return hook(hooks, Point::kAttnOut, layer, out);
 }

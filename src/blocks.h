@@ -8,22 +8,36 @@
 
 namespace hs::blocks {
 
-// What the current Model::forward call asked of the blocks (set by Model::forward for its
-// thread, restored on return): the GEMM mode after resolving kAuto, and the attention block size.
-struct ForwardContext {
-    bool per_row_gemm = false;
-    int64_t attn_block = 0;
-};
-const ForwardContext& forward_context();
-class ForwardScope {
-public:
-    explicit ForwardScope(const ForwardContext& c);
-    ~ForwardScope();
-    ForwardScope(const ForwardScope&) = delete;
-    ForwardScope& operator=(const ForwardScope&) = delete;
+// One Model::forward call as the blocks see it, made once by Model::forward and handed to the
+// family's forward: the model, its hooks and cache, the options, and what they resolve to (GEMM
+// mode, attention block size, the layers to run). Everything a block does differently for this
+// call comes from here, explicitly: nothing is read from a global or a thread-local.
+struct Pass {
+    const Model& m;
+    const Hooks* hooks;
+    KVCache* cache;
+    const ForwardOptions& opts;
+    bool per_row_gemm = false;  // one GEMM per batch row (rows with their own interventions stay exact)
 
-private:
-    ForwardContext saved_;
+    int first_layer() const { return opts.start_layer; }
+    int last_layer() const;
+    // The residual stream entering first_layer(): `embed()` (the family's embedding), or
+    // opts.start_resid when the call resumes at a later layer (prefix reuse).
+    template <class F>
+    at::Tensor start(F&& embed) const {
+        return opts.start_layer > 0 ? opts.start_resid : embed();
+    }
+    // Logits of the final residual (final norm, unembedding), or an undefined tensor when the call
+    // asked for none or stopped early.
+    at::Tensor finish(const at::Tensor& x) const;
+
+    at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const;
+    at::Tensor mlp(const LayerWeights& lw, const at::Tensor& x) const;
+    // blocks::attention with this call's hooks, cache and block size.
+    at::Tensor attention(int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) const;
+    // blocks::query_pre_rope with this call's hooks; hook() likewise.
+    at::Tensor query_pre_rope(int layer, at::Tensor q) const;
+    at::Tensor hook(Point p, int layer, at::Tensor x) const;
 };
 // Query rows per attention block for B x H heads over S keys (requested 0 = automatic).
 int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T, int64_t S);
@@ -31,9 +45,11 @@ int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T,
 // Normalisation by config.norm, computed in float32 and cast back (as Hugging Face does).
 at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool plus_one);
-at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// x W^T + b. per_row: one GEMM per batch row (BLAS picks kernels by matrix size, so in a folded
+// GEMM a row's last bits depend on the other rows; per row, a row equals its unbatched run).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row);
 at::Tensor activation(Activation a, const at::Tensor& x);
-at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x);
+at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row);
 
 // RoPE tables for absolute positions [T]: cos, sin [T, rot_dim] in the rotate_half layout.
 struct Rope {
@@ -52,8 +68,9 @@ at::Tensor query_pre_rope(const Hooks* hooks, int layer, at::Tensor q);
 // The attention of one layer from projected q [B,T,H,d] (after RoPE) and k, v [B,T,K,d]:
 // query interventions, cache, scores, mask (causal, sliding window), soft-cap, softmax,
 // z interventions, W_O, with every capture point from attn.q to attn_out. Returns attn_out [B,T,D].
+// attn_block: query rows per block (0 = automatic); per_row: linear()'s W_O GEMM per batch row.
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
-                     KVCache* cache);
+                     KVCache* cache, int64_t attn_block, bool per_row);
 
 // The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
 // no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the

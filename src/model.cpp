@@ -29,11 +29,6 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
                                     config.max_seq_len));
     if (opts.stop_after_layer >= config.n_layers)
         throw ConfigError(fmt::format("stop_after_layer {} >= n_layers {}", opts.stop_after_layer, config.n_layers));
-    blocks::ForwardContext ctx;
-    ctx.per_row_gemm = opts.gemm == GemmMode::kPerRow ||
-                       (opts.gemm == GemmMode::kAuto && hooks && hooks->has_row_specific_interventions());
-    ctx.attn_block = opts.attn_block;
-    blocks::ForwardScope scope(ctx);
     if (opts.start_layer < 0 || opts.start_layer >= config.n_layers)
         throw ConfigError(fmt::format("start_layer {} outside [0, {})", opts.start_layer, config.n_layers));
     if (opts.start_layer > 0) {
@@ -44,12 +39,15 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
             throw ConfigError(fmt::format("start_resid must be [B, T, D] = [{}, {}, {}] for start_layer {}",
                                           tokens.size(0), tokens.size(1), config.d_model, opts.start_layer));
     }
+    blocks::Pass pass{*this, hooks, cache, opts};
+    pass.per_row_gemm = opts.gemm == GemmMode::kPerRow ||
+                        (opts.gemm == GemmMode::kAuto && hooks && hooks->has_row_specific_interventions());
     switch (config.family) {
-        case Family::kLlama: return forward_llama(*this, tokens, hooks, cache, opts);
-        case Family::kGpt2: return forward_gpt2(*this, tokens, hooks, cache, opts);
-        case Family::kGptNeoX: return forward_gpt_neox(*this, tokens, hooks, cache, opts);
-        case Family::kGemma: return forward_gemma(*this, tokens, hooks, cache, opts);
-        case Family::kOlmo2: return forward_olmo2(*this, tokens, hooks, cache, opts);
+        case Family::kLlama: return forward_llama(pass, tokens);
+        case Family::kGpt2: return forward_gpt2(pass, tokens);
+        case Family::kGptNeoX: return forward_gpt_neox(pass, tokens);
+        case Family::kGemma: return forward_gemma(pass, tokens);
+        case Family::kOlmo2: return forward_olmo2(pass, tokens);
     }
     throw ConfigError(fmt::format("family '{}' has no forward in this build", family_name(config.family)));
 }
@@ -59,7 +57,7 @@ at::Tensor Model::final_norm(const at::Tensor& resid) const {
 }
 
 at::Tensor Model::unembed(const at::Tensor& resid) const {
-    auto logits = blocks::linear(final_norm(resid), weights.unembed, weights.unembed_b);
+    auto logits = blocks::linear(final_norm(resid), weights.unembed, weights.unembed_b, false);
     if (config.final_softcap > 0) logits = torch::tanh(logits / config.final_softcap) * config.final_softcap;
     return logits;
 }

@@ -435,7 +435,7 @@ std::string maps_group(FileView& f, const std::string& g, int top_k) {
            attrs_table(r.attrs(g)) + "</details>";
 }
 
-// ---- ablation (issue 11 names) ----
+// ---- ablation (/ablation/<study>) ----
 std::string ablation_study(FileView& f, const std::string& g, const std::string& name) {
     auto& r = *f.r;
     for (const char* need : {"masks", "metric", "kind"})
@@ -533,7 +533,7 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
     return out;
 }
 
-// ---- retrieval (issue 10 names) ----
+// ---- retrieval (/retrieval) ----
 std::string retrieval_trials(FileView& f, const std::string& g) {
     auto& r = *f.r;
     for (const char* need : {"length", "depth", "rouge1_recall"})

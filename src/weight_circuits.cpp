@@ -55,7 +55,7 @@ at::Tensor mlp_input(const Model& m, int layer, const at::Tensor& x) {
 
 at::Tensor mlp_output(const Model& m, int layer, const at::Tensor& x) {
     const auto& lw = m.weights.layers[layer];
-    auto y = blocks::mlp(m.config, lw, mlp_input(m, layer, x).to(m.options.dtype));
+    auto y = blocks::mlp(m.config, lw, mlp_input(m, layer, x).to(m.options.dtype), false);
     if (m.config.sandwich_norm || m.config.post_norm_only)
         y = blocks::norm(m.config, y, lw.post_mlp_norm_w, lw.post_mlp_norm_b);
     return f32(y);

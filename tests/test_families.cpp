@@ -201,7 +201,7 @@ TEST_CASE("family GPT-NeoX: partial rotary rotates the first rotary_pct of each 
     torch::NoGradGuard ng;
     m->forward(tokens, &hooks);
     const auto& lw = m->weights.layers[0];
-    auto q_lin = blocks::linear(blocks::norm(m->config, resid_pre, lw.attn_norm_w, lw.attn_norm_b), lw.wq, lw.bq)
+    auto q_lin = blocks::linear(blocks::norm(m->config, resid_pre, lw.attn_norm_w, lw.attn_norm_b), lw.wq, lw.bq, false)
                      .view({1, -1, H, d});  // before RoPE
     CHECK(max_diff(q.index({"...", Slice(rot, None)}), q_lin.index({"...", Slice(rot, None)})) < 1e-6);
     CHECK(max_diff(q.index({0, 0}), q_lin.index({0, 0})) < 1e-6);  // position 0: identity rotation

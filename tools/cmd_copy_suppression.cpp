@@ -25,11 +25,6 @@ struct CopySuppressionCliOptions {
     double threshold = 0.1;
 };
 
-static std::vector<float> floats(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
-
 // The text as windows of at most `window` tokens (BOS first when the tokenizer has one).
 static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOptions& o, const Tokenizer& tok,
                                                       int64_t context) {
@@ -52,7 +47,7 @@ static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOp
 static void write_stats(ResultWriter& w, const std::string& g, const std::string& circuit, const RankStats& s,
                         const Attrs& base, int64_t L, int64_t H) {
     auto put = [&](const std::string& name, const at::Tensor& t, const std::string& desc) {
-        w.write(g + "/" + circuit + "_" + name, floats(t), {L, H});
+        w.write(g + "/" + circuit + "_" + name, host_floats(t), {L, H});
         Attrs a = base;
         a["description"] = desc;
         w.set_attrs(g + "/" + circuit + "_" + name, a);
@@ -83,7 +78,7 @@ int run_copy_suppression(const CopySuppressionCliOptions& o) {
                {"weight_processing", std::string("folded+centered")},
                {"embedding", std::string("effective: W_E + layer-0 self-attention OV + MLP0")},
                {"qk_position", std::string("weights-only QK uses unrotated q and k: RoPE position ignored")}};
-    w.write(g + "/score", floats(s.ov.frac_rank0), {L, H});
+    w.write(g + "/score", host_floats(s.ov.frac_rank0), {L, H});
     Attrs sa = base;
     sa["description"] = std::string("OV circuit: fraction of scored tokens whose own logit is the most suppressed "
                                     "(rank 0); = ov_frac_rank0");
@@ -104,7 +99,7 @@ int run_copy_suppression(const CopySuppressionCliOptions& o) {
                                      {"dynamic_n_pairs", d.n_pairs, "qualifying (q,k) pairs"},
                                      {"dynamic_mean_effect", d.mean_effect, "mean A[q,k] (v_k W_O) . W_U_f[token_k] / "
                                                                            "scale[q] over qualifying pairs"}}) {
-            w.write(g + "/" + name, floats(t), {L, H});
+            w.write(g + "/" + name, host_floats(t), {L, H});
             da["description"] = std::string(desc);
             w.set_attrs(g + "/" + name, da);
         }

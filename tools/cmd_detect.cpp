@@ -85,11 +85,6 @@ static std::vector<int32_t> padded(const std::vector<std::vector<int64_t>>& seqs
     return out;
 }
 
-static std::vector<float> to_vec(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-
 struct Result {
     std::string probe;
     at::Tensor score, samples;  // [L, H], [N, L, H]
@@ -118,9 +113,9 @@ static void write_results(ResultWriter& w, const Model& m, const DetectOptions& 
         const std::string g = "/scores/" + r.probe;
         w.remove(g);
         w.remove("/inputs/" + r.probe);
-        w.write(g + "/score", to_vec(r.score), {L, H});
+        w.write(g + "/score", host_floats(r.score), {L, H});
         w.set_attrs(g, r.attrs);
-        if (o.samples) w.write(g + "/samples", to_vec(r.samples), {r.samples.size(0), L, H});
+        if (o.samples) w.write(g + "/samples", host_floats(r.samples), {r.samples.size(0), L, H});
         if (r.attrs.count("baseline_loss"))
             w.write(g + "/baseline", std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {1});
         w.write("/inputs/" + r.probe + "/tokens", tokens, {N, T});

@@ -18,11 +18,6 @@ struct DlaCliOptions {
     bool per_position = false;
 };
 
-static std::vector<float> floats(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
-
 static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResult>& rs, const DlaCliOptions& o) {
     const int64_t L = m.config.n_layers, H = m.config.n_heads, P = static_cast<int64_t>(rs.size());
     const std::string g = "/scores/dla";
@@ -49,17 +44,17 @@ static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResu
         x["description"] = desc;
         w.set_attrs(g + "/" + name, x);
     };
-    put("score", floats(per_prompt.mean(0)), {L, H}, "mean over prompts of the head's direct effect on "
+    put("score", host_floats(per_prompt.mean(0)), {L, H}, "mean over prompts of the head's direct effect on "
                                                      "logit(correct) - logit(incorrect)");
-    put("per_prompt", floats(per_prompt), {P, L, H}, "per prompt head direct effects");
-    put("mlp", floats(torch::stack(mlp)), {P, L}, "per prompt MLP direct effects");
-    put("attn_bias", floats(torch::stack(bias)), {P, L}, "per prompt attention-output bias direct effects");
+    put("per_prompt", host_floats(per_prompt), {P, L, H}, "per prompt head direct effects");
+    put("mlp", host_floats(torch::stack(mlp)), {P, L}, "per prompt MLP direct effects");
+    put("attn_bias", host_floats(torch::stack(bias)), {P, L}, "per prompt attention-output bias direct effects");
     put("embed", embed, {P}, "per prompt embedding direct effect");
     put("final_bias", fbias, {P}, "per prompt final-norm and unembedding bias terms");
     put("logit_diff", diff, {P}, "the model's logit(correct) - logit(incorrect); the terms above sum to it");
     for (int64_t i = 0; i < P && rs[i].per_position.defined(); ++i) {
         const int64_t T = rs[i].per_position.size(2);
-        put(fmt::format("per_position/prompt_{}", i), floats(rs[i].per_position), {L, H, T},
+        put(fmt::format("per_position/prompt_{}", i), host_floats(rs[i].per_position), {L, H, T},
             "A[last, k] (v_k W_O^h) . direction per key position k; sums over k to the head's score");
     }
     w.set_attrs(g, a);

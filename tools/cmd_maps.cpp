@@ -21,11 +21,6 @@ struct MapsCliOptions {
     int min_pairs = 30;
 };
 
-static std::vector<float> floats(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
-}
-
 // Keeps relations with at least min_pairs single-token pairs; says what it kept and dropped.
 static std::vector<TokenizedRelation> usable_relations(const MapsCliOptions& o, const Tokenizer& tok,
                                                        std::vector<std::string>& skipped) {
@@ -66,12 +61,12 @@ static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelat
             {"n_pairs_total", r.n_total},
             {"n_pairs_kept", N},
             {"min_pairs", static_cast<int64_t>(o.min_pairs)}};
-    w.write(g + "/score", floats(s.score), {L, H});
+    w.write(g + "/score", host_floats(s.score), {L, H});
     Attrs sa = a;
     sa["description"] = std::string("fraction of pairs whose target is in the top-k of E_s W_VO W_U^T");
     w.set_attrs(g + "/score", sa);
     if (s.suppression.defined()) {
-        w.write(g + "/suppression", floats(s.suppression), {L, H});
+        w.write(g + "/suppression", host_floats(s.suppression), {L, H});
         sa["description"] = std::string("fraction of pairs whose target is in the top-k of -(E_s W_VO W_U^T)");
         w.set_attrs(g + "/suppression", sa);
     }
@@ -81,7 +76,7 @@ static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelat
     w.write(g + "/source_tokens", std::vector<int32_t>(r.src.begin(), r.src.end()), {N});
     w.write(g + "/target_tokens", std::vector<int32_t>(r.dst.begin(), r.dst.end()), {N});
     if (dynamic.defined()) {
-        w.write(g + "/dynamic", floats(dynamic), {L, H});
+        w.write(g + "/dynamic", host_floats(dynamic), {L, H});
         sa["description"] = std::string("mean over templates of the top-k criterion on z[-1,h] W_O^h W_U^T");
         sa["templates"] = maps_templates();
         w.set_attrs(g + "/dynamic", sa);

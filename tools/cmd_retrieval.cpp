@@ -126,11 +126,6 @@ static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_
     return out;
 }
 
-static std::vector<float> to_f(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-
 
 // The parts of the file that do not depend on the trials' results: the trials' prompts and spans,
 // the parameters, the score groups' descriptions (needle_store.h writes the rest).
@@ -404,7 +399,7 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
                                                 "prompt cut to 5000), averaged over each prompt's positions, then over the "
                                                 "prompts (each prompt weighs equally); RoPE is applied at each position to "
                                                 "the mean");
-                w.write(ag + "/query_mean", to_f(q_mean), {L, H, m.config.d_head});
+                w.write(ag + "/query_mean", host_floats(q_mean), {L, H, m.config.d_head});
             }
             w.set_attrs(ag, aa);
         }

@@ -94,11 +94,6 @@ struct RunOptions {
 
 namespace {
 
-std::vector<float> to_floats(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-
 struct ProbeResult {
     std::string probe, data;
     at::Tensor score;  // [L, H]
@@ -177,7 +172,7 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         w.set_attrs(g, a);
     }
     for (const auto& p : probes) {
-        w.write("/scores/" + p.probe + "/score", to_floats(p.score), {L, H});
+        w.write("/scores/" + p.probe + "/score", host_floats(p.score), {L, H});
         w.set_attrs("/scores/" + p.probe, p.attrs);
     }
     for (const auto& st : studies) {
@@ -190,8 +185,8 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
             masks.insert(masks.end(), c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
         }
         w.write(g + "/masks", masks, {S, L, H});
-        w.write(g + "/metric", to_floats(st.rows.mean(1)), {S});
-        w.write(g + "/metric_rows", to_floats(st.rows), {S, N});
+        w.write(g + "/metric", host_floats(st.rows.mean(1)), {S});
+        w.write(g + "/metric_rows", host_floats(st.rows), {S, N});
         w.write_strings(g + "/kind", st.cfg.kinds);
         w.write_strings(g + "/label", st.cfg.labels);
         w.write(g + "/k", st.cfg.k, {S});
@@ -218,7 +213,7 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
             w.write(g + "/order", st.prune.order, {static_cast<int64_t>(st.prune.order.size())});
             std::vector<float> imp;
             for (const auto& t : st.prune.importance) {
-                auto v = to_floats(t);
+                auto v = host_floats(t);
                 imp.insert(imp.end(), v.begin(), v.end());
             }
             w.write(g + "/importance", imp, {static_cast<int64_t>(st.prune.importance.size()), L, H});

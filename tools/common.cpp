@@ -9,6 +9,11 @@
 
 namespace hs::cli {
 
+std::vector<float> host_floats(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
+}
+
 static std::string g_cmdline;
 static int g_exit = 0;
 

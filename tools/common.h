@@ -41,6 +41,10 @@ auto with_flags(const std::vector<std::pair<std::string, std::string>>& flags, F
     }
 }
 
+// A tensor's values on the host as float32, row-major: what the result files store (one copy, in
+// bulk, after the computation).
+std::vector<float> host_floats(const at::Tensor& t);
+
 struct ModelArgs {
     std::string model;
     std::string tokenizer;

@@ -56,11 +56,6 @@ void NeedleResults::init_sets(const std::vector<std::vector<std::pair<int, int>>
     abl_passed.assign(S * N, 0);
 }
 
-static std::vector<float> floats_of(const at::Tensor& t) {
-    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
-    return std::vector<float>(c.data_ptr<float>(), c.data_ptr<float>() + c.numel());
-}
-
 void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
     done[i] = 1;
     std::fill(generated.begin() + i * steps, generated.begin() + (i + 1) * steps, -1);
@@ -69,7 +64,7 @@ void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
     rouge1[i] = static_cast<float>(r.rouge1_recall), rougeL[i] = static_cast<float>(r.rougeL_f);
     passed[i] = r.passed;
     answer_steps[i] = r.answer_steps;
-    const auto a = floats_of(r.retrieval), b = floats_of(r.locos);
+    const auto a = host_floats(r.retrieval), b = host_floats(r.locos);
     std::copy(a.begin(), a.end(), retrieval.begin() + i * L * H);
     std::copy(b.begin(), b.end(), locos.begin() + i * L * H);
 }
@@ -166,16 +161,16 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
     const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
     w.set_attrs("/retrieval", common);
     if (want_ret) {
-        put("/scores/retrieval/score", floats_of(s.ret), {L, H});
+        put("/scores/retrieval/score", host_floats(s.ret), {L, H});
         Attrs a = common;
         a["flagged"] = s.flagged;
         a["n_trials_scored"] = s.n_pass;
         w.set_attrs("/scores/retrieval", a);
     }
     if (want_locos) {
-        put("/scores/locos/score", floats_of(s.locos), {L, H});
-        put("/scores/locos/ci_low", floats_of(s.ci_low), {L, H});
-        put("/scores/locos/ci_high", floats_of(s.ci_high), {L, H});
+        put("/scores/locos/score", host_floats(s.locos), {L, H});
+        put("/scores/locos/ci_low", host_floats(s.ci_low), {L, H});
+        put("/scores/locos/ci_high", host_floats(s.ci_high), {L, H});
         Attrs a = common;
         a["n_trials_scored"] = s.n_locos;
         w.set_attrs("/scores/locos", a);
