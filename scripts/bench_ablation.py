@@ -9,6 +9,14 @@
                                     z hooked before c_proj, one forward per ablated head in one
                                     process; prints JSON with seconds per head (and the metric per
                                     head, to check against headscope)
+  bench_ablation.py tl DIR --threads N --tokenizer TOKDIR [--layers 0,11] [--compat]
+                                    the TransformerLens baseline (run in the virtual environment of
+                                    scripts/setup_peers.sh): the checkpoint loaded by transformers'
+                                    GPT2LMHeadModel, wrapped by TransformerLens 4's TransformerBridge
+                                    (4.0 removed HookedTransformer), one run_with_hooks per head with
+                                    that head's hook_z zeroed, as the TransformerLens tutorials do;
+                                    --compat: enable_compatibility_mode() first (HookedTransformer's
+                                    folded LayerNorm and centred weights). Same JSON as eager
 The metric is headscope's `loss` at `positions: all`: mean next-token cross-entropy per row,
 averaged over the rows.
 """
@@ -133,13 +141,54 @@ def eager(d, threads, layers):
                       "torch": torch.__version__, "threads": threads}))
 
 
+def tl(d, threads, layers, tokenizer, compat):
+    import warnings
+    from functools import partial
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    from importlib.metadata import version
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+    from transformer_lens.model_bridge import TransformerBridge
+    hf = GPT2LMHeadModel.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
+    b = TransformerBridge.boot_transformers(d, hf_model=hf, device="cpu",
+                                            tokenizer=GPT2TokenizerFast.from_pretrained(tokenizer))
+    if compat:
+        b.enable_compatibility_mode()
+    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()])
+
+    def zero_head(z, hook, head):  # z: [batch, pos, head, d_head]
+        z[:, :, head] = 0.0
+        return z
+
+    with torch.inference_mode():
+        base = loss(b(tokens), tokens)
+        t0 = time.perf_counter()
+        per = {f"L{l}H{h}": loss(b.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", partial(zero_head, head=h))]),
+                                 tokens) for l in layers for h in range(H)}
+        dt = time.perf_counter() - t0
+    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
+                      "torch": torch.__version__, "transformers": version("transformers"),
+                      "transformer_lens": version("transformer_lens"), "compat": compat, "threads": threads}))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["make", "eager"])
+    ap.add_argument("cmd", choices=["make", "eager", "tl"])
     ap.add_argument("dir")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", default="all", help="eager: time the heads of these layers only (e.g. 0,11): "
                     "every eager forward costs the same, so a sample gives the per-head time")
+    ap.add_argument("--tokenizer", help="tl: a GPT-2 tokenizer folder (TransformerBridge loads one)")
+    ap.add_argument("--compat", action="store_true", help="tl: enable_compatibility_mode() first")
     a = ap.parse_args()
     layers = range(L) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
-    make(a.dir) if a.cmd == "make" else eager(os.path.abspath(a.dir), a.threads, layers)
+    if a.cmd == "make":
+        make(a.dir)
+    elif a.cmd == "eager":
+        eager(os.path.abspath(a.dir), a.threads, layers)
+    else:
+        if not a.tokenizer:
+            sys.exit("bench_ablation.py tl: --tokenizer DIR needed")
+        tl(os.path.abspath(a.dir), a.threads, layers, a.tokenizer, a.compat)
