@@ -141,7 +141,7 @@ def eager(d, threads, layers):
                       "torch": torch.__version__, "threads": threads}))
 
 
-def tl(d, threads, layers, tokenizer, compat):
+def tl(d, threads, layers, tokenizer, compat, device="cpu"):
     import warnings
     from functools import partial
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -151,12 +151,13 @@ def tl(d, threads, layers, tokenizer, compat):
     from importlib.metadata import version
     from transformers import GPT2LMHeadModel, GPT2TokenizerFast
     from transformer_lens.model_bridge import TransformerBridge
-    hf = GPT2LMHeadModel.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).eval()
-    b = TransformerBridge.boot_transformers(d, hf_model=hf, device="cpu",
+    hf = GPT2LMHeadModel.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).to(device).eval()
+    b = TransformerBridge.boot_transformers(d, hf_model=hf, device=device,
                                             tokenizer=GPT2TokenizerFast.from_pretrained(tokenizer))
     if compat:
         b.enable_compatibility_mode()
-    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()])
+    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()]).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def zero_head(z, hook, head):  # z: [batch, pos, head, d_head]
         z[:, :, head] = 0.0
@@ -164,13 +165,16 @@ def tl(d, threads, layers, tokenizer, compat):
 
     with torch.inference_mode():
         base = loss(b(tokens), tokens)
+        sync()
         t0 = time.perf_counter()
         per = {f"L{l}H{h}": loss(b.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", partial(zero_head, head=h))]),
                                  tokens) for l in layers for h in range(H)}
+        sync()
         dt = time.perf_counter() - t0
     print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
                       "torch": torch.__version__, "transformers": version("transformers"),
-                      "transformer_lens": version("transformer_lens"), "compat": compat, "threads": threads}))
+                      "transformer_lens": version("transformer_lens"), "compat": compat, "threads": threads,
+                      "device": device}))
 
 
 if __name__ == "__main__":
@@ -182,6 +186,7 @@ if __name__ == "__main__":
                     "every eager forward costs the same, so a sample gives the per-head time")
     ap.add_argument("--tokenizer", help="tl: a GPT-2 tokenizer folder (TransformerBridge loads one)")
     ap.add_argument("--compat", action="store_true", help="tl: enable_compatibility_mode() first")
+    ap.add_argument("--device", default="cpu", help="tl: cpu, cuda or cuda:N")
     a = ap.parse_args()
     layers = range(L) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
     if a.cmd == "make":
@@ -191,4 +196,4 @@ if __name__ == "__main__":
     else:
         if not a.tokenizer:
             sys.exit("bench_ablation.py tl: --tokenizer DIR needed")
-        tl(os.path.abspath(a.dir), a.threads, layers, a.tokenizer, a.compat)
+        tl(os.path.abspath(a.dir), a.threads, layers, a.tokenizer, a.compat, a.device)

@@ -32,19 +32,29 @@ import torch  # noqa: E402
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
+DEVICE, DTYPE = "cpu", torch.float32  # --device / --dtype (scripts/device_check.sh: cuda, bfloat16)
+
+
+def sync():
+    if DEVICE.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def median_time(fn, reps):
     fn()  # warm-up
     ts = []
     for _ in range(reps):
+        sync()
         t0 = time.perf_counter()
         fn()
+        sync()
         ts.append(time.perf_counter() - t0)
     return sorted(ts)[len(ts) // 2]
 
 
 def load_hf(model, impl):
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(model, attn_implementation=impl, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(model, attn_implementation=impl, dtype=DTYPE).to(DEVICE).eval()
 
 
 def load_tokenizer(path):
@@ -62,7 +72,7 @@ def load_tl(model, tokenizer_dir):
     # pattern). Without enable_compatibility_mode() its logits equal HF's (no weight folding).
     from transformer_lens.model_bridge import TransformerBridge
     hf = load_hf(model, "eager")
-    return TransformerBridge.boot_transformers(model, hf_model=hf, device="cpu", tokenizer=load_tokenizer(tokenizer_dir))
+    return TransformerBridge.boot_transformers(model, hf_model=hf, device=DEVICE, tokenizer=load_tokenizer(tokenizer_dir))
 
 
 def versions():
@@ -85,8 +95,8 @@ def cmd_forward(a):
     torch.set_num_threads(a.threads)
     cfg = json.load(open(os.path.join(a.model, "config.json")))
     torch.manual_seed(a.seed)
-    tokens = torch.randint(0, cfg["vocab_size"], (a.batch, a.seq))
-    out = {"peer": a.peer, **versions(), "threads": torch.get_num_threads()}
+    tokens = torch.randint(0, cfg["vocab_size"], (a.batch, a.seq)).to(DEVICE)
+    out = {"peer": a.peer, **versions(), "threads": torch.get_num_threads(), "device": DEVICE, "dtype": str(DTYPE)}
     with torch.inference_mode():
         if a.peer in ("hf-eager", "hf-sdpa"):
             m = load_hf(a.model, a.peer[3:])
@@ -119,9 +129,10 @@ def cmd_needle(a):
     with torch.no_grad():  # as the reference
         for i in range(prompts.shape[0]):
             n = int((prompts[i] >= 0).sum())
-            ids = torch.from_numpy(prompts[i, :n]).long()[None]
+            ids = torch.from_numpy(prompts[i, :n]).long()[None].to(DEVICE)
             s, e = int(spans[i, 0]), int(spans[i, 1])
             steps = int((gen_hs[i] >= 0).sum())
+            sync()
             t0 = time.perf_counter()
             m.set_attn_implementation("sdpa")
             q = m(input_ids=ids[:, :-1], use_cache=True, return_dict=True, logits_to_keep=1)
@@ -143,14 +154,16 @@ def cmd_needle(a):
                                 score[l][h][0] += 1 / (e - s)
                                 score[l][h][1] += step_token
                                 break
+            sync()
             per_trial.append(time.perf_counter() - t0)
             lengths.append(n)
             same_tokens &= output == [int(x) for x in gen_hs[i, :steps]]
-            got = np.array([[score[l][h][0] for h in range(H)] for l in range(L)])
+            got = np.array([[float(score[l][h][0]) for h in range(H)] for l in range(L)])
             max_score_diff = max(max_score_diff, float(np.abs(got - score_hs[i]).max()))
     print(json.dumps({"trials": len(per_trial), "per_trial_s": per_trial, "mean_trial_s": sum(per_trial) / len(per_trial),
                       "prompt_tokens": lengths, "decode_steps": steps, "same_tokens": bool(same_tokens),
-                      "max_score_diff": max_score_diff, **versions(), "threads": torch.get_num_threads()}))
+                      "max_score_diff": max_score_diff, **versions(), "threads": torch.get_num_threads(),
+                      "device": DEVICE, "dtype": str(DTYPE)}))
 
 
 def main():
@@ -170,7 +183,12 @@ def main():
     p.add_argument("result")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    for p in ap._subparsers._group_actions[0].choices.values():
+        p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+        p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     a = ap.parse_args()
+    global DEVICE, DTYPE
+    DEVICE, DTYPE = a.device, getattr(torch, a.dtype)
     if a.cmd == "forward" and a.peer == "tl" and not a.tokenizer:
         sys.exit("bench_peers.py: --peer tl needs --tokenizer")
     {"forward": cmd_forward, "needle": cmd_needle}[a.cmd](a)
