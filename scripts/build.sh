@@ -11,6 +11,7 @@
 #   HEADSCOPE_EXTRA_PREFIX=DIR[;DIR]  searched by find_package after libtorch's root (CMAKE_PREFIX_PATH)
 #   HEADSCOPE_LDFLAGS=FLAGS           appended to the executable's linker flags (e.g. -Wl,-rpath-link,DIR)
 #   HEADSCOPE_CMAKE_ARGS="-DA=B ..."  more cache entries (split on spaces), e.g. -DHS_BUILD_TESTS=OFF
+#   HEADSCOPE_BUILD_TARGET=T          build only target T (a quick check: device_check.sh --dry-run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { echo "usage: scripts/build.sh [--torch PREFIX]   (or HEADSCOPE_TORCH_PREFIX=PREFIX scripts/build.sh)" >&2; exit 2; }
@@ -104,4 +105,4 @@ fi
 # shellcheck disable=SC2206
 [ -n "${HEADSCOPE_CMAKE_ARGS:-}" ] && args+=(${HEADSCOPE_CMAKE_ARGS})
 cmake -S . -B build-torch2 "${args[@]}" >/dev/null
-cmake --build build-torch2 -j"$(nproc)"
+cmake --build build-torch2 -j"$(nproc)" ${HEADSCOPE_BUILD_TARGET:+--target "$HEADSCOPE_BUILD_TARGET"}
