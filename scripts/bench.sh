@@ -20,7 +20,8 @@
 # binary), BENCH_DIR (default /tmp/headscope-bench), REPS (default 5), BENCH_SHAPES (batch:tokens list,
 # default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here),
 # HEADSCOPE_PEERS_VENV (the peers' environment, default .venv-peers), NEEDLE_LENGTHS (default "1000 4000"),
-# NEEDLE_STEPS (decode steps per needle trial, default 16), PEERS_ONLY=1 (sections 6 only).
+# NEEDLE_STEPS (decode steps per needle trial, default 16), PEERS_ONLY=1 (sections 6 only),
+# PEERS_PARTS (default "forward needle ablation": which parts of section 6 run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
@@ -227,7 +228,9 @@ print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_l
              ${TOKDIR:+--tokenizer "$TOKDIR"} 2>"$DIR/peer.err" | tail -1) && [ -n "$o" ]; then echo "$o"
     else echo "{}"; echo "peer $1 ${2}x$3 failed: $(tail -1 "$DIR/peer.err")" >&2; fi
   }
-  for s in $SHAPES; do
+  PARTS=" ${PEERS_PARTS:-forward needle ablation} "
+  [[ "$PARTS" == *" forward "* ]] || SHAPES_P=""
+  for s in ${SHAPES_P-$SHAPES}; do
     B=${s%:*}; T=${s#*:}
     tl="{}"
     if h=$(hs_bench "$MODEL" "$B" "$T"); then
@@ -249,6 +252,7 @@ print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_l
     echo "-- 6b. needle scan: headscope retrieval against the Retrieval_Head reference loop (transformers), per trial"
     head -1 datasets/needles/needles.jsonl > "$DIR/needle1.jsonl"
     STEPS=${NEEDLE_STEPS:-16}
+    [[ "$PARTS" == *" needle "* ]] || NEEDLE_LENGTHS=" "
     for L in ${NEEDLE_LENGTHS:-1000 4000}; do
       for sc in retrieval retrieval,locos; do
         t0=$(date +%s.%N)
@@ -268,8 +272,10 @@ print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_l
         fi
       done
     done
-    echo "-- 6c. 144-head zero-ablation sweep against TransformerLens run_with_hooks (scripts/bench_ablation.sh)"
-    HEADSCOPE_BIN="$HS" bash scripts/bench_ablation.sh "${BENCH_ABLATION_DIR:-$DIR/ablation}" "$THREADS" || fail=1
+    if [[ "$PARTS" == *" ablation "* ]]; then
+      echo "-- 6c. 144-head zero-ablation sweep against TransformerLens run_with_hooks (scripts/bench_ablation.sh)"
+      HEADSCOPE_BIN="$HS" bash scripts/bench_ablation.sh "${BENCH_ABLATION_DIR:-$DIR/ablation}" "$THREADS" || fail=1
+    fi
   fi
 fi
 exit $fail

@@ -11,8 +11,9 @@
 #      on the shared test checkpoints, and logits of a random Llama at the Llama-3.2-1B shape;
 #   5. each against Hugging Face transformers on the same random 1B checkpoint in the same run, bf16 on
 #      the GPU: prefill tokens/s at 4k and 16k, the needle scan (retrieval + LOCOS) at 4k/16k/32k against
-#      the Retrieval_Head reference loop, the 144-head zero-ablation sweep against TransformerLens
-#      (when installed; the GPT-2-small-shaped model of scripts/bench_ablation.py), and the fraction of
+#      the Retrieval_Head reference loop, the 144-head zero-ablation sweep against transformers (a
+#      pre-hook zeroing one head's z) and TransformerLens (when installed) on the GPT-2-small-shaped
+#      model of scripts/bench_ablation.py, and the fraction of
 #      the GPU's measured bf16 GEMM rate (8192^3, torch) the forward reaches;
 #   6. write OUT/device_check.json, OUT/device_table.md and OUT/log (OUT: $OUT when the device tool
 #      sets it, else .device/out). Back here: `scripts/device_check.sh --record OUT/device_check.json`
@@ -332,9 +333,11 @@ fi
 ABL="$WORK/ablation"
 step gpu-ablation-make bash -c "[ -f '$ABL/model.safetensors' ] || '$PEERS_PY' scripts/bench_ablation.py make '$ABL' && sed 's/^seed: 0/seed: 0\ndevice: cuda/' '$ABL/single.yaml' > '$ABL/single-cuda.yaml'"
 step gpu-ablation-headscope "$HS" -v run "$ABL/single-cuda.yaml" --out "$ABL/batched.h5" --force
+step gpu-ablation-hf "$PEERS_PY" scripts/bench_ablation.py hf "$ABL" --device cuda --layers 0,11
+[ $DRY = 1 ] || step cmp-ablation-hf "$PEERS_PY" "$CMP" ablation --peer "transformers, pre-hook on c_proj" "$OUTDIR/gpu-ablation-headscope.out" "$OUTDIR/gpu-ablation-hf.out" --rows "$ROWS_JSONL"
 if [ -n "$tl_v" ] && [ -n "$TOK" ]; then
   step gpu-ablation-tl "$PEERS_PY" scripts/bench_ablation.py tl "$ABL" --device cuda --layers 0,11 --tokenizer "$TOK" --compat
-  [ $DRY = 1 ] || step cmp-ablation "$PEERS_PY" "$CMP" ablation "$OUTDIR/gpu-ablation-headscope.out" "$OUTDIR/gpu-ablation-tl.out" --rows "$ROWS_JSONL"
+  [ $DRY = 1 ] || step cmp-ablation-tl "$PEERS_PY" "$CMP" ablation --peer "TransformerLens run_with_hooks" "$OUTDIR/gpu-ablation-headscope.out" "$OUTDIR/gpu-ablation-tl.out" --rows "$ROWS_JSONL"
 else
   echo "   TransformerLens not installed in $PEERS_PY (or no tokenizer): the ablation sweep has no peer" | tee -a "$LOG"
 fi

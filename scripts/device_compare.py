@@ -119,7 +119,7 @@ def ablation(a):
     t = last_json(a.files[1])
     per = s / n
     add(a.rows, "144-head zero-ablation sweep (GPT-2-small shape, 2 x 128), ms/head", f"{per * 1e3:.1f}",
-        f"TransformerLens run_with_hooks {t['per_head_s'] * 1e3:.1f}", f"{t['per_head_s'] / per:.2f}x")
+        f"{a.peer} {t['per_head_s'] * 1e3:.1f}", f"{t['per_head_s'] / per:.2f}x (baseline loss {t['baseline']:.4f})")
 
 
 def main():
@@ -131,7 +131,7 @@ def main():
     p = sub.add_parser("gemm")
     p = sub.add_parser("prefill"); p.add_argument("--seq", type=int, required=True); p.add_argument("files", nargs=2); p.add_argument("--gemm", required=True)
     p = sub.add_parser("needle"); p.add_argument("--length", type=int, required=True); p.add_argument("files", nargs=2)
-    p = sub.add_parser("ablation"); p.add_argument("files", nargs=2)
+    p = sub.add_parser("ablation"); p.add_argument("files", nargs=2); p.add_argument("--peer", default="peer")
     for p in sub.choices.values():
         p.add_argument("--rows")
     a = ap.parse_args()

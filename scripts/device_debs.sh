@@ -2,7 +2,7 @@
 # Fetches, with apt-get download, the Debian 12 packages headscope's build needs besides libtorch, for
 # a machine that has none of them (the GPU machine of scripts/device_check.sh: nvcc, cmake, ninja and a
 # CUDA PyTorch, no -dev packages, no network). They land in .device/debs/ (ignored by git; ~20 MiB),
-# which the device run carries; device_check.sh unpacks them into a prefix with dpkg-deb (or Python
+# which the device run carries (with .device/testdata, a copy of ../shared/testdata); device_check.sh unpacks them into a prefix with dpkg-deb (or Python
 # when dpkg-deb is absent). Idempotent: packages already there are not fetched again.
 #   bash scripts/device_debs.sh [DIR]
 # What is fetched: the -dev packages (headers, CMake and pkg-config files, the unversioned .so links;
@@ -34,4 +34,13 @@ fi
 for p in "${pkgs[@]}"; do ls "$out/${p}_"*.deb; done | sort -u | while read -r f; do
   echo "$(dpkg-deb -f "$f" Package) $(dpkg-deb -f "$f" Version) $(basename "$f")"
 done > "$out/MANIFEST"
-echo "device_debs.sh: $(wc -l < "$out/MANIFEST") packages in $out ($(du -sh "$out" | cut -f1)); carry it: run(carry=[\"$out\"])"
+# The shared test checkpoints too (the device gets the repository, not ../shared): .device/testdata.
+carry="\"$out\""
+for td in ../shared/testdata shared/testdata; do
+  if [ -d "$td" ]; then
+    rm -rf .device/testdata && cp -r "$td" .device/testdata && carry="$carry, \".device/testdata\""
+    break
+  fi
+done
+echo "device_debs.sh: $(wc -l < "$out/MANIFEST") packages in $out ($(du -sh "$out" | cut -f1)); test data: $(du -sh .device/testdata 2>/dev/null | cut -f1 || echo none)"
+echo "  carry them: run(carry=[$carry], command=\"bash scripts/device_check.sh\")"
