@@ -120,7 +120,10 @@ def cmd_needle(a):
     torch.set_num_threads(a.threads)
     f = h5py.File(a.result, "r")
     t = f["retrieval/trials"]
-    prompts, spans, gen_hs = t["prompt_tokens"][()], t["answer_span"][()], t["generated"][()]
+    # The answer's span inside the needle (Wu et al.'s needle_start/needle_end); files of headscope
+    # before answer_span existed credited the whole needle span.
+    spans = t["answer_span"][()] if "answer_span" in t else t["needle_span"][()]
+    prompts, gen_hs = t["prompt_tokens"][()], t["generated"][()]
     score_hs = t["retrieval"][()]
     tok = load_tokenizer(a.tokenizer)
     m = load_hf(a.model, "sdpa")
