@@ -7,12 +7,21 @@
 #   3. capture overhead: forward with the induction/previous/duplicate stripes reduced, over plain
 #   4. memory: peak resident memory of `headscope detect` at T = 512 .. 4096 (beyond the weights)
 #   5. bf16 against fp32: forward speed and the induction/previous-token score differences
+#   6. against the peers a user would pick instead, from PyPI in the virtual environment of
+#      scripts/setup_peers.sh (skipped with one line when it is absent; nothing is downloaded here):
+#      transformers (eager and sdpa forward) and TransformerLens (forward, run_with_cache patterns) at
+#      every shape; full run only: the needle scan (`headscope retrieval`) against the Retrieval_Head
+#      reference decode loop per trial (scripts/bench_peers.py needle), and the 144-head zero-ablation
+#      sweep against TransformerLens run_with_hooks (scripts/bench_ablation.sh)
 # A ratio is refused (printed as "refused") when either side failed or when the two sides' logits
 # differ by more than the tolerance below.
 # Usage: scripts/bench.sh [--smoke]   (--smoke: a tiny model, seconds; what CI runs)
 # Env: HEADSCOPE_BIN (default build/headscope; ctest sets it, so a build-torch2/ run benchmarks its own
 # binary), BENCH_DIR (default /tmp/headscope-bench), REPS (default 5), BENCH_SHAPES (batch:tokens list,
-# default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here).
+# default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here),
+# HEADSCOPE_PEERS_VENV (the peers' environment, default .venv-peers), NEEDLE_LENGTHS (default "1000 4000"),
+# NEEDLE_STEPS (decode steps per needle trial, default 16), PEERS_ONLY=1 (sections 6 only),
+# PEERS_PARTS (default "forward needle ablation": which parts of section 6 run).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
@@ -71,6 +80,43 @@ elif kind == "eff":
           f"{h['forward_gflops']/h['gemm_gflops_512']:.2f}  (target >= 0.6)")
     print(f"capture overhead   {h['forward_pattern_capture_s']/h['forward_s']:.2f}x  (forward with 3 stripe "
           f"reductions over plain; target <= 1.25)")
+elif kind == "peers":  # headscope JSON, HF eager, HF sdpa, TransformerLens ("{}": not run), label
+    h, label = json.loads(sys.argv[2]), sys.argv[6]
+    peers = {n: json.loads(a) for n, a in zip(("eager", "sdpa", "tl"), sys.argv[3:6])}
+    peers = {n: p for n, p in peers.items() if p}
+    a, errs = h["logits_probe"], []
+    for n, p in peers.items():
+        b = p["logits_probe"]
+        err = max(abs(x - y) for x, y in zip(a, b)); tol = 1e-4 * max(1.0, max(abs(x) for x in b))
+        if err > tol:
+            print(f"{label:18s} refused: {n} logits differ from headscope's by {err:.2e} > {tol:.1e}")
+            sys.exit(3)
+        errs.append(err)
+    hs = h["forward_s"]
+    line = f"{label:18s} headscope {hs*1e3:8.1f} ms"
+    best = min((peers[n]["forward_s"] for n in ("eager", "sdpa") if n in peers), default=None)
+    for n in ("eager", "sdpa"):
+        if n in peers:
+            line += f" | transformers {n} {peers[n]['forward_s']*1e3:8.1f} ms"
+    if best is not None:
+        line += f": vs transformers' best {best/hs:5.2f}x ({'met' if best > hs else 'NOT met'})"
+    if "tl" in peers:
+        t = peers["tl"]
+        line += (f" | TransformerLens {t['forward_s']*1e3:8.1f} ms: {t['forward_s']/hs:5.2f}x; run_with_cache patterns "
+                 f"{t['forward_pattern_capture_s']*1e3:.1f} ms vs headscope stripes {h['forward_pattern_capture_s']*1e3:.1f} ms: "
+                 f"{t['forward_pattern_capture_s']/h['forward_pattern_capture_s']:.2f}x")
+    print(line + f"  (logits agree to {max(errs):.1e})")
+elif kind == "needle":  # label, headscope seconds (whole process), trials, reference JSON[, scores]
+    label, hs_s, n, r = sys.argv[2], float(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])
+    if not r.get("same_tokens") or r.get("max_score_diff", 1) > 1e-5 or r["trials"] != n:
+        print(f"{label:30s} refused: the reference's greedy tokens or per-trial retrieval scores differ from headscope's "
+              f"(same tokens {r.get('same_tokens')}, max score difference {r.get('max_score_diff')})")
+        sys.exit(3)
+    per = hs_s / n
+    ratio_ = r["mean_trial_s"] / per
+    print(f"{label:30s} headscope {per:7.2f} s/trial (whole process / {n} trials)   reference loop {r['mean_trial_s']:7.2f} s/trial: "
+          f"{ratio_:5.2f}x  (target >= 3x: {'met' if ratio_ >= 3 else 'NOT met'}; {r['decode_steps']} decode steps, "
+          f"prompts {min(r['prompt_tokens'])}-{max(r['prompt_tokens'])} tokens, same greedy tokens and per-trial scores)")
 elif kind == "bf16":
     a, b = json.loads(sys.argv[2]), json.loads(sys.argv[3])
     print(f"bfloat16 forward   {b['forward_s']*1e3:.1f} ms vs float32 {a['forward_s']*1e3:.1f} ms: "
@@ -80,6 +126,7 @@ PYEOF
 }
 
 echo "== headscope bench.sh ($( [ $SMOKE = 1 ] && echo smoke || echo full )): $THREADS threads, $("$HS" -q info --system 2>/dev/null | grep -E '^(libtorch|BLAS)' | tr -s ' ' | paste -sd';')"
+if [ "${PEERS_ONLY:-0}" != 1 ]; then
 echo "-- 1, 3. efficiency and capture overhead ($MODEL, 1 x $EFF_T)"
 if j=$(hs_bench "$MODEL" 1 "$EFF_T"); then ratio eff "$j"; else echo "refused: headscope bench failed"; fail=1; fi
 
@@ -165,4 +212,70 @@ PYEOF
     echo "$m: detect failed"; fail=1
   fi
 done
+fi  # PEERS_ONLY
+
+echo "-- 6. against the peers: PyPI transformers and TransformerLens ($MODEL; logits checked before any ratio)"
+TOKDIR=""; for c in ../shared/testdata/gpt2-tokenizer shared/testdata/gpt2-tokenizer; do [ -z "$TOKDIR" ] && [ -f "$c/vocab.json" ] && TOKDIR="$c"; done
+if ! PP=$(bash scripts/find_peers.sh 2>/dev/null); then
+  echo "peers: skipped (no venv; run scripts/setup_peers.sh)"
+else
+  echo "peers: $("$PP" -c 'from importlib.metadata import version as v
+print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_lens", v("transformer_lens"))' 2>/dev/null), $THREADS threads, median of $REPS"
+  [ -n "$TOKDIR" ] || echo "peers: TransformerLens skipped (no ../shared/testdata/gpt2-tokenizer: TransformerBridge needs a tokenizer)"
+  pf() {  # pf PEER B T: one peer's forward JSON, "{}" when it failed (said on stdout)
+    local o
+    if o=$("$PP" scripts/bench_peers.py forward "$MODEL" --peer "$1" --batch "$2" --seq "$3" --reps "$REPS" --threads "$THREADS" \
+             ${TOKDIR:+--tokenizer "$TOKDIR"} 2>"$DIR/peer.err" | tail -1) && [ -n "$o" ]; then echo "$o"
+    else echo "{}"; echo "peer $1 ${2}x$3 failed: $(tail -1 "$DIR/peer.err")" >&2; fi
+  }
+  PARTS=" ${PEERS_PARTS:-forward needle ablation} "
+  [[ "$PARTS" == *" forward "* ]] || SHAPES_P=""
+  for s in ${SHAPES_P-$SHAPES}; do
+    B=${s%:*}; T=${s#*:}
+    tl="{}"
+    if h=$(hs_bench "$MODEL" "$B" "$T"); then
+      e=$(pf hf-eager "$B" "$T"); sd=$(pf hf-sdpa "$B" "$T"); [ -n "$TOKDIR" ] && tl=$(pf tl "$B" "$T")
+      if [ "$e" = "{}" ] || [ "$sd" = "{}" ] || { [ -n "$TOKDIR" ] && [ "$tl" = "{}" ]; }; then
+        echo "$(basename "$MODEL") ${B}x${T}: refused (a peer failed)"; fail=1
+      else
+        ratio peers "$h" "$e" "$sd" "$tl" "$(basename "$MODEL") ${B}x${T}" || fail=1
+      fi
+    else
+      echo "$(basename "$MODEL") ${B}x${T}: refused (headscope failed)"; fail=1
+    fi
+  done
+  if [ $SMOKE = 1 ]; then
+    echo "peers: needle scan and ablation sweep not run in --smoke (full run only)"
+  elif [ -z "$TOKDIR" ]; then
+    echo "peers: needle scan and ablation sweep skipped (no ../shared/testdata/gpt2-tokenizer)"
+  else
+    echo "-- 6b. needle scan: headscope retrieval against the Retrieval_Head reference loop (transformers), per trial"
+    head -1 datasets/needles/needles.jsonl > "$DIR/needle1.jsonl"
+    STEPS=${NEEDLE_STEPS:-16}
+    [[ "$PARTS" == *" needle "* ]] || NEEDLE_LENGTHS=" "
+    for L in ${NEEDLE_LENGTHS:-1000 4000}; do
+      for sc in retrieval retrieval,locos; do
+        t0=$(date +%s.%N)
+        if "$HS" -q retrieval "$MODEL" --tokenizer "$TOKDIR" --needles "$DIR/needle1.jsonl" --lengths "$L" --depths 25,75 \
+             --max-new-tokens "$STEPS" --stop none --score "$sc" --threads "$THREADS" --out "$DIR/needle-$sc.h5" --force \
+             >/dev/null 2>"$DIR/needle.err"; then
+          hs_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { print b - a }')
+          [ "$sc" = retrieval ] && ref=$("$PP" scripts/bench_peers.py needle "$MODEL" "$DIR/needle-$sc.h5" --tokenizer "$TOKDIR" \
+                                          --threads "$THREADS" 2>"$DIR/ref.err" | tail -1)
+          if [ -n "${ref:-}" ]; then
+            ratio needle "T=$L --score $sc" "$hs_s" 2 "$ref" || fail=1
+          else
+            echo "T=$L: refused (the reference loop failed: $(tail -1 "$DIR/ref.err"))"; fail=1
+          fi
+        else
+          echo "T=$L --score $sc: refused (headscope retrieval failed: $(head -1 "$DIR/needle.err"))"; fail=1
+        fi
+      done
+    done
+    if [[ "$PARTS" == *" ablation "* ]]; then
+      echo "-- 6c. 144-head zero-ablation sweep against TransformerLens run_with_hooks (scripts/bench_ablation.sh)"
+      HEADSCOPE_BIN="$HS" bash scripts/bench_ablation.sh "${BENCH_ABLATION_DIR:-$DIR/ablation}" "$THREADS" || fail=1
+    fi
+  fi
+fi
 exit $fail

@@ -9,6 +9,18 @@
                                     z hooked before c_proj, one forward per ablated head in one
                                     process; prints JSON with seconds per head (and the metric per
                                     head, to check against headscope)
+  bench_ablation.py tl DIR --threads N --tokenizer TOKDIR [--layers 0,11] [--compat]
+                                    the TransformerLens baseline (run in the virtual environment of
+                                    scripts/setup_peers.sh): the checkpoint loaded by transformers'
+                                    GPT2LMHeadModel, wrapped by TransformerLens 4's TransformerBridge
+                                    (4.0 removed HookedTransformer), one run_with_hooks per head with
+                                    that head's hook_z zeroed, as the TransformerLens tutorials do;
+                                    --compat: enable_compatibility_mode() first (HookedTransformer's
+                                    folded LayerNorm and centred weights). Same JSON as eager
+  bench_ablation.py hf DIR --threads N [--layers 0,11] [--device cuda]
+                                    plain transformers (no TransformerLens): GPT2LMHeadModel (sdpa),
+                                    a forward pre-hook on each layer's attn.c_proj zeroing one head's
+                                    64 columns of z, one forward per head. Same JSON as eager
 The metric is headscope's `loss` at `positions: all`: mean next-token cross-entropy per row,
 averaged over the rows.
 """
@@ -133,13 +145,102 @@ def eager(d, threads, layers):
                       "torch": torch.__version__, "threads": threads}))
 
 
+def tl(d, threads, layers, tokenizer, compat, device="cpu"):
+    import warnings
+    from functools import partial
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    from importlib.metadata import version
+    from transformers import GPT2LMHeadModel, GPT2TokenizerFast
+    from transformer_lens.model_bridge import TransformerBridge
+    hf = GPT2LMHeadModel.from_pretrained(d, attn_implementation="eager", dtype=torch.float32).to(device).eval()
+    b = TransformerBridge.boot_transformers(d, hf_model=hf, device=device,
+                                            tokenizer=GPT2TokenizerFast.from_pretrained(tokenizer))
+    if compat:
+        b.enable_compatibility_mode()
+    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()]).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+
+    def zero_head(z, hook, head):  # z: [batch, pos, head, d_head]
+        z[:, :, head] = 0.0
+        return z
+
+    with torch.inference_mode():
+        base = loss(b(tokens), tokens)
+        sync()
+        t0 = time.perf_counter()
+        per = {f"L{l}H{h}": loss(b.run_with_hooks(tokens, fwd_hooks=[(f"blocks.{l}.attn.hook_z", partial(zero_head, head=h))]),
+                                 tokens) for l in layers for h in range(H)}
+        sync()
+        dt = time.perf_counter() - t0
+    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
+                      "torch": torch.__version__, "transformers": version("transformers"),
+                      "transformer_lens": version("transformer_lens"), "compat": compat, "threads": threads,
+                      "device": device}))
+
+
+def hf(d, threads, layers, device="cpu"):
+    import warnings
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(threads)
+    from importlib.metadata import version
+    from transformers import GPT2LMHeadModel
+    m = GPT2LMHeadModel.from_pretrained(d, attn_implementation="sdpa", dtype=torch.float32).to(device).eval()
+    tokens = torch.tensor([[int(x) for x in line.split(",")] for line in open(f"{d}/tokens.txt") if line.strip()]).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    dh = D // H
+
+    def run(ablate=None):
+        hook = None
+        if ablate is not None:
+            l, h = ablate
+
+            def pre(mod, args):  # c_proj's input is z, [batch, pos, H * d_head]
+                z = args[0].clone()
+                z[..., h * dh:(h + 1) * dh] = 0
+                return (z,)
+            hook = m.transformer.h[l].attn.c_proj.register_forward_pre_hook(pre)
+        try:
+            return loss(m(tokens).logits, tokens)
+        finally:
+            if hook is not None:
+                hook.remove()
+
+    with torch.inference_mode():
+        base = run()
+        sync()
+        t0 = time.perf_counter()
+        per = {f"L{l}H{h}": run((l, h)) for l in layers for h in range(H)}
+        sync()
+        dt = time.perf_counter() - t0
+    print(json.dumps({"baseline": base, "metric": per, "seconds": dt, "per_head_s": dt / len(per),
+                      "torch": torch.__version__, "transformers": version("transformers"), "threads": threads,
+                      "device": device}))
+
+
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
-    ap.add_argument("cmd", choices=["make", "eager"])
+    ap.add_argument("cmd", choices=["make", "eager", "tl", "hf"])
     ap.add_argument("dir")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--layers", default="all", help="eager: time the heads of these layers only (e.g. 0,11): "
                     "every eager forward costs the same, so a sample gives the per-head time")
+    ap.add_argument("--tokenizer", help="tl: a GPT-2 tokenizer folder (TransformerBridge loads one)")
+    ap.add_argument("--compat", action="store_true", help="tl: enable_compatibility_mode() first")
+    ap.add_argument("--device", default="cpu", help="tl, hf: cpu, cuda or cuda:N")
     a = ap.parse_args()
     layers = range(L) if a.layers == "all" else [int(x) for x in a.layers.split(",")]
-    make(a.dir) if a.cmd == "make" else eager(os.path.abspath(a.dir), a.threads, layers)
+    if a.cmd == "make":
+        make(a.dir)
+    elif a.cmd == "eager":
+        eager(os.path.abspath(a.dir), a.threads, layers)
+    elif a.cmd == "hf":
+        hf(os.path.abspath(a.dir), a.threads, layers, a.device)
+    else:
+        if not a.tokenizer:
+            sys.exit("bench_ablation.py tl: --tokenizer DIR needed")
+        tl(os.path.abspath(a.dir), a.threads, layers, a.tokenizer, a.compat, a.device)

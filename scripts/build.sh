@@ -6,6 +6,12 @@
 #                                     module's prefix), or the pip wheel's
 #                                     `python -c 'import torch; print(torch.utils.cmake_prefix_path)'`
 #   HEADSCOPE_TORCH_PREFIX=PREFIX scripts/build.sh   the same as --torch PREFIX
+# For a machine without Debian's -dev packages (scripts/device_check.sh unpacks them into a prefix), with
+# --torch only:
+#   HEADSCOPE_EXTRA_PREFIX=DIR[;DIR]  searched by find_package after libtorch's root (CMAKE_PREFIX_PATH)
+#   HEADSCOPE_LDFLAGS=FLAGS           appended to the executable's linker flags (e.g. -Wl,-rpath-link,DIR)
+#   HEADSCOPE_CMAKE_ARGS="-DA=B ..."  more cache entries (split on spaces), e.g. -DHS_BUILD_TESTS=OFF
+#   HEADSCOPE_BUILD_TARGET=T          build only target T (a quick check: device_check.sh --dry-run)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 usage() { echo "usage: scripts/build.sh [--torch PREFIX]   (or HEADSCOPE_TORCH_PREFIX=PREFIX scripts/build.sh)" >&2; exit 2; }
@@ -34,7 +40,8 @@ done
 # Torch_DIR: find_package(Torch) cannot fall back to Debian's /usr/lib/x86_64-linux-gnu/cmake/Torch.
 # CMAKE_PREFIX_PATH=root: TorchConfig.cmake looks for libtorch.so and libc10.so with find_library, which
 # searches /usr/lib/x86_64-linux-gnu (Debian's 1.13 libraries) before root/lib unless root is a prefix.
-args=(-DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$root/share/cmake/Torch" -DCMAKE_PREFIX_PATH="$root")
+args=(-DCMAKE_BUILD_TYPE=Release -DTorch_DIR="$root/share/cmake/Torch" -DCMAKE_PREFIX_PATH="$root${HEADSCOPE_EXTRA_PREFIX:+;$HEADSCOPE_EXTRA_PREFIX}")
+ldflags="${HEADSCOPE_LDFLAGS:-}"
 # C++11 ABI: Debian's fmt, yaml-cpp, HDF5 C++ users and g++'s default are all the new ABI
 # (_GLIBCXX_USE_CXX11_ABI=1), so libtorch must be too: torch >= 2.7 wheels and the "cxx11 ABI" libtorch
 # archives are (torch._C._GLIBCXX_USE_CXX11_ABI is True); older pip wheels were built with the old one
@@ -91,8 +98,11 @@ if [ -f "$root/lib/libtorch_cuda.so" ]; then
   # that holds an older libnccl.so.2 (/usr/local/cuda/lib64 here) failed the link with undefined
   # ncclCommSuspend & co. -rpath-link to the wheel's folders, searched before any -rpath, avoids it.
   if ls -d "$root"/../nvidia/*/lib >/dev/null 2>&1; then
-    args+=(-DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$(cd "$root/../nvidia" && ls -d "$PWD"/*/lib | paste -sd:)")
+    ldflags="-Wl,-rpath-link,$(cd "$root/../nvidia" && ls -d "$PWD"/*/lib | paste -sd:)${ldflags:+ $ldflags}"
   fi
 fi
+[ -n "$ldflags" ] && args+=(-DCMAKE_EXE_LINKER_FLAGS="$ldflags")
+# shellcheck disable=SC2206
+[ -n "${HEADSCOPE_CMAKE_ARGS:-}" ] && args+=(${HEADSCOPE_CMAKE_ARGS})
 cmake -S . -B build-torch2 "${args[@]}" >/dev/null
-cmake --build build-torch2 -j"$(nproc)"
+cmake --build build-torch2 -j"$(nproc)" ${HEADSCOPE_BUILD_TARGET:+--target "$HEADSCOPE_BUILD_TARGET"}

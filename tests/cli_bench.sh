@@ -17,6 +17,8 @@ check "efficiency line" -- grep -q "forward efficiency" "$TMP/bench.out"
 check "memory lines" -- test "$(grep -c 'MiB beyond' "$TMP/bench.out")" -eq 3
 check "memory fit line" -- grep -q "^linear fit: .* MiB per 1024 tokens" "$TMP/bench.out"
 check "bf16 line" -- grep -q "bfloat16 forward" "$TMP/bench.out"
+# Section 6 (the peers): compared when scripts/setup_peers.sh's environment exists, else one line.
+check "peers compared or skipped in one line" -- grep -qE "^peers: (skipped \(no venv; run scripts/setup_peers.sh\)|torch )" "$TMP/bench.out"
 [ "$fail" -eq 0 ] || cat "$TMP/bench.out"
 echo "cli-bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
