@@ -45,7 +45,13 @@ int Pass::last_layer() const { return opts.stop_after_layer >= 0 ? opts.stop_aft
 
 at::Tensor Pass::finish(const at::Tensor& x) const {
     if (!opts.compute_logits || opts.stop_after_layer >= 0) return {};
-    return m.unembed(x);
+    return unembed(m, x, per_row_gemm);
+}
+
+at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row) {
+    auto logits = linear(m.final_norm(resid), m.weights.unembed, m.weights.unembed_b, per_row);
+    if (m.config.final_softcap > 0) logits = torch::tanh(logits / m.config.final_softcap) * m.config.final_softcap;
+    return logits;
 }
 
 at::Tensor Pass::linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) const {

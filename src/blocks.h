@@ -49,6 +49,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool p
 // GEMM a row's last bits depend on the other rows; per row, a row equals its unbatched run).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row);
 at::Tensor activation(Activation a, const at::Tensor& x);
+// Final norm, unembedding (per_row as in linear) and Gemma 2's final soft-cap: Model::unembed.
+at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row);
 at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row);
 
 // RoPE tables for absolute positions [T]: cos, sin [T, rot_dim] in the rotate_half layout.

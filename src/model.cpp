@@ -56,11 +56,7 @@ at::Tensor Model::final_norm(const at::Tensor& resid) const {
     return blocks::norm(config, resid, weights.final_norm_w, weights.final_norm_b);
 }
 
-at::Tensor Model::unembed(const at::Tensor& resid) const {
-    auto logits = blocks::linear(final_norm(resid), weights.unembed, weights.unembed_b, false);
-    if (config.final_softcap > 0) logits = torch::tanh(logits / config.final_softcap) * config.final_softcap;
-    return logits;
-}
+at::Tensor Model::unembed(const at::Tensor& resid) const { return blocks::unembed(*this, resid, false); }
 
 int64_t Model::n_params() const {
     int64_t n = weights.embed.numel();

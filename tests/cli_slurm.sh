@@ -151,7 +151,13 @@ with h5py.File(sys.argv[1], "r") as f:
     print(f"cancelled task 1: {done} of its 80 decodes done, complete = {f['retrieval'].attrs['complete']}")
     sys.exit(0 if 0 < done < 80 and f["retrieval"].attrs["complete"] == 0 else 1)
 PY
-reason=$(squeue -h -j "$needle_merge" -o %r)
+# slurmctld re-evaluates dependencies on its own schedule: the reason moves from Dependency to
+# DependencyNeverSatisfied within a few seconds of the cancel (bounded wait).
+for _ in $(seq 120); do
+  reason=$(squeue -h -j "$needle_merge" -o %r)
+  [ "$reason" = DependencyNeverSatisfied ] && break
+  sleep 0.5
+done
 check "the merge waits on a dependency never satisfied ($reason)" -- test "$reason" = DependencyNeverSatisfied
 scancel "$needle_merge"
 expect "merge refuses the cancelled shard" 6 "shard 1/4 is incomplete .*--resume" -- \

@@ -39,7 +39,7 @@ if [ -n "$TD" ]; then
   ok "copy-suppression" -- "$HS" copy-suppression "$S" --out "$TMP/c.h5" --block-size 100
   printf 'Tom had a ball. Tom gave the ball to Sue. Sue said thank you to Tom and they played with the ball.' >"$TMP/t.txt"
   ok "copy-suppression dynamic" -- "$HS" copy-suppression "$S" --out "$TMP/c2.h5" --n-tokens 50 --text-file "$TMP/t.txt"
-  expect "bad n-tokens" 2 "--n-tokens 99999 outside" -- "$HS" copy-suppression "$S" --out "$TMP/c3.h5" --n-tokens 99999
+  expect "bad n-tokens" 2 "--n-tokens: 99999 tokens: outside" -- "$HS" copy-suppression "$S" --out "$TMP/c3.h5" --n-tokens 99999
 else
   echo "skipped the test-data checks: ../shared/testdata not found"
 fi
