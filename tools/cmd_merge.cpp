@@ -81,16 +81,8 @@ int run_merge(const MergeOptions& o) {
                                        first.path(), absent.size() > 1 ? "s" : "", fmt::join(absent, ", "), seen_shard.size(),
                                        seen_shard.size()));
     // Start from a copy of the first shard, then overwrite the per-configuration results.
-    const std::string tmp = temp_path_for(o.out) + "-merge";
-    struct Cleanup {
-        std::string p;
-        ~Cleanup() { std::remove(p.c_str()); }
-    } cleanup{tmp};
-    try {
-        std::filesystem::copy_file(first.path(), tmp, std::filesystem::copy_options::overwrite_existing);
-    } catch (const std::exception&) {
-        throw StorageError(fmt::format("{}: cannot create (is the folder writable?)", o.out));
-    }
+    const MergeStage stage(first.path(), o.out);
+    const std::string& tmp = stage.path();
     int64_t missing = 0;
     {
         ResultWriter w(tmp, WriteMode::kAppend);

@@ -97,6 +97,17 @@ bool NeedleResults::same_set(const NeedleResults& o, int64_t os, int64_t s) cons
     return std::equal(masks.begin() + s * L * H, masks.begin() + (s + 1) * L * H, o.masks.begin() + os * L * H);
 }
 
+MergeStage::MergeStage(const std::string& first, const std::string& out) : tmp_(temp_path_for(out) + "-merge") {
+    try {
+        std::filesystem::copy_file(first, tmp_, std::filesystem::copy_options::overwrite_existing);
+    } catch (const std::exception&) {
+        std::remove(tmp_.c_str());
+        throw StorageError(fmt::format("{}: cannot create (is the folder writable?)", out));
+    }
+}
+
+MergeStage::~MergeStage() { std::remove(tmp_.c_str()); }
+
 NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold) {
     NeedleSummary s;
     const int64_t LH = r.L * r.H;
@@ -369,16 +380,8 @@ int merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Result
     }
     const NeedleSummary sum = summarize(all, bootstrap, static_cast<uint64_t>(seed), flag);
 
-    const std::string tmp = temp_path_for(o.out) + "-merge";
-    struct Cleanup {
-        std::string p;
-        ~Cleanup() { std::remove(p.c_str()); }
-    } cleanup{tmp};
-    try {
-        std::filesystem::copy_file(first.path(), tmp, std::filesystem::copy_options::overwrite_existing);
-    } catch (const std::exception&) {
-        throw StorageError(fmt::format("{}: cannot create (is the folder writable?)", o.out));
-    }
+    const MergeStage stage(first.path(), o.out);
+    const std::string& tmp = stage.path();
     {
         ResultWriter w(tmp, WriteMode::kAppend);
         write_needle_results(w, all, sum, first.exists("/scores/retrieval"), first.exists("/scores/locos"));

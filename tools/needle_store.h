@@ -70,6 +70,21 @@ NeedleResults read_needle_results(const ResultReader& f);
 // dtype); "" when they agree, else "NAME: A vs B" for the first that differs.
 std::string needle_config_difference(const ResultReader& a, const ResultReader& b);
 
+// Where a merge writes: a copy of the first shard next to `out` ("<out>.tmp-<pid>-merge"), removed
+// by the destructor unless the caller renamed it into place. StorageError naming `out` when the
+// copy cannot be made.
+class MergeStage {
+public:
+    MergeStage(const std::string& first, const std::string& out);
+    ~MergeStage();
+    MergeStage(const MergeStage&) = delete;
+    MergeStage& operator=(const MergeStage&) = delete;
+    const std::string& path() const { return tmp_; }
+
+private:
+    std::string tmp_;
+};
+
 struct MergeArgs {
     std::vector<std::string> inputs;
     std::string out;
