@@ -32,10 +32,14 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
     if (x.dim() == 3 && x.size(0) > 1 && per_row) {
         // One GEMM per batch row: BLAS picks kernels by matrix size, so in a folded GEMM a row's
-        // last bits depend on what else is in the batch. This way a row of a batch whose other
-        // rows carry interventions equals its unbatched run bit for bit.
-        auto y = torch::bmm(x, w.t().unsqueeze(0).expand({x.size(0), w.size(1), w.size(0)}));
-        return b.defined() ? y + b : y;
+        // last bits depend on what else is in the batch. Each row goes through the very call an
+        // unbatched run ([1, T, D], folded to [T, D]) makes, so a row of a batch whose other rows
+        // carry interventions equals its unbatched run bit for bit, whatever the BLAS (a batched
+        // bmm is another kernel: MKL's differs from its plain GEMM in the last bits).
+        std::vector<at::Tensor> rows;
+        rows.reserve(x.size(0));
+        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(b.defined() ? at::linear(x[r], w, b) : torch::matmul(x[r], w.t()));
+        return torch::stack(rows);
     }
     // Folded: [B*T, D] x [D, N] in one GEMM (addmm with the bias).
     return b.defined() ? at::linear(x, w, b) : torch::matmul(x, w.t());
