@@ -72,7 +72,15 @@ at::Tensor Pass::query_pre_rope(int layer, at::Tensor q) const { return blocks::
 
 at::Tensor Pass::hook(Point p, int layer, at::Tensor x) const { return blocks::hook(hooks, p, layer, std::move(x)); }
 
-at::Tensor activation(Activation a, const at::Tensor& x) {
+at::Tensor activation(Activation a, const at::Tensor& x, bool per_row) {
+    if (x.dim() == 3 && x.size(0) > 1 && per_row) {
+        // Per row too, like linear(): libtorch 2.x's vectorized SiLU/GELU and its scalar tail loop
+        // round differently (one float step in ~4% of elements), and which elements fall in the
+        // tail depends on the tensor's size, so a batch row's last bits would depend on the batch.
+        std::vector<at::Tensor> rows;
+        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(activation(a, x.narrow(0, r, 1), false));
+        return torch::cat(rows, 0);
+    }
     switch (a) {
         case Activation::kSilu: return torch::silu(x);
         case Activation::kGeluTanh: return torch::gelu(x, "tanh");
@@ -84,10 +92,10 @@ at::Tensor activation(Activation a, const at::Tensor& x) {
 
 at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row) {
     if (cfg.gated_mlp) {
-        auto g = activation(cfg.act, linear(x, lw.w_gate, lw.b_gate, per_row));
+        auto g = activation(cfg.act, linear(x, lw.w_gate, lw.b_gate, per_row), per_row);
         return linear(g * linear(x, lw.w_up, lw.b_up, per_row), lw.w_down, lw.b_down, per_row);
     }
-    return linear(activation(cfg.act, linear(x, lw.w_up, lw.b_up, per_row)), lw.w_down, lw.b_down, per_row);
+    return linear(activation(cfg.act, linear(x, lw.w_up, lw.b_up, per_row), per_row), lw.w_down, lw.b_down, per_row);
 }
 
 // Inverse frequencies [rot_dim / 2], with Hugging Face's "linear" and "llama3" scalings.

@@ -48,7 +48,9 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool p
 // x W^T + b. per_row: one GEMM per batch row (BLAS picks kernels by matrix size, so in a folded
 // GEMM a row's last bits depend on the other rows; per row, a row equals its unbatched run).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row);
-at::Tensor activation(Activation a, const at::Tensor& x);
+// per_row: row by row, as linear() (libtorch 2.x's vectorized activations round their scalar tail
+// differently, and the tail depends on the tensor's size).
+at::Tensor activation(Activation a, const at::Tensor& x, bool per_row);
 // Final norm, unembedding (per_row as in linear) and Gemma 2's final soft-cap: Model::unembed.
 at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row);
 at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row);
