@@ -131,11 +131,7 @@ int run_merge(const MergeOptions& o) {
             w.write(g + "/done", done, {S});
             w.set_attrs(g, {{"shard", std::string("merged")}});
         }
-        w.set_attrs("/experiment", {{"shard", std::string("merged")},
-                                    {"merged_from", o.inputs},
-                                    {"shard_index", int64_t(0)},
-                                    {"shard_count", int64_t(1)},
-                                    {"complete", int64_t(missing == 0)}});
+        w.set_attrs("/experiment", merged_attrs(o.inputs, missing == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

@@ -106,6 +106,14 @@ MergeStage::MergeStage(const std::string& first, const std::string& out) : tmp_(
     }
 }
 
+Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete) {
+    return {{"shard", std::string("merged")},
+            {"merged_from", inputs},
+            {"shard_index", int64_t(0)},
+            {"shard_count", int64_t(1)},
+            {"complete", int64_t(complete)}};
+}
+
 MergeStage::~MergeStage() { std::remove(tmp_.c_str()); }
 
 NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold) {
@@ -385,11 +393,7 @@ int merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Result
     {
         ResultWriter w(tmp, WriteMode::kAppend);
         write_needle_results(w, all, sum, first.exists("/scores/retrieval"), first.exists("/scores/locos"));
-        w.set_attrs("/retrieval", {{"shard", std::string("merged")},
-                                   {"merged_from", o.inputs},
-                                   {"shard_index", int64_t(0)},
-                                   {"shard_count", int64_t(1)},
-                                   {"complete", int64_t(left == 0)}});
+        w.set_attrs("/retrieval", merged_attrs(o.inputs, left == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);
