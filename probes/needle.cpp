@@ -530,6 +530,25 @@ std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const st
     return out;
 }
 
+std::vector<NeedleTest::Decoded> NeedleTest::run_decoding(DecodingSpec spec, const std::function<void()>& tick) const {
+    spec.max_new_tokens = c_.decode.max_new_tokens;
+    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
+    std::vector<Decoded> out;
+    out.reserve(trials_.size());
+    for (size_t i = 0; i < trials_.size(); ++i) {
+        const Trial& t = trials_[i];
+        const DecodingOut d = decode_rows(m_, t.prompt, spec, stop, c_.decode.prefill_chunk);
+        Decoded r;
+        r.result = judge(static_cast<int64_t>(i), d.tokens);
+        const int64_t first = t.prompt[static_cast<size_t>(t.answer_start)];  // the answer's first token
+        r.answer_margin = token_margin(d.first_scores, first);
+        r.base_margin = token_margin(d.first_base, first);
+        out.push_back(std::move(r));
+        if (tick) tick();
+    }
+    return out;
+}
+
 at::Tensor NeedleTest::calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
                                  const std::function<void()>& tick) const {
     const int64_t N = static_cast<int64_t>(trials_.size());

@@ -8,6 +8,7 @@
 // per head: memory grows linearly with the context.
 #pragma once
 
+#include "decoding.h"
 #include "heads.h"
 #include "hooks.h"
 #include "intervention.h"
@@ -219,6 +220,17 @@ public:
     // The batches the passes decode (trial indices, each a row of one forward), and one batch of a
     // pass on its own: its trials' results in the batch's order, equal to what the whole pass gives
     // them (the same forwards). For sharded and resumable runs (headscope retrieval --shard, --resume).
+    // Every trial decoded under `spec` (probes/decoding.h: DeCoRe's or JUICE's two rows, one trial
+    // a forward of those rows, the prompt prefilled in chunks of the decode's prefill_chunk; at most
+    // max_new_tokens steps, the stop rule as above): ROUGE and the pass flag of the combined output,
+    // and at the first step the margin of the answer's first token (its score minus the best other
+    // token's) under the rule (answer_margin) and under the plain model (base_margin). tick() per trial.
+    struct Decoded {
+        TrialResult result;
+        double answer_margin = 0, base_margin = 0;
+    };
+    std::vector<Decoded> run_decoding(DecodingSpec spec, const std::function<void()>& tick = {}) const;
+
     const std::vector<std::vector<int64_t>>& batches() const { return groups_; }
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;

@@ -126,6 +126,13 @@ static at::Tensor apply_heads(const std::vector<HeadIntervention>& ivs, int laye
                 slot.copy_(v.dim() == 1 ? v.view({1, 1, -1}).expand_as(slot) : v.unsqueeze(0).expand_as(slot));
                 break;
             }
+            case HeadOp::kAddPeer: {
+                if (iv.row < 0 || iv.peer < 0 || iv.peer >= B || iv.peer == iv.row)
+                    throw ConfigError(fmt::format("{} intervention: peer row {} of row {} (batch of {})", what, iv.peer,
+                                                  iv.row, B));
+                slot.add_(x0.index({Slice(iv.peer, iv.peer + 1), Slice(), iv.head}), iv.scale);
+                break;
+            }
         }
     }
     return x.defined() ? x : x0;

@@ -39,6 +39,8 @@ enum class HeadOp {
     kZero,     // value := 0
     kScale,    // value *= scale
     kReplace,  // value := `value` ([d], [T, d] or [B?] broadcast to [T, d] for that row)
+    kAddPeer,  // value += scale x the same head's value in batch row `peer` (before this layer's
+               // interventions): JUICE's dual run as two rows of one forward (probes/decoding.h)
 };
 
 struct HeadIntervention {
@@ -48,6 +50,7 @@ struct HeadIntervention {
     HeadOp op = HeadOp::kZero;
     double scale = 0.0;
     at::Tensor value;  // for kReplace
+    int64_t peer = -1;  // for kAddPeer: the row read (row must be >= 0 and differ from it)
 };
 
 // Observer: sees the tensor, may keep a reduction. Editor: returns a replacement or nullopt.
