@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU device check (issue 22), everything in one call on the lent GPU machine (nvcc, cmake, ninja,
+# The GPU device check, everything in one call on the lent GPU machine (nvcc, cmake, ninja,
 # a Python with a CUDA PyTorch and transformers; none of Debian's -dev packages; no network):
 #   1. report the machine (GPU, driver, glibc, libstdc++, CUDA toolkit, torch, transformers) and what is
 #      missing;

@@ -109,7 +109,7 @@ def strs(ds):
 
 
 def draw_ablation(name, g, out_dir, fmt):
-    """Plots of one /ablation/<study> group (issue 11 names); returns the files written."""
+    """Plots of one /ablation/<study> group (docs/hdf5-schema.md names); returns the files written."""
     import numpy as np
     plt = pyplot()
     masks, metric, kind = g["masks"][()], g["metric"][()].astype("f8"), strs(g["kind"])
@@ -168,7 +168,7 @@ def draw_ablation(name, g, out_dir, fmt):
 
 
 def draw_needle_grid(t, out_dir, fmt):
-    """The needle-in-a-haystack grid of /retrieval/trials (issue 10 names)."""
+    """The needle-in-a-haystack grid of /retrieval/trials (docs/hdf5-schema.md names)."""
     import numpy as np
     ln, dp, rc = t["length"][()], t["depth"][()], t["rouge1_recall"][()].astype("f8")
     ls, ds = sorted(set(ln.tolist())), sorted(set(dp.tolist()))

@@ -281,6 +281,97 @@ json read_optional_json(const std::filesystem::path& p) {
     return parse_json_file(p.string());
 }
 
+// tokenizer.json's added_tokens ([] when absent).
+std::vector<AddedToken> read_added_tokens(const json& j, const std::string& path) {
+    std::vector<AddedToken> out;
+    if (!j.contains("added_tokens") || j["added_tokens"].is_null()) return out;
+    if (!j["added_tokens"].is_array()) throw DataError(fmt::format("{}: added_tokens: expected an array", path));
+    for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
+        const json& a = j["added_tokens"][i];
+        if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
+            !a.contains("content") || !a["content"].is_string())
+            throw DataError(fmt::format("{}: added_tokens[{}]: expected {{\"id\": n, \"content\": ...}}", path, i));
+        AddedToken t;
+        t.id = a["id"].get<int32_t>();
+        t.content = a["content"].get<std::string>();
+        t.special = a.value("special", false);
+        t.normalized = a.value("normalized", !t.special);
+        out.push_back(std::move(t));
+    }
+    return out;
+}
+
+// model.merges ("a b" strings or [a, b] pairs) into the model, in rank order.
+void read_merges(const json& m, BpeModel& model, const std::string& prefix, const std::string& path) {
+    if (!m.contains("merges") || !m["merges"].is_array())
+        throw DataError(fmt::format("{}: model.merges: expected an array", path));
+    const json& merges = m["merges"];
+    for (size_t i = 0; i < merges.size(); ++i) {
+        const json& e = merges[i];
+        std::string where = fmt::format("{}: model.merges[{}]", path, i);
+        std::string a, b;
+        if (e.is_string()) {
+            const std::string s = e.get<std::string>();
+            size_t sp = s.find(' ');
+            if (sp == std::string::npos) throw DataError(where + ": expected 'a b' or [a, b]");
+            a = s.substr(0, sp);
+            b = s.substr(sp + 1);
+        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
+            a = e[0].get<std::string>();
+            b = e[1].get<std::string>();
+        } else {
+            throw DataError(where + ": expected 'a b' or [a, b]");
+        }
+        add_merge(model, a, b, prefix, where);
+    }
+}
+
+// BOS/EOS and whether encode() adds them: tokenizer_config.json, then special_tokens_map.json (both
+// next to `path`), then the post-processor's template.
+void read_special_tokens(BpeTokenizerParts& parts, const Processing& proc, const std::string& path) {
+    namespace fs = std::filesystem;
+    fs::path dir = fs::path(path).parent_path();
+    fs::path cfg_path = dir / "tokenizer_config.json", map_path = dir / "special_tokens_map.json";
+    json cfg = read_optional_json(cfg_path), smap = read_optional_json(map_path);
+    // Built here (not via BpeTokenizer::token_to_id) because the tokenizer does not exist yet.
+    auto lookup = [&](const std::string& name, const std::string& where) -> int32_t {
+        if (auto id = parts.model->find(name)) return *id;
+        for (const auto& a : parts.added)
+            if (a.content == name) return a.id;
+        throw DataError(fmt::format("{}: '{}' is not in the vocabulary", where, name));
+    };
+    for (const char* key : {"bos_token", "eos_token"}) {
+        std::optional<int32_t> id;
+        if (auto n = special_name(cfg, key, cfg_path.string()))
+            id = lookup(*n, fmt::format("{}: {}", cfg_path.string(), key));
+        else if (auto n2 = special_name(smap, key, map_path.string()))
+            id = lookup(*n2, fmt::format("{}: {}", map_path.string(), key));
+        else if (std::string(key) == "bos_token" && !proc.prefix.empty())
+            id = proc.prefix.front();
+        else if (std::string(key) == "eos_token" && !proc.suffix.empty())
+            id = proc.suffix.back();
+        (std::string(key) == "bos_token" ? parts.bos : parts.eos) = id;
+    }
+    // add_bos_token / add_eos_token override the template, as transformers' Llama-style fast
+    // tokenizers rebuild their post-processor from them.
+    auto flag = [&](const char* key) -> std::optional<bool> {
+        if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
+        if (!cfg[key].is_boolean())
+            throw DataError(fmt::format("{}: {}: expected true or false", cfg_path.string(), key));
+        return cfg[key].get<bool>();
+    };
+    if (auto add_bos = flag("add_bos_token"); add_bos && parts.bos) {
+        bool has = !parts.prefix_ids.empty() && parts.prefix_ids.front() == *parts.bos;
+        if (*add_bos && !has) parts.prefix_ids.insert(parts.prefix_ids.begin(), *parts.bos);
+        if (!*add_bos && has) parts.prefix_ids.erase(parts.prefix_ids.begin());
+    }
+    if (auto add_eos = flag("add_eos_token"); add_eos && parts.eos) {
+        bool has = !parts.suffix_ids.empty() && parts.suffix_ids.back() == *parts.eos;
+        if (*add_eos && !has) parts.suffix_ids.push_back(*parts.eos);
+        if (!*add_eos && has) parts.suffix_ids.pop_back();
+    }
+}
+
 }  // namespace
 
 std::unique_ptr<Tokenizer> make_bpe_tokenizer(BpeTokenizerParts parts) {
@@ -324,22 +415,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     opts.continuing_subword_prefix = opt_str("continuing_subword_prefix");
     opts.end_of_word_suffix = opt_str("end_of_word_suffix");
 
-    // added_tokens first: unk_token may live only there.
-    if (j.contains("added_tokens") && !j["added_tokens"].is_null()) {
-        if (!j["added_tokens"].is_array()) throw DataError(fmt::format("{}: added_tokens: expected an array", path));
-        for (size_t i = 0; i < j["added_tokens"].size(); ++i) {
-            const json& a = j["added_tokens"][i];
-            if (!a.is_object() || !a.contains("id") || !a["id"].is_number_integer() || a["id"].get<int64_t>() < 0 ||
-                !a.contains("content") || !a["content"].is_string())
-                throw DataError(fmt::format("{}: added_tokens[{}]: expected {{\"id\": n, \"content\": ...}}", path, i));
-            AddedToken t;
-            t.id = a["id"].get<int32_t>();
-            t.content = a["content"].get<std::string>();
-            t.special = a.value("special", false);
-            t.normalized = a.value("normalized", !t.special);
-            parts.added.push_back(std::move(t));
-        }
-    }
+    parts.added = read_added_tokens(j, path);  // first: unk_token may live only there
     std::string unk = opt_str("unk_token");
     if (!unk.empty()) {
         auto it = vocab.find(unk);
@@ -355,27 +431,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     std::string prefix = opts.continuing_subword_prefix;
     parts.model = std::make_unique<BpeModel>(std::move(vocab), opts);
 
-    if (!m.contains("merges") || !m["merges"].is_array())
-        throw DataError(fmt::format("{}: model.merges: expected an array", path));
-    const json& merges = m["merges"];
-    for (size_t i = 0; i < merges.size(); ++i) {
-        const json& e = merges[i];
-        std::string where = fmt::format("{}: model.merges[{}]", path, i);
-        std::string a, b;
-        if (e.is_string()) {
-            const std::string s = e.get<std::string>();
-            size_t sp = s.find(' ');
-            if (sp == std::string::npos) throw DataError(where + ": expected 'a b' or [a, b]");
-            a = s.substr(0, sp);
-            b = s.substr(sp + 1);
-        } else if (e.is_array() && e.size() == 2 && e[0].is_string() && e[1].is_string()) {
-            a = e[0].get<std::string>();
-            b = e[1].get<std::string>();
-        } else {
-            throw DataError(where + ": expected 'a b' or [a, b]");
-        }
-        add_merge(*parts.model, a, b, prefix, where);
-    }
+    read_merges(m, *parts.model, prefix, path);
 
     parts.normalizer = make_normalizer(j.value("normalizer", json()), path + ": normalizer");
     parts.pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), path + ": pre_tokenizer");
@@ -393,48 +449,7 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path) {
     parts.prefix_ids = proc.prefix;
     parts.suffix_ids = proc.suffix;
 
-    // BOS/EOS: tokenizer_config.json, then special_tokens_map.json, then the template.
-    namespace fs = std::filesystem;
-    fs::path dir = fs::path(path).parent_path();
-    fs::path cfg_path = dir / "tokenizer_config.json", map_path = dir / "special_tokens_map.json";
-    json cfg = read_optional_json(cfg_path), smap = read_optional_json(map_path);
-    // Built here (not via BpeTokenizer::token_to_id) because the tokenizer does not exist yet.
-    auto lookup = [&](const std::string& name, const std::string& where) -> int32_t {
-        if (auto id = parts.model->find(name)) return *id;
-        for (const auto& a : parts.added)
-            if (a.content == name) return a.id;
-        throw DataError(fmt::format("{}: '{}' is not in the vocabulary", where, name));
-    };
-    for (const char* key : {"bos_token", "eos_token"}) {
-        std::optional<int32_t> id;
-        if (auto n = special_name(cfg, key, cfg_path.string()))
-            id = lookup(*n, fmt::format("{}: {}", cfg_path.string(), key));
-        else if (auto n2 = special_name(smap, key, map_path.string()))
-            id = lookup(*n2, fmt::format("{}: {}", map_path.string(), key));
-        else if (std::string(key) == "bos_token" && !proc.prefix.empty())
-            id = proc.prefix.front();
-        else if (std::string(key) == "eos_token" && !proc.suffix.empty())
-            id = proc.suffix.back();
-        (std::string(key) == "bos_token" ? parts.bos : parts.eos) = id;
-    }
-    // add_bos_token / add_eos_token override the template, as transformers' Llama-style fast
-    // tokenizers rebuild their post-processor from them.
-    auto flag = [&](const char* key) -> std::optional<bool> {
-        if (!cfg.is_object() || !cfg.contains(key) || cfg[key].is_null()) return std::nullopt;
-        if (!cfg[key].is_boolean())
-            throw DataError(fmt::format("{}: {}: expected true or false", cfg_path.string(), key));
-        return cfg[key].get<bool>();
-    };
-    if (auto add_bos = flag("add_bos_token"); add_bos && parts.bos) {
-        bool has = !parts.prefix_ids.empty() && parts.prefix_ids.front() == *parts.bos;
-        if (*add_bos && !has) parts.prefix_ids.insert(parts.prefix_ids.begin(), *parts.bos);
-        if (!*add_bos && has) parts.prefix_ids.erase(parts.prefix_ids.begin());
-    }
-    if (auto add_eos = flag("add_eos_token"); add_eos && parts.eos) {
-        bool has = !parts.suffix_ids.empty() && parts.suffix_ids.back() == *parts.eos;
-        if (*add_eos && !has) parts.suffix_ids.push_back(*parts.eos);
-        if (!*add_eos && has) parts.suffix_ids.pop_back();
-    }
+    read_special_tokens(parts, proc, path);
     return make_bpe_tokenizer(std::move(parts));
 }
 

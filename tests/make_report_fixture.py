@@ -48,7 +48,7 @@ def write(path, seed):
             g["score"] = s(L, H)
             g.attrs["category"] = "factual"
             g.attrs["n_pairs_kept"] = np.int64(20)
-        # Ablation (issue 11): single sweep, cumulative with controls, pruning.
+        # Ablation: single sweep, cumulative with controls, pruning.
         S = 1 + L * H
         masks = np.zeros((S, L, H), "u1")
         for i in range(L * H):
@@ -80,7 +80,7 @@ def write(path, seed):
         a["metric"] = np.array([2, 2.1, 2.5, 4], "f4")
         a["kind"] = np.array(["baseline", "prune", "prune", "prune"], dtype=h5py.string_dtype())
         a.attrs["mode"], a.attrs["metric"] = "zero", "loss"
-        # Retrieval (issue 10): trials on a 2 x 3 length x depth grid, two needles each.
+        # Retrieval: trials on a 2 x 3 length x depth grid, two needles each.
         t = f.create_group("retrieval/trials")
         lengths, depths = [40, 80], [0, 50, 100]
         rows = [(l, d, n) for l in lengths for d in depths for n in (0, 1)]

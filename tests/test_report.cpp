@@ -148,7 +148,7 @@ TEST_CASE("report: two files side by side with a difference heatmap equal to B -
     CHECK(html.find("data-file=\"" + b + "\"") != std::string::npos);
 }
 
-TEST_CASE("report: ablation, retrieval (issue 10/11 names) and single-sweep deltas equal metric - baseline") {
+TEST_CASE("report: ablation, retrieval (docs/hdf5-schema.md names) and single-sweep deltas equal metric - baseline") {
     TempDir t;
     const std::string f = t.file("abl.h5");
     const int64_t L = 2, H = 3, S = 1 + L * H;

@@ -28,7 +28,7 @@ static std::string guess_kind(const std::string& file) {
     return "tokens";
 }
 
-int run_ablate(const AblateOptions& o) {
+void run_ablate(const AblateOptions& o) {
     if (o.data.empty() == (o.repeated == 0))
         throw UsageError("give one of --data FILE and --repeated N (rows [BOS, R, R] with |R| = N)");
     const auto mode = with_flag("--mode", [&] { return parse_intervention(o.mode, "mode"); });
@@ -72,7 +72,6 @@ int run_ablate(const AblateOptions& o) {
     std::printf("clean    %.6f\n", clean);
     std::printf("with     %.6f\n", abl);
     std::printf("change   %+.6f\n", abl - clean);
-    return 0;
 }
 
 void setup_ablate(CLI::App& app) {
@@ -98,7 +97,7 @@ void setup_ablate(CLI::App& app) {
     sub->add_option("--token-range", o->token_range, "--repeated: ids lo,hi to draw R from, [lo, hi)");
     sub->add_option("--seed", o->seed, "seed of --repeated and resample")->capture_default_str();
     sub->add_option("--max-rows", o->max_rows, "rows per forward pass")->capture_default_str();
-    sub->callback([o] { set_exit_code(run_ablate(*o)); });
+    sub->callback([o] { run_ablate(*o); });
 }
 
 }  // namespace hs::cli

@@ -58,7 +58,7 @@ static void write_stats(ResultWriter& w, const std::string& g, const std::string
     put("log_rank_summary", s.summary, circuit + " circuit: mean log(rank + 1) - (log V - 1)");
 }
 
-int run_copy_suppression(const CopySuppressionCliOptions& o) {
+void run_copy_suppression(const CopySuppressionCliOptions& o) {
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, !o.text_file.empty());
     const Model& m = *l.model;
@@ -107,7 +107,6 @@ int run_copy_suppression(const CopySuppressionCliOptions& o) {
     w.set_attrs(g, base);
     w.commit();
     log_info(fmt::format("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0)));
-    return 0;
 }
 
 void setup_copy_suppression(CLI::App& app) {
@@ -126,7 +125,7 @@ void setup_copy_suppression(CLI::App& app) {
     sub->add_option("--window", o->window, "tokens per forward pass for --text-file")->capture_default_str();
     sub->add_option("--max-tokens", o->max_tokens, "text tokens used at most")->capture_default_str();
     sub->add_option("--threshold", o->threshold, "attention weight a (q,k) pair needs")->capture_default_str();
-    sub->callback([o] { set_exit_code(run_copy_suppression(*o)); });
+    sub->callback([o] { run_copy_suppression(*o); });
 }
 
 }  // namespace hs::cli

@@ -180,10 +180,9 @@ static std::vector<Result> compute(const DetectOptions& o, const Model& m, const
     return results;
 }
 
-int run_detect(const DetectOptions& o) {
+void run_detect(const DetectOptions& o) {
     const auto probes = parse_probes(o.probes);
     const WriteMode mode = write_mode(o.out);
-    if (!o.tokens_file.empty() && !o.text_file.empty()) throw UsageError("give at most one of --tokens-file and --text-file");
     const bool stripe = o.tokens_file.empty() && o.text_file.empty();
     for (const auto& p : probes)
         if (!stripe && find_head_probe(p).repeated_only)
@@ -223,7 +222,6 @@ int run_detect(const DetectOptions& o) {
     write_results(w, m, o, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
     for (const auto& r : results) print_top(r, 5);
     log_info(fmt::format("wrote {} ({} probes)", o.out.out, results.size()));
-    return 0;
 }
 
 void setup_detect(CLI::App& app) {
@@ -253,8 +251,8 @@ void setup_detect(CLI::App& app) {
     sub->add_option("--batch", o->batch, "stripe: rows of [BOS, R, R]")->capture_default_str();
     sub->add_option("--seed", o->seed, "stripe: seed of the token generator")->capture_default_str();
     sub->add_option("--token-range", o->token_range, "stripe: ids lo,hi to draw R from, [lo, hi) (default: whole vocabulary)");
-    sub->add_option("--tokens-file", o->tokens_file, "detector: one sequence of comma-separated token ids a line");
-    sub->add_option("--text-file", o->text_file, "detector: one text a line, encoded with the model's tokenizer");
+    auto* tokens_file = sub->add_option("--tokens-file", o->tokens_file, "detector: one sequence of comma-separated token ids a line");
+    sub->add_option("--text-file", o->text_file, "detector: one text a line, encoded with the model's tokenizer")->excludes(tokens_file);
     sub->add_option("--error-measure", o->error_measure, "detector: mul or abs")->capture_default_str();
     sub->add_flag("--exclude-bos", o->exclude_bos, "detector: ignore attention to position 0");
     sub->add_flag("--exclude-current-token", o->exclude_current_token, "detector: ignore attention to the query itself");
@@ -262,7 +260,7 @@ void setup_detect(CLI::App& app) {
     sub->add_option("--max-rows", o->max_rows, "batch rows per forward pass (memory)")->capture_default_str();
     sub->callback([o, seq_len] {
         o->seq_len_given = seq_len->count() > 0;
-        set_exit_code(run_detect(*o));
+        run_detect(*o);
     });
 }
 

@@ -60,7 +60,7 @@ static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResu
     w.set_attrs(g, a);
 }
 
-int run_dla(const DlaCliOptions& o) {
+void run_dla(const DlaCliOptions& o) {
     const WriteMode mode = write_mode(o.out);
     auto prompts = read_dla_prompts(o.prompts);
     auto l = open_model(o.model, true);
@@ -81,7 +81,6 @@ int run_dla(const DlaCliOptions& o) {
     write_dla(w, *l.model, rs, o);
     w.commit();
     log_info(fmt::format("wrote {} ({} prompts)", o.out.out, rs.size()));
-    return 0;
 }
 
 void setup_dla(CLI::App& app) {
@@ -94,7 +93,7 @@ void setup_dla(CLI::App& app) {
     add_output_args(sub, o->out, true);
     sub->add_option("--prompts", o->prompts, "JSON list of {\"prompt\", \"correct\", \"incorrect\"}")->required();
     sub->add_flag("--per-position", o->per_position, "also split each head's effect by key position");
-    sub->callback([o] { set_exit_code(run_dla(*o)); });
+    sub->callback([o] { run_dla(*o); });
 }
 
 }  // namespace hs::cli

@@ -97,7 +97,7 @@ static std::string json_rows(const std::vector<Table>& tables) {
     return rows.dump(1) + "\n";
 }
 
-int run_export(const ExportOptions& o) {
+void run_export(const ExportOptions& o) {
     if (o.format != "csv" && o.format != "tsv" && o.format != "json")
         throw UsageError(fmt::format("--format '{}': expected csv, tsv or json", o.format));
     ResultReader r(o.file);
@@ -111,12 +111,11 @@ int run_export(const ExportOptions& o) {
     const std::string text = o.format == "json" ? json_rows(tables) : delimited(tables, o.format == "csv" ? ',' : '\t');
     if (o.out.empty()) {
         std::fwrite(text.data(), 1, text.size(), stdout);
-        return 0;
+        return;
     }
     AtomicFile f(o.out);
     f.write(text);
     f.commit();
-    return 0;
 }
 
 void setup_export(CLI::App& app) {
@@ -129,7 +128,7 @@ void setup_export(CLI::App& app) {
     sub->add_option("--table", o->table, "one score group, e.g. scores/induction");
     sub->add_option("--format", o->format, "csv, tsv or json")->capture_default_str();
     sub->add_option("-o,--out", o->out, "output file (written atomically; default stdout)");
-    sub->callback([o] { set_exit_code(run_export(*o)); });
+    sub->callback([o] { run_export(*o); });
 }
 
 }  // namespace hs::cli

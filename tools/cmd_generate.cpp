@@ -1,12 +1,20 @@
-// headscope generate: greedy (default) or sampled continuation with a KV cache.
+// headscope generate: greedy (default) or sampled continuation with a KV cache; with --rows,
+// --contrast (DeCoRe) or --enhance/--suppress (JUICE), several intervention rows decode in lockstep
+// (probes/decoding.h).
 #include "commands.h"
 #include "common.h"
+#include "decoding.h"
 #include "errors.h"
 #include "progress.h"
+
+#include <nlohmann/json.hpp>
 
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
+#include <limits>
+#include <optional>
 #include <cstdio>
 
 namespace hs::cli {
@@ -20,6 +28,12 @@ struct GenerateOptions {
     double top_p = 1.0;
     int64_t seed = 0;
     bool no_stop = false;
+    // intervention rows
+    std::vector<std::string> rows;
+    std::string contrast, alpha = "entropy", enhance, suppress;
+    double alpha_max = std::numeric_limits<double>::infinity();
+    double alpha_enhance = 0.0, alpha_suppress = 0.0;
+    bool json = false;
 };
 
 // Next token from logits [V]: argmax at temperature 0, else nucleus sampling.
@@ -37,7 +51,86 @@ static int64_t pick(const at::Tensor& logits, double temperature, double top_p, 
     return torch::multinomial(probs, 1, false, gen).item<int64_t>();
 }
 
-int run_generate(const GenerateOptions& o) {
+// The decoding rows the options ask for (none: plain generation).
+static std::optional<DecodingSpec> decoding_from_options(const GenerateOptions& o, int L, int H) {
+    const bool contrast = !o.contrast.empty(), juice = !o.enhance.empty() || !o.suppress.empty();
+    if (int(contrast) + int(juice) + int(!o.rows.empty()) > 1)
+        throw UsageError("give one of --rows, --contrast and --enhance/--suppress");
+    if (!contrast && !juice && o.rows.empty()) {
+        if (o.json) throw UsageError("--json prints decoding rows: give --rows, --contrast or --enhance/--suppress");
+        return std::nullopt;
+    }
+    if (o.temperature > 0) throw UsageError("intervention rows decode greedily: --temperature must be 0");
+    DecodingSpec spec;
+    if (contrast) {
+        const auto heads = with_flag("--contrast", [&] { return parse_head_list(o.contrast, L, H); });
+        const bool entropy = o.alpha == "entropy";
+        double a = 0;
+        if (!entropy) {
+            size_t used = 0;
+            try {
+                a = std::stod(o.alpha, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != o.alpha.size() || !std::isfinite(a) || a < 0)
+                throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", o.alpha));
+        }
+        spec = decore_spec(heads, entropy, a, o.alpha_max);
+    } else if (juice) {
+        const auto en = o.enhance.empty() ? std::vector<Head>{} : with_flag("--enhance", [&] { return parse_head_list(o.enhance, L, H); });
+        const auto su = o.suppress.empty() ? std::vector<Head>{} : with_flag("--suppress", [&] { return parse_head_list(o.suppress, L, H); });
+        spec = juice_spec(en, o.alpha_enhance, su, o.alpha_suppress);
+    } else {
+        spec.rows.push_back(DecodingRow{});  // row 0: the plain model
+        for (const auto& r : o.rows) spec.rows.push_back(with_flag("--rows", [&] { return parse_decoding_row(r, L, H); }));
+    }
+    spec.max_new_tokens = o.steps;
+    return spec;
+}
+
+// Several rows in lockstep: the combined text on stdout (or JSON with every row).
+static void generate_rows(const GenerateOptions& o, const Loaded& l, const std::vector<int64_t>& ids, const DecodingSpec& spec) {
+    const auto& tok = l.tokenizer;
+    auto stop = [&](int64_t id) {
+        return !o.no_stop && tok && ((tok->bos_id() && id == *tok->bos_id()) || (tok->eos_id() && id == *tok->eos_id()));
+    };
+    const auto t0 = std::chrono::steady_clock::now();
+    const DecodingOut out = decode_rows(*l.model, ids, spec, stop);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    auto text = [&](const std::vector<int64_t>& t) {
+        return tok ? tok->decode(std::vector<int32_t>(t.begin(), t.end())) : std::string();
+    };
+    if (o.json) {
+        nlohmann::json rows = nlohmann::json::array();
+        for (size_t r = 0; r < spec.rows.size(); ++r) {
+            nlohmann::json row = {{"row", r}, {"tokens", out.row_tokens[r]}, {"text", text(out.row_tokens[r])}};
+            if (spec.rule == CombineRule::kIndependent) row["interventions"] = format_decoding_row(spec.rows[r]);
+            rows.push_back(row);
+        }
+        nlohmann::json j = {{"rule", std::string(name_in(combine_rule_names(), spec.rule))}, {"tokens", out.tokens}, {"text", text(out.tokens)},
+                            {"margins", out.margins}, {"rows", rows}};
+        if (spec.rule == CombineRule::kDecore) {
+            j["contrast_heads"] = format_heads(spec.rows[1].heads);
+            j["alphas"] = out.alphas;
+        }
+        if (spec.rule == CombineRule::kJuice) {
+            j["enhance"] = format_heads(spec.enhance), j["alpha_enhance"] = spec.alpha_enhance;
+            j["suppress"] = format_heads(spec.suppress), j["alpha_suppress"] = spec.alpha_suppress;
+        }
+        std::printf("%s\n", j.dump(2).c_str());
+    } else if (spec.rule == CombineRule::kIndependent) {
+        for (size_t r = 0; r < spec.rows.size(); ++r)
+            std::printf("row %zu %-24s %s\n", r, format_decoding_row(spec.rows[r]).c_str(),
+                        tok ? text(out.row_tokens[r]).c_str() : fmt::format("{}", fmt::join(out.row_tokens[r], " ")).c_str());
+    } else {
+        std::printf("%s\n", tok ? text(out.tokens).c_str() : fmt::format("{}", fmt::join(out.tokens, " ")).c_str());
+    }
+    log_verbose(fmt::format("{} steps x {} rows in {:.2f} s ({:.1f} steps/s)", out.row_tokens[0].size(), spec.rows.size(), dt,
+                            out.row_tokens[0].size() / std::max(dt, 1e-9)));
+}
+
+void run_generate(const GenerateOptions& o) {
     auto l = open_model(o.model, o.tokens.empty());
     const auto& cfg = l.model->config;
     std::vector<int64_t> ids;
@@ -47,7 +140,7 @@ int run_generate(const GenerateOptions& o) {
         for (auto id : l.tokenizer->encode(o.prompt, true)) ids.push_back(id);
     }
     if (ids.empty()) throw DataError("the prompt encodes to no tokens (the tokenizer adds no BOS): give a prompt");
-    if (o.steps < 0) throw UsageError("--steps must be >= 0");
+    if (auto spec = decoding_from_options(o, cfg.n_layers, cfg.n_heads)) return generate_rows(o, l, ids, *spec);
     torch::NoGradGuard ng;
     c10::InferenceMode im;
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
@@ -86,23 +179,40 @@ int run_generate(const GenerateOptions& o) {
     std::printf("\n");
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     log_verbose(fmt::format("{} tokens in {:.2f} s ({:.1f} tok/s)", generated, dt, generated / std::max(dt, 1e-9)));
-    return 0;
 }
 
 void setup_generate(CLI::App& app) {
     auto o = std::make_shared<GenerateOptions>();
     auto* sub = app.add_subcommand("generate", "continue a prompt, greedy by default (KV cache)\n"
                                                "Example: headscope generate ../shared/testdata/stories260K/stories260K.bin "
-                                               "--prompt 'Once upon a time' --steps 50");
+                                               "--prompt 'Once upon a time' --steps 50\n"
+                                               "Example: headscope generate ../shared/testdata/stories260K/stories260K.bin "
+                                               "--prompt 'Once upon a time' --steps 20 --contrast L1H0,L2H3 --json");
     add_model_args(sub, o->model);
     sub->add_option("--prompt", o->prompt, "prompt text (BOS added as the tokenizer says)");
     sub->add_option("--tokens", o->tokens, "prompt as comma-separated token ids instead of text");
-    sub->add_option("--steps", o->steps, "new tokens to generate")->capture_default_str();
+    sub->add_option("--steps", o->steps, "new tokens to generate")->check(at_least(0))->capture_default_str();
     sub->add_option("--temperature", o->temperature, "0 = greedy")->capture_default_str();
     sub->add_option("--top-p", o->top_p, "nucleus sampling mass")->capture_default_str();
     sub->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
     sub->add_flag("--no-stop", o->no_stop, "do not stop at BOS/EOS");
-    sub->callback([o] { set_exit_code(run_generate(*o)); });
+    sub->add_option("--rows", o->rows,
+                    "more rows decoding the same prompt in one batched forward, each with its head interventions: "
+                    "MODE:HEADS with MODE zero, zero-query or scale=F (e.g. --rows zero-query:L1H0,L1H1 --rows "
+                    "scale=2:L0H1); row 0 is the plain model; each row decodes greedily on its own");
+    sub->add_option("--contrast", o->contrast,
+                    "DeCoRe: contrast the plain model with these heads masked (zero query: uniform causal attention, "
+                    "the reference's flash path; its eager path zeroes scores after the causal mask and lets the head "
+                    "see future tokens, headscope does not); next = argmax[(1 + a) log p_base - a log p_masked]; the "
+                    "prompt is prefilled unmasked and shared, as decore_entropy.py does");
+    sub->add_option("--alpha", o->alpha, "DeCoRe's a: entropy (of p_base, nats) or a constant")->capture_default_str();
+    sub->add_option("--alpha-max", o->alpha_max, "DeCoRe: cap on a (the reference's alpha_cap)")->check(at_least(0));
+    sub->add_option("--enhance", o->enhance, "JUICE: heads whose output gets + alpha-enhance x the plain run's (dual run as 2 rows)");
+    sub->add_option("--alpha-enhance", o->alpha_enhance, "JUICE: enhance coefficient")->capture_default_str();
+    sub->add_option("--suppress", o->suppress, "JUICE: heads whose output gets - alpha-suppress x the plain run's");
+    sub->add_option("--alpha-suppress", o->alpha_suppress, "JUICE: suppress coefficient")->capture_default_str();
+    sub->add_flag("--json", o->json, "with rows: print per row and combined token ids and text as JSON (key tokens: the combined output)");
+    sub->callback([o] { run_generate(*o); });
 }
 
 }  // namespace hs::cli

@@ -25,11 +25,11 @@ static void print_system() {
     fmt::print("CUDA          {}\n", s.cuda_available ? "available" : "not available");
 }
 
-int run_info(const InfoOptions& o) {
+void run_info(const InfoOptions& o) {
     if (o.model.model.empty()) {
         set_threads(o.model.threads);
         print_system();
-        return 0;
+        return;
     }
     auto l = open_model(o.model, false);
     const auto& c = l.model->config;
@@ -59,7 +59,6 @@ int run_info(const InfoOptions& o) {
                                : std::string("none found"));
     }
     if (o.system) print_system();
-    return 0;
 }
 
 void setup_info(CLI::App& app) {
@@ -74,7 +73,7 @@ void setup_info(CLI::App& app) {
     sub->add_flag("--json", opts->json, "print the model description as JSON");
     sub->callback([opts, sub] {
         if (opts->model.model.empty() && !opts->system) throw CLI::RequiredError("MODEL (or --system)");
-        set_exit_code(run_info(*opts));
+        run_info(*opts);
     });
 }
 

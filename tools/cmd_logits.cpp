@@ -16,7 +16,7 @@ struct LogitsOptions {
     bool no_special = false;
 };
 
-int run_logits(const LogitsOptions& o) {
+void run_logits(const LogitsOptions& o) {
     if (o.text.empty() == o.tokens.empty()) throw UsageError("give exactly one of --text and --tokens");
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, !o.text.empty());
@@ -42,7 +42,6 @@ int run_logits(const LogitsOptions& o) {
     w.set_attrs("/logits", {{"description", std::string("logits[t] predicts tokens[t+1]; float32 [T, V]")}});
     w.commit();
     log_info(fmt::format("wrote {} ([{}, {}] logits)", o.out.out, logits.size(0), logits.size(1)));
-    return 0;
 }
 
 void setup_logits(CLI::App& app) {
@@ -55,7 +54,7 @@ void setup_logits(CLI::App& app) {
     sub->add_option("--text", o->text, "input text (BOS added as the tokenizer says)");
     sub->add_option("--tokens", o->tokens, "input as comma-separated token ids");
     sub->add_flag("--no-special", o->no_special, "add no BOS/EOS to --text");
-    sub->callback([o] { set_exit_code(run_logits(*o)); });
+    sub->callback([o] { run_logits(*o); });
 }
 
 }  // namespace hs::cli

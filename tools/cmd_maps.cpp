@@ -85,9 +85,8 @@ static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelat
     w.set_attrs(g, a);
 }
 
-int run_maps(const MapsCliOptions& o) {
+void run_maps(const MapsCliOptions& o) {
     if (o.min_pairs < 1) throw UsageError("--min-pairs must be at least 1");
-    if (o.block_size < 1) throw UsageError("--block-size must be positive");
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, true);
     const Model& m = *l.model;
@@ -118,7 +117,6 @@ int run_maps(const MapsCliOptions& o) {
                                  {"min_pairs", static_cast<int64_t>(o.min_pairs)}});
     w.commit();
     log_info(fmt::format("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size()));
-    return 0;
 }
 
 void setup_maps(CLI::App& app) {
@@ -134,10 +132,10 @@ void setup_maps(CLI::App& app) {
     sub->add_option("--relations", o->relations, "relation JSON files (comma-separated) or a folder of them")->required();
     sub->add_option("--k", o->k, "top-k for every relation (default: 1 for copying relations, else 10)");
     sub->add_flag("--suppression", o->suppression, "also score -P (the head suppresses the target)");
-    sub->add_option("--block-size", o->block_size, "rows of P formed at once")->capture_default_str();
+    sub->add_option("--block-size", o->block_size, "rows of P formed at once")->check(at_least(1))->capture_default_str();
     sub->add_flag("--dynamic", o->dynamic, "also score the head's output on templates, with the static/dynamic correlation");
     sub->add_option("--min-pairs", o->min_pairs, "single-token pairs a relation needs to be scored")->capture_default_str();
-    sub->callback([o] { set_exit_code(run_maps(*o)); });
+    sub->callback([o] { run_maps(*o); });
 }
 
 }  // namespace hs::cli

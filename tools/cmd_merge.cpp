@@ -40,7 +40,7 @@ static std::string first_yaml_difference(const std::string& a, const std::string
     return "the same text";
 }
 
-int run_merge(const MergeOptions& o) {
+void run_merge(const MergeOptions& o) {
     if (o.inputs.size() < 2) throw UsageError("merge: give at least two shard files");
     if (file_exists(o.out) && !o.force) throw StorageError(fmt::format("{}: exists (use --force to replace it)", o.out));
     std::vector<std::unique_ptr<ResultReader>> rs;
@@ -137,7 +137,6 @@ int run_merge(const MergeOptions& o) {
     rename_into_place(tmp, o.out);
     if (missing) log_warn(fmt::format("{} configurations are in none of the shards (done = 0, metric NaN)", missing));
     log_info(fmt::format("wrote {} (merged {} shards)", o.out, o.inputs.size()));
-    return 0;
 }
 
 void setup_merge(CLI::App& app) {
@@ -158,7 +157,7 @@ void setup_merge(CLI::App& app) {
     sub->add_flag("--force", o->force, "replace an existing output file");
     sub->add_flag("--partial", o->partial, "merge what the files hold even when shards are missing or unfinished "
                                            "(the missing work stays NaN, done = 0, attribute complete = 0)");
-    sub->callback([o] { set_exit_code(run_merge(*o)); });
+    sub->callback([o] { run_merge(*o); });
 }
 
 }  // namespace hs::cli

@@ -20,8 +20,7 @@ struct ReportCliOptions {
     bool force = false;
 };
 
-int run_report(const ReportCliOptions& o) {
-    if (o.top_k < 1) throw UsageError(fmt::format("--top {}: need at least 1", o.top_k));
+void run_report(const ReportCliOptions& o) {
     if (file_exists(o.out) && !o.force) throw StorageError(fmt::format("{}: exists (use --force to replace it)", o.out));
     for (const auto& f : o.files)
         if (f == o.out) throw UsageError(fmt::format("{}: the output would replace an input file", o.out));
@@ -33,7 +32,6 @@ int run_report(const ReportCliOptions& o) {
     out.write(html);
     out.commit();
     log_info(fmt::format("wrote {} ({:.1f} KiB); open it in a browser (it needs no network)", o.out, html.size() / 1024.0));
-    return 0;
 }
 
 void setup_report(CLI::App& app) {
@@ -45,9 +43,9 @@ void setup_report(CLI::App& app) {
     sub->add_option("files", o->files, "HDF5 result files (RESULTS.h5 [MORE.h5 ...])")->required();
     sub->add_option("--out,-o", o->out, "HTML file to write")->required();
     sub->add_option("--title", o->title, "page title")->capture_default_str();
-    sub->add_option("--top", o->top_k, "rows of each probe's top-heads table")->capture_default_str();
+    sub->add_option("--top", o->top_k, "rows of each probe's top-heads table")->check(at_least(1))->capture_default_str();
     sub->add_flag("--force", o->force, "replace an existing output file");
-    sub->callback([o] { set_exit_code(run_report(*o)); });
+    sub->callback([o] { run_report(*o); });
 }
 
 }  // namespace hs::cli

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <thread>
 
 namespace hs::cli {
@@ -52,6 +53,11 @@ struct RetrievalOptions {
     bool resume = false;
     double checkpoint_seconds = 60;
     int pause_ms = 0;
+    // decoding under head interventions (probes/decoding.h)
+    std::string decoding = "greedy";
+    std::string contrast, alpha = "entropy", enhance, suppress;
+    double alpha_max = std::numeric_limits<double>::infinity();
+    double alpha_enhance = 0.0, alpha_suppress = 0.0;
 };
 
 // LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
@@ -204,264 +210,340 @@ static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path
     return std::make_unique<NeedleResults>(read_needle_results(r));
 }
 
-int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_given) {
-    // ---- command line ----
+// What the command line asks for, parsed and cross-checked (single-flag ranges are CLI11 checks in
+// setup_retrieval).
+struct RetrievalPlan {
     bool want_ret = false, want_locos = false;
+    WriteMode mode = WriteMode::kCreate;
+    NeedleConfig cfg;  // all but max_positions (the model's)
+    StopRule stop_rule = StopRule::kNewline;
+    Intervention ablation = Intervention::kZeroQuery;
+    bool ablating = false;
+    Shard shard;
+    CombineRule decoding = CombineRule::kIndependent;  // independent = greedy (no decoding pass)
+};
+
+static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given) {
+    RetrievalPlan p;
     for (const auto& part : split(o.scores, ',')) {
-        const auto p = trim(part);
-        if (p == "retrieval") want_ret = true;
-        else if (p == "locos") want_locos = true;
-        else if (!p.empty()) throw UsageError(fmt::format("--score: unknown score '{}' (valid: retrieval, locos)", p));
+        const auto s = trim(part);
+        if (s == "retrieval") p.want_ret = true;
+        else if (s == "locos") p.want_locos = true;
+        else if (!s.empty()) throw UsageError(fmt::format("--score: unknown score '{}' (valid: retrieval, locos)", s));
     }
-    if (!want_ret && !want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
-    const WriteMode mode = write_mode(o.out);
-    const PromptTemplate tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
-    if (range_given && lengths_given)
-        throw UsageError("give at most one of --lengths and --lengths-range");
-    const auto lengths = parse_lengths(o, range_given);
-    const auto depths = parse_depths(o.depths);
-    if (o.max_new_tokens < 1) throw UsageError("--max-new-tokens: need at least 1");
-    if (o.prefill_chunk < 1) throw UsageError("--prefill-chunk: need at least 1");
-    if (o.pass_threshold < 0 || o.pass_threshold > 1) throw UsageError("--pass-threshold: expected a value in [0, 1]");
-    if (o.bootstrap < 0) throw UsageError("--bootstrap: need >= 0");
-    if (o.random_controls < 0) throw UsageError("--random-controls: need >= 0");
-    if (o.calibration_trials < 1) throw UsageError("--calibration-trials: need at least 1");
-    const AblationScope scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
-    const StopRule stop_rule = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
-    if (o.batch < 1) throw UsageError("--batch: need at least 1");
+    if (!p.want_ret && !p.want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
+    p.mode = write_mode(o.out);
+    NeedleConfig& c = p.cfg;
+    c.tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
+    c.lengths = parse_lengths(o, range_given);
+    c.depths = parse_depths(o.depths);
+    c.pass_threshold = o.pass_threshold, c.batch = o.batch;
+    c.decode.max_new_tokens = o.max_new_tokens, c.decode.prefill_chunk = o.prefill_chunk;
+    c.decode.scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
+    p.stop_rule = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
-    if (o.ablate_top < 0) throw UsageError("--ablate-top: need >= 1");
     if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
-    const bool ablating = !o.ablate.empty() || o.ablate_top > 0;
-    if (o.random_controls > 0 && !ablating) throw UsageError("--random-controls needs --ablate or --ablate-top");
-    const Intervention abl = with_flag("--ablation", [&] { return parse_intervention(o.ablation, "ablation", needle_ablations()); });
-    const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
-    if (shard.count > 1 && o.ablate_top > 0 && o.from.empty())
+    p.ablating = !o.ablate.empty() || o.ablate_top > 0;
+    if (o.random_controls > 0 && !p.ablating && o.decoding != "decore")
+        throw UsageError("--random-controls needs --ablate, --ablate-top or --decoding decore");
+    p.ablation = with_flag("--ablation", [&] { return parse_intervention(o.ablation, "ablation", needle_ablations()); });
+    if (!o.shard.empty()) p.shard = parse_shard(o.shard);
+    if (p.shard.count > 1 && o.ablate_top > 0 && o.from.empty())
         throw UsageError("--shard: --ablate-top without --from ranks heads by the whole grid's scores, which one shard "
                          "does not have: run the scan, merge it, then --ablate-top K --from MERGED.h5:scores/locos/score");
     if (o.resume && (o.out.force || o.out.append)) throw UsageError("--resume excludes --force and --append");
-    if (o.checkpoint_seconds < 0) throw UsageError("--checkpoint-seconds: need >= 0");
+    if (o.decoding == "greedy") {
+        if (!o.contrast.empty() || !o.enhance.empty() || !o.suppress.empty())
+            throw UsageError("--contrast, --enhance and --suppress need --decoding decore or juice");
+    } else {
+        p.decoding = with_flag("--decoding", [&] { return parse_name(combine_rule_names(), o.decoding, "decoding"); });
+        if (p.decoding == CombineRule::kIndependent)
+            throw UsageError(fmt::format("--decoding '{}': expected greedy, decore or juice", o.decoding));
+        if (p.decoding == CombineRule::kDecore && o.contrast.empty()) throw UsageError("--decoding decore needs --contrast HEADS");
+        if (p.decoding == CombineRule::kJuice && o.enhance.empty() && o.suppress.empty())
+            throw UsageError("--decoding juice needs --enhance and/or --suppress HEADS");
+        if (p.shard.count > 1) throw UsageError("--decoding decore|juice is not sharded yet: run it without --shard");
+        if (o.resume) throw UsageError("--decoding decore|juice does not resume yet: run it without --resume");
+    }
+    return p;
+}
 
-    // ---- inputs ----
-    auto lm = open_model(o.model, true);
-    const Model& m = *lm.model;
-    const Tokenizer& tok = *lm.tokenizer;
-    const int L = m.config.n_layers, H = m.config.n_heads;
-    const std::string needles_path = o.needles.empty() ? shipped_file("datasets/needles/needles.jsonl") : o.needles;
-    const std::string hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
-    const auto needles = read_needles(needles_path);
-    const std::string hay_text = read_utf8_text_file(hay_path);
-    const auto hay_enc = trim(hay_text).empty() ? std::vector<int32_t>{} : tok.encode(hay_text, false);
-    if (hay_enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", hay_path));
-    const std::vector<int64_t> haystack(hay_enc.begin(), hay_enc.end());
-    TokenFacts facts = token_facts(tok, stop_rule);
-    if (m.config.eos_id >= 0) facts.eos_ids.push_back(m.config.eos_id);  // the model's own EOS (config.json) stops too
-    std::vector<std::pair<int, int>> ablate_heads;
-    at::Tensor from_score;
-    if (!o.ablate.empty()) ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
-    if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
-    if (!o.from.empty()) from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
+// The needles and the haystack, read and tokenized, with the tokenizer's facts.
+struct NeedleInputs {
+    std::string needles_path, hay_path, hay_text;
+    std::vector<Needle> needles;
+    std::vector<int64_t> haystack;
+    TokenFacts facts;
+};
 
-    NeedleConfig cfg;
-    cfg.lengths = lengths, cfg.depths = depths, cfg.tmpl = tmpl, cfg.pass_threshold = o.pass_threshold, cfg.batch = o.batch;
-    cfg.decode.max_new_tokens = o.max_new_tokens, cfg.decode.prefill_chunk = o.prefill_chunk, cfg.decode.scope = scope;
-    cfg.max_positions = m.config.max_seq_len;
-    const NeedleTest test = with_flag("--lengths", [&] { return NeedleTest(m, tok, needles, needles_path, haystack, facts, cfg); });
-    const int64_t N = static_cast<int64_t>(test.trials().size());
-    // ---- resume, the output ----
-    const std::string& out = o.out.out;
-    const bool resuming = o.resume && file_exists(out);
-    if (file_exists(out) && !o.resume && mode == WriteMode::kCreate)
-        throw StorageError(fmt::format("{}: exists (use --resume to continue it, --force to replace it or --append to add to it)", out));
-    { ResultWriter probe(out, resuming ? WriteMode::kAppend : mode); }  // fails now (unwritable) rather than after the trials
-    Attrs params = {{"haystack_file", hay_path},
-                    {"needles_file", needles_path},
-                    {"haystack_sha256", sha256_bytes(hay_text.data(), hay_text.size())},
-                    {"needles_sha256", sha256_file(needles_path)},
-                    {"template", o.tmpl},
-                    {"lengths", lengths},
-                    {"depths", std::vector<double>(depths.begin(), depths.end())},
-                    {"max_new_tokens", o.max_new_tokens},
-                    {"pass_threshold", o.pass_threshold},
-                    {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold; ROUGE as rouge_score "
-                                              "computes it with use_stemmer=True (Porter stems, NLTK's mode)")},
-                    {"stop", std::string(stop_rule_name(stop_rule))},
-                    {"ablation_scope", std::string(ablation_scope_name(scope))},
-                    {"prefill_chunk", o.prefill_chunk},
-                    {"batch", o.batch},
-                    {"scores", o.scores},
-                    {"flag_threshold", o.flag_threshold},
-                    {"bootstrap_resamples", o.bootstrap},
-                    {"seed", o.seed},
-                    {"n_trials", N},
-                    {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
-                                           "a stop token (see stop: newline = a token decoding to exactly \"\\n\" or "
-                                           "EOS, tokenizer's or config.json's; eos = EOS only; none = never) ends "
-                                           "the response without being kept or scored")}};
-    NeedleResults res;
-    res.init(N, L, H, o.max_new_tokens);
-    std::unique_ptr<NeedleResults> prev;
-    if (resuming) prev = load_needle_resume(out, params, shard, m);
-    if (prev)
-        for (int64_t i = 0; i < N; ++i)
-            if (prev->done[i]) res.copy_trial(*prev, i);
+static NeedleInputs read_needle_inputs(const RetrievalOptions& o, const Model& m, const Tokenizer& tok, StopRule stop) {
+    NeedleInputs in;
+    in.needles_path = o.needles.empty() ? shipped_file("datasets/needles/needles.jsonl") : o.needles;
+    in.hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
+    in.needles = read_needles(in.needles_path);
+    in.hay_text = read_utf8_text_file(in.hay_path);
+    const auto enc = trim(in.hay_text).empty() ? std::vector<int32_t>{} : tok.encode(in.hay_text, false);
+    if (enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", in.hay_path));
+    in.haystack.assign(enc.begin(), enc.end());
+    in.facts = token_facts(tok, stop);
+    if (m.config.eos_id >= 0) in.facts.eos_ids.push_back(m.config.eos_id);  // the model's own EOS (config.json) stops too
+    return in;
+}
 
-    // ---- ablation sets known before the trials (--ablate, --ablate-top K --from FILE) ----
-    std::vector<std::vector<std::pair<int, int>>> sets;
-    std::string ablate_source;
-    auto choose_sets = [&](const NeedleSummary* scored_here) {
-        if (o.ablate_top > 0) {
-            const at::Tensor& src = from_score.defined() ? from_score : (want_locos ? scored_here->locos : scored_here->ret);
-            ablate_source = !o.from.empty() ? o.from : want_locos ? "this run: scores/locos/score" : "this run: scores/retrieval/score";
-            ablate_heads = top_heads(src, o.ablate_top);
-        } else {
-            ablate_source = "--ablate";
+// The scan's parameters as /retrieval records them (and --resume compares).
+static Attrs needle_params(const RetrievalOptions& o, const RetrievalPlan& p, const NeedleInputs& in, int64_t n_trials) {
+    return {{"haystack_file", in.hay_path},
+            {"needles_file", in.needles_path},
+            {"haystack_sha256", sha256_bytes(in.hay_text.data(), in.hay_text.size())},
+            {"needles_sha256", sha256_file(in.needles_path)},
+            {"template", o.tmpl},
+            {"lengths", p.cfg.lengths},
+            {"depths", p.cfg.depths},
+            {"max_new_tokens", o.max_new_tokens},
+            {"pass_threshold", o.pass_threshold},
+            {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold; ROUGE as rouge_score "
+                                      "computes it with use_stemmer=True (Porter stems, NLTK's mode)")},
+            {"stop", std::string(stop_rule_name(p.stop_rule))},
+            {"ablation_scope", std::string(ablation_scope_name(p.cfg.decode.scope))},
+            {"prefill_chunk", o.prefill_chunk},
+            {"batch", o.batch},
+            {"scores", o.scores},
+            {"flag_threshold", o.flag_threshold},
+            {"bootstrap_resamples", o.bootstrap},
+            {"seed", o.seed},
+            {"n_trials", n_trials},
+            {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
+                                   "a stop token (see stop: newline = a token decoding to exactly \"\\n\" or "
+                                   "EOS, tokenizer's or config.json's; eos = EOS only; none = never) ends "
+                                   "the response without being kept or scored")}};
+}
+
+// /retrieval/decoding: per set (0 = the named heads, 1.. random controls) and trial, the combined
+// output's ROUGE, the pass flag and the answer's first-token margins (docs/hdf5-schema.md).
+template <class Pass>
+static void write_decoding(ResultWriter& w, const Pass& d, size_t n_trials) {
+    const std::string g = "/retrieval/decoding";
+    const int64_t S = static_cast<int64_t>(d.sets.size()), N = static_cast<int64_t>(n_trials);
+    std::vector<float> r1(S * N), rl(S * N), margin(S * N), base(S * N), acc(S), mean_rl(S), mean_margin(S);
+    std::vector<int64_t> passed(S * N);
+    for (int64_t s = 0; s < S; ++s) {
+        double a = 0, f = 0, mg = 0;
+        for (int64_t i = 0; i < N; ++i) {
+            const auto& t = d.trials[s][i];
+            r1[s * N + i] = static_cast<float>(t.result.rouge1_recall);
+            rl[s * N + i] = static_cast<float>(t.result.rougeL_f);
+            passed[s * N + i] = t.result.passed;
+            margin[s * N + i] = static_cast<float>(t.answer_margin);
+            base[s * N + i] = static_cast<float>(t.base_margin);
+            a += t.result.passed, f += t.result.rougeL_f, mg += t.answer_margin;
         }
-        sets.push_back(ablate_heads);
+        acc[s] = static_cast<float>(a / N), mean_rl[s] = static_cast<float>(f / N), mean_margin[s] = static_cast<float>(mg / N);
+    }
+    w.write(g + "/rouge1_recall", r1, {S, N});
+    w.write(g + "/rougeL_f", rl, {S, N});
+    w.write(g + "/passed", passed, {S, N});
+    w.write(g + "/answer_margin", margin, {S, N});
+    w.write(g + "/base_margin", base, {S, N});
+    w.write(g + "/accuracy", acc, {S});
+    w.write(g + "/mean_rougeL_f", mean_rl, {S});
+    w.write(g + "/mean_answer_margin", mean_margin, {S});
+    std::vector<std::string> names;
+    for (const auto& s : d.sets) names.push_back(format_heads(s));
+    Attrs a = {{"rule", std::string(name_in(combine_rule_names(), d.spec.rule))},
+               {"sets", names},
+               {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn without "
+                                        "replacement from the other heads (control_seed)")},
+               {"control_seed", d.control_seed},
+               {"margin", std::string("at the first decode step: the score of the answer's first token (as it appears in "
+                                      "the needle) minus the best other token's; answer_margin under the rule "
+                                      "(decore: (1 + a) l_base - a l_masked), base_margin under the plain model")}};
+    if (d.spec.rule == CombineRule::kDecore) {
+        a["alpha"] = d.spec.alpha_entropy ? std::string("entropy") : fmt::format("{}", d.spec.alpha);
+        a["alpha_max"] = d.spec.alpha_max;
+    } else {
+        a["enhance"] = format_heads(d.spec.enhance), a["alpha_enhance"] = d.spec.alpha_enhance;
+        a["suppress"] = format_heads(d.spec.suppress), a["alpha_suppress"] = d.spec.alpha_suppress;
+    }
+    w.set_attrs(g, a);
+}
+
+// A scan while it runs: the results so far (with what a resumed file had), the ablation sets, the
+// mean-query calibration, the work this shard owns, and the whole file written atomically at
+// checkpoints and at the end.
+//
+// Work items: baseline batch g, then ablation set s's batch g; this shard owns item k when
+// k % N == I (k = g for the baseline, (1 + s) * G + g for set s).
+class NeedleScan {
+public:
+    NeedleScan(const RetrievalOptions& o, const RetrievalPlan& p, const Model& m, const NeedleTest& test, Attrs params,
+               std::unique_ptr<NeedleResults> prev, bool resuming)
+        : o_(o), p_(p), m_(m), test_(test), params_(std::move(params)), prev_(std::move(prev)), resuming_(resuming) {
+        const int64_t N = static_cast<int64_t>(test.trials().size());
+        res_.init(N, m.config.n_layers, m.config.n_heads, o.max_new_tokens);
+        if (prev_)
+            for (int64_t i = 0; i < N; ++i)
+                if (prev_->done[i]) res_.copy_trial(*prev_, i);
+    }
+
+    const NeedleResults& results() const { return res_; }
+    const std::vector<std::vector<Head>>& sets() const { return sets_; }
+    int64_t n_items() const { return static_cast<int64_t>(test_.batches().size()); }
+
+    // Set 0 = `heads` (from --ablate, --ablate-top K --from, or this run's scores), sets 1.. the
+    // random controls; a resumed file's ablated trials are kept where it ablated the same heads.
+    void choose_sets(std::vector<Head> heads, std::string source) {
+        const int L = m_.config.n_layers, H = m_.config.n_heads;
+        ablate_source_ = std::move(source);
+        sets_ = {heads};
         for (auto& s : with_flag("--random-controls", [&] {
-                 return random_head_sets(L, H, ablate_heads, o.random_controls, static_cast<uint64_t>(o.seed) + 1);
+                 return random_head_sets(L, H, heads, o_.random_controls, static_cast<uint64_t>(o_.seed) + 1);
              }))
-            sets.push_back(s);
-        res.init_sets(sets);
-        if (prev)  // ablated trials a killed run finished, when it ablated the same heads
-            for (int64_t s = 0; s < res.S; ++s)
-                if (res.same_set(*prev, s, s))
-                    for (int64_t i = 0; i < N; ++i)
-                        if (prev->abl_done[s * N + i]) res.copy_ablated(*prev, s, s, i);
-    };
-    const bool sets_first = ablating && !(o.ablate_top > 0 && o.from.empty());
-    if (sets_first) choose_sets(nullptr);
-
-    // Work items: baseline batch g, then ablation set s's batch g; this shard owns item k when
-    // k % N == I (k = g for the baseline, (1 + s) * G + g for set s).
-    const auto& batches = test.batches();
-    const int64_t G = static_cast<int64_t>(batches.size());
-    const int64_t n_sets_planned = ablating ? 1 + o.random_controls : 0;
-    const bool calibrate = ablating && abl == Intervention::kMeanQuery;
-    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
-    auto all_done = [&](const std::vector<uint8_t>& done, int64_t offset, int64_t g) {
-        for (auto i : batches[g])
-            if (!done[offset + i]) return false;
-        return true;
-    };
-    int64_t planned = n_calib;
-    for (int64_t p = 0; p <= n_sets_planned; ++p)
-        for (int64_t g = 0; g < G; ++g)
-            if (shard.owns(p * G + g)) planned += static_cast<int64_t>(batches[g].size());
-    Progress prog("needle trials", planned);
-    auto tick = [&prog] { prog.tick(); };
-
-    // ---- writing: the whole file, atomically, at checkpoints and at the end ----
-    std::vector<int64_t> calib_idx;
-    at::Tensor q_mean;
-    bool first_write = true;
-    auto complete = [&] {
-        for (int64_t p = 0; p <= n_sets_planned; ++p)
-            for (int64_t g = 0; g < G; ++g) {
-                if (!shard.owns(p * G + g)) continue;
-                if (p == 0 ? !all_done(res.done, 0, g) : (res.S == 0 || !all_done(res.abl_done, (p - 1) * N, g))) return false;
-            }
-        return true;
-    };
-    auto flush = [&] {
-        ResultWriter w(out, first_write && !resuming ? mode : WriteMode::kAppend);
-        first_write = false;
-        if (w.exists("/meta")) check_same_model(w, m);
-        write_meta(w, m, o.seed);
-        for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"})
-            if (w.exists(g)) w.remove(g);
-        const NeedleSummary sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
-        write_needle_static(w, test, params, want_ret, want_locos, o.bootstrap, o.seed);
-        w.set_attrs("/retrieval", {{"shard", shard.str()},
-                                   {"shard_index", shard.index},
-                                   {"shard_count", shard.count},
-                                   {"complete", int64_t(complete())}});
-        write_needle_results(w, res, sum, want_ret, want_locos);
-        if (res.S > 0) {
-            const std::string ag = "/retrieval/ablation";
-            std::vector<std::string> names;
-            for (const auto& s : sets) names.push_back(format_heads(s));
-            Attrs aa = {{"ablation", std::string(intervention_name(abl))},
-                        {"heads", names},
-                        {"source", ablate_source},
-                        {"random_controls", o.random_controls},
-                        {"control_seed", o.seed + 1},
-                        {"scope", std::string(ablation_scope_name(scope))},
-                        {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
-                                                 "without replacement from the heads NOT in set 0")}};
-            if (abl == Intervention::kMeanQuery) {
-                aa["calibration_trials"] = n_calib;
-                aa["calibration_trial_indices"] = calib_idx;
-                aa["calibration_seed"] = o.seed + 2;
-                aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
-                                                "calibration_trials trials drawn by calibration_seed from the whole grid, "
-                                                "unablated prefill of each trial's prompt (context at most 5000 tokens, "
-                                                "prompt cut to 5000), averaged over each prompt's positions, then over the "
-                                                "prompts (each prompt weighs equally); RoPE is applied at each position to "
-                                                "the mean");
-                w.write(ag + "/query_mean", host_floats(q_mean), {L, H, m.config.d_head});
-            }
-            w.set_attrs(ag, aa);
-        }
-        w.commit();
-    };
-    auto last_flush = std::chrono::steady_clock::now();
-    auto after_batch = [&] {
-        const auto now = std::chrono::steady_clock::now();
-        if (std::chrono::duration<double>(now - last_flush).count() >= o.checkpoint_seconds) {
-            flush();
-            last_flush = std::chrono::steady_clock::now();
-            if (o.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
-        }
-    };
-
-    if (prev) {
-        int64_t had = 0;
-        for (auto d : res.done) had += d;
-        for (auto d : res.abl_done) had += d;
-        log_info(fmt::format("resuming {}: {} decodes already done", out, had));
-    }
-    // ---- baseline pass: both scores from one decode per trial ----
-    for (int64_t g = 0; g < G; ++g) {
-        if (!shard.owns(g)) continue;
-        if (all_done(res.done, 0, g)) {
-            for (size_t k = 0; k < batches[g].size(); ++k) tick();
-            continue;
-        }
-        const auto rs = test.run_baseline_batch(g);
-        for (size_t k = 0; k < rs.size(); ++k) res.set_trial(batches[g][k], rs[k]), tick();
-        after_batch();
-    }
-    NeedleSummary sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
-    if (shard.count == 1) {
-        if (sum.n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
-        else if (want_locos && sum.n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
+            sets_.push_back(s);
+        res_.init_sets(sets_);
+        if (!prev_) return;
+        const int64_t N = res_.N;
+        for (int64_t s = 0; s < res_.S; ++s)
+            if (res_.same_set(*prev_, s, s))
+                for (int64_t i = 0; i < N; ++i)
+                    if (prev_->abl_done[s * N + i]) res_.copy_ablated(*prev_, s, s, i);
     }
 
-    // ---- ablation: mean-query calibration (over the whole grid, the same in every shard), then the sets ----
-    if (calibrate) q_mean = test.calibrate(n_calib, static_cast<uint64_t>(o.seed) + 2, kCalibrationMaxTokens, &calib_idx, tick);
-    if (ablating && !sets_first) choose_sets(&sum);
-    const int64_t S = static_cast<int64_t>(sets.size());
-    for (int64_t si = 0; si < S; ++si) {
-        HeadSet hs{sets[si], abl, q_mean};
+    // Decodes this shard's batches of one pass (set -1 = the scored baseline), skipping the done
+    // ones; tick() per trial, a checkpoint after each batch that ran.
+    void run_pass(int64_t set, const HeadSet* ablate, const std::function<void()>& tick) {
+        const auto& batches = test_.batches();
+        const int64_t G = n_items();
         for (int64_t g = 0; g < G; ++g) {
-            if (!shard.owns((1 + si) * G + g)) continue;
-            if (all_done(res.abl_done, si * N, g)) {
+            if (!p_.shard.owns((1 + set) * G + g)) continue;
+            if (batch_done(set, g)) {
                 for (size_t k = 0; k < batches[g].size(); ++k) tick();
                 continue;
             }
-            const auto rs = test.run_ablated_batch(hs, g);
-            for (size_t k = 0; k < rs.size(); ++k) res.set_ablated(si, batches[g][k], rs[k]), tick();
-            after_batch();
+            const auto rs = set < 0 ? test_.run_baseline_batch(g) : test_.run_ablated_batch(*ablate, g);
+            for (size_t k = 0; k < rs.size(); ++k) {
+                if (set < 0) res_.set_trial(batches[g][k], rs[k]);
+                else res_.set_ablated(set, batches[g][k], rs[k]);
+                tick();
+            }
+            checkpoint();
         }
     }
-    prog.finish();
-    flush();
-    sum = summarize(res, o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
 
-    // ---- summary ----
-    if (shard.count > 1)
-        std::printf("shard %s: trials %lld of %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", shard.str().c_str(),
+    void calibrate(int64_t n, const std::function<void()>& tick) {
+        n_calib_ = n;
+        q_mean_ = test_.calibrate(n, static_cast<uint64_t>(o_.seed) + 2, kCalibrationMaxTokens, &calib_idx_, tick);
+    }
+    const at::Tensor& q_mean() const { return q_mean_; }
+
+    // Every item this shard owns is done (the planned sets included).
+    bool complete(int64_t n_sets_planned) const {
+        const int64_t G = n_items();
+        for (int64_t p = 0; p <= n_sets_planned; ++p)
+            for (int64_t g = 0; g < G; ++g) {
+                if (!p_.shard.owns(p * G + g)) continue;
+                if (p > 0 && res_.S == 0) return false;
+                if (!batch_done(p - 1, g)) return false;
+            }
+        return true;
+    }
+
+    void write(int64_t n_sets_planned);
+
+    // The decoding pass (--decoding decore|juice): set 0 the named heads, sets 1.. random controls
+    // (DeCoRe), each with every trial's outcome.
+    struct DecodingPass {
+        DecodingSpec spec;  // of set 0
+        std::vector<std::vector<Head>> sets;
+        std::vector<std::vector<NeedleTest::Decoded>> trials;
+        int64_t control_seed = 0;
+    };
+    void set_decoding(DecodingPass d) { decoding_ = std::move(d); }
+    const std::optional<DecodingPass>& decoding() const { return decoding_; }
+
+private:
+    bool batch_done(int64_t set, int64_t g) const {
+        const auto& done = set < 0 ? res_.done : res_.abl_done;
+        const int64_t offset = set < 0 ? 0 : set * res_.N;
+        for (auto i : test_.batches()[g])
+            if (!done[offset + i]) return false;
+        return true;
+    }
+    void checkpoint() {
+        const auto now = std::chrono::steady_clock::now();
+        if (std::chrono::duration<double>(now - last_write_).count() < o_.checkpoint_seconds) return;
+        write(p_.ablating ? 1 + o_.random_controls : 0);
+        last_write_ = std::chrono::steady_clock::now();
+        if (o_.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.pause_ms));
+    }
+
+    const RetrievalOptions& o_;
+    const RetrievalPlan& p_;
+    const Model& m_;
+    const NeedleTest& test_;
+    Attrs params_;
+    std::unique_ptr<NeedleResults> prev_;
+    bool resuming_ = false, first_write_ = true;
+    NeedleResults res_;
+    std::vector<std::vector<Head>> sets_;
+    std::string ablate_source_;
+    int64_t n_calib_ = 0;
+    std::vector<int64_t> calib_idx_;
+    at::Tensor q_mean_;
+    std::optional<DecodingPass> decoding_;
+    std::chrono::steady_clock::time_point last_write_ = std::chrono::steady_clock::now();
+};
+
+void NeedleScan::write(int64_t n_sets_planned) {
+    const int L = m_.config.n_layers, H = m_.config.n_heads;
+    ResultWriter w(o_.out.out, first_write_ && !resuming_ ? p_.mode : WriteMode::kAppend);
+    first_write_ = false;
+    if (w.exists("/meta")) check_same_model(w, m_);
+    write_meta(w, m_, o_.seed);
+    for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"})
+        if (w.exists(g)) w.remove(g);
+    const NeedleSummary sum = summarize(res_, o_.bootstrap, static_cast<uint64_t>(o_.seed), o_.flag_threshold);
+    write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, o_.bootstrap, o_.seed);
+    w.set_attrs("/retrieval", {{"shard", p_.shard.str()},
+                               {"shard_index", p_.shard.index},
+                               {"shard_count", p_.shard.count},
+                               {"complete", int64_t(complete(n_sets_planned))}});
+    write_needle_results(w, res_, sum, p_.want_ret, p_.want_locos);
+    if (res_.S > 0) {
+        const std::string ag = "/retrieval/ablation";
+        std::vector<std::string> names;
+        for (const auto& s : sets_) names.push_back(format_heads(s));
+        Attrs aa = {{"ablation", std::string(intervention_name(p_.ablation))},
+                    {"heads", names},
+                    {"source", ablate_source_},
+                    {"random_controls", o_.random_controls},
+                    {"control_seed", o_.seed + 1},
+                    {"scope", std::string(ablation_scope_name(p_.cfg.decode.scope))},
+                    {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
+                                             "without replacement from the heads NOT in set 0")}};
+        if (p_.ablation == Intervention::kMeanQuery) {
+            aa["calibration_trials"] = n_calib_;
+            aa["calibration_trial_indices"] = calib_idx_;
+            aa["calibration_seed"] = o_.seed + 2;
+            aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
+                                            "calibration_trials trials drawn by calibration_seed from the whole grid, "
+                                            "unablated prefill of each trial's prompt (context at most 5000 tokens, "
+                                            "prompt cut to 5000), averaged over each prompt's positions, then over the "
+                                            "prompts (each prompt weighs equally); RoPE is applied at each position to "
+                                            "the mean");
+            w.write(ag + "/query_mean", host_floats(q_mean_), {L, H, m_.config.d_head});
+        }
+        w.set_attrs(ag, aa);
+    }
+    if (decoding_) write_decoding(w, *decoding_, test_.trials().size());
+    w.commit();
+}
+
+// The printed summary: accuracy, the top heads of each score, the ablation sets' accuracies.
+static void print_needle_summary(const RetrievalPlan& p, const NeedleScan& scan, const NeedleSummary& sum,
+                                 double flag_threshold, int L, int H) {
+    const int64_t N = scan.results().N;
+    if (p.shard.count > 1)
+        std::printf("shard %s: trials %lld of %lld, passed %lld (accuracy %.3f, ROUGE-L F %.3f)\n", p.shard.str().c_str(),
                     static_cast<long long>(sum.n_done), static_cast<long long>(N), static_cast<long long>(sum.n_pass),
                     sum.accuracy, sum.rougeL);
     else
@@ -473,23 +555,159 @@ int run_retrieval(const RetrievalOptions& o, bool range_given, bool lengths_give
             line += fmt::format(" {} {:.4f}", format_head(l, h), s[l][h].item<double>());
         std::printf("%s\n", line.c_str());
     };
-    if (want_ret) {
+    if (p.want_ret) {
         print_top("retrieval", sum.ret);
-        std::printf("flagged (> %.2f): %s\n", o.flag_threshold,
+        std::printf("flagged (> %.2f): %s\n", flag_threshold,
                     sum.flagged.empty() ? "none" : fmt::format("{}", fmt::join(sum.flagged, ",")).c_str());
     }
-    if (want_locos) {
+    if (p.want_locos) {
         print_top("locos", sum.locos);
         if (!sum.with_ci && sum.n_locos > 0)
             std::printf("locos CI: not computed (%lld scored trials, the reference's minimum is %lld): NaN\n",
                         static_cast<long long>(sum.n_locos), static_cast<long long>(kBootstrapMinTrials));
     }
-    for (int64_t si = 0; si < S; ++si)
+    const auto& sets = scan.sets();
+    for (size_t si = 0; si < sets.size(); ++si)
         std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)  ROUGE-L F %.3f (baseline %.3f)\n",
                     si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), sum.abl_acc[si], sum.accuracy,
                     sum.abl_rougeL[si], sum.rougeL);
-    log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, shard.count > 1 ? ", shard " + shard.str() : ""));
-    return 0;
+    if (const auto& d = scan.decoding()) {
+        double base_margin = 0;
+        for (const auto& t : d->trials[0]) base_margin += t.base_margin;
+        base_margin /= std::max<size_t>(1, d->trials[0].size());
+        for (size_t s = 0; s < d->sets.size(); ++s) {
+            double acc = 0, rl = 0, mg = 0;
+            for (const auto& t : d->trials[s]) acc += t.result.passed, rl += t.result.rougeL_f, mg += t.answer_margin;
+            const double n = std::max<size_t>(1, d->trials[s].size());
+            std::printf("decoding %s %s %-24s accuracy %.3f (greedy %.3f)  ROUGE-L F %.3f  answer margin %+.3f (greedy %+.3f)\n",
+                        name_in(combine_rule_names(), d->spec.rule), s == 0 ? "heads  " : "control",
+                        d->spec.rule == CombineRule::kJuice ? "(enhance/suppress)" : format_heads(d->sets[s]).c_str(),
+                        acc / n, sum.accuracy, rl / n, mg / n, base_margin);
+        }
+    }
+}
+
+// --decoding decore|juice: every trial decoded under the rule (DeCoRe: the named heads, then
+// --random-controls random sets of the same size drawn by --seed + 3 from the other heads).
+static void run_decoding_pass(const RetrievalOptions& o, const RetrievalPlan& p, const Model& m, const NeedleTest& test,
+                              NeedleScan& scan, const std::function<void()>& tick) {
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    NeedleScan::DecodingPass d;
+    d.control_seed = o.seed + 3;
+    if (p.decoding == CombineRule::kDecore) {
+        const auto heads = with_flag("--contrast", [&] { return parse_head_list(o.contrast, L, H); });
+        const bool entropy = o.alpha == "entropy";
+        double a = 0;
+        if (!entropy) {
+            size_t used = 0;
+            try {
+                a = std::stod(o.alpha, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used == 0 || used != o.alpha.size() || !std::isfinite(a) || a < 0)
+                throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", o.alpha));
+        }
+        d.spec = decore_spec(heads, entropy, a, o.alpha_max);
+        d.sets = {heads};
+        for (auto& s : with_flag("--random-controls", [&] {
+                 return random_head_sets(L, H, heads, o.random_controls, static_cast<uint64_t>(d.control_seed));
+             }))
+            d.sets.push_back(s);
+    } else {
+        const auto en = o.enhance.empty() ? std::vector<Head>{} : with_flag("--enhance", [&] { return parse_head_list(o.enhance, L, H); });
+        const auto su = o.suppress.empty() ? std::vector<Head>{} : with_flag("--suppress", [&] { return parse_head_list(o.suppress, L, H); });
+        d.spec = juice_spec(en, o.alpha_enhance, su, o.alpha_suppress);
+        d.sets = {en};
+    }
+    for (const auto& set : d.sets) {
+        DecodingSpec spec = d.spec;
+        if (spec.rule == CombineRule::kDecore) spec.rows[1].heads = set;
+        d.trials.push_back(test.run_decoding(spec, tick));
+    }
+    scan.set_decoding(std::move(d));
+}
+
+void run_retrieval(const RetrievalOptions& o, bool range_given) {
+    const RetrievalPlan p = plan_retrieval(o, range_given);
+    auto lm = open_model(o.model, true);
+    const Model& m = *lm.model;
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    const NeedleInputs in = read_needle_inputs(o, m, *lm.tokenizer, p.stop_rule);
+    std::vector<Head> ablate_heads;
+    at::Tensor from_score;
+    if (!o.ablate.empty()) ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
+    if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
+    if (!o.from.empty()) from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
+
+    NeedleConfig cfg = p.cfg;
+    cfg.max_positions = m.config.max_seq_len;
+    const NeedleTest test = with_flag("--lengths", [&] {
+        return NeedleTest(m, *lm.tokenizer, in.needles, in.needles_path, in.haystack, in.facts, cfg);
+    });
+    const int64_t N = static_cast<int64_t>(test.trials().size());
+
+    // ---- the output: refuse early, or pick up what a killed run of this scan finished ----
+    const std::string& out = o.out.out;
+    const bool resuming = o.resume && file_exists(out);
+    if (file_exists(out) && !o.resume && p.mode == WriteMode::kCreate)
+        throw StorageError(fmt::format("{}: exists (use --resume to continue it, --force to replace it or --append to add to it)", out));
+    { ResultWriter probe(out, resuming ? WriteMode::kAppend : p.mode); }  // fails now (unwritable) rather than after the trials
+    Attrs params = needle_params(o, p, in, N);
+    std::unique_ptr<NeedleResults> prev = resuming ? load_needle_resume(out, params, p.shard, m) : nullptr;
+    if (prev) {
+        int64_t had = 0;
+        for (auto d : prev->done) had += d;
+        for (auto d : prev->abl_done) had += d;
+        log_info(fmt::format("resuming {}: {} decodes already done", out, had));
+    }
+    NeedleScan scan(o, p, m, test, std::move(params), std::move(prev), resuming);
+
+    // Ablation sets known before the trials (--ablate, --ablate-top K --from FILE); else chosen by
+    // this run's scores after the baseline pass.
+    const bool sets_first = p.ablating && !(o.ablate_top > 0 && o.from.empty());
+    auto choose_sets = [&](const NeedleSummary* scored_here) {
+        if (o.ablate_top == 0) return scan.choose_sets(ablate_heads, "--ablate");
+        const at::Tensor& src = from_score.defined() ? from_score : (p.want_locos ? scored_here->locos : scored_here->ret);
+        scan.choose_sets(top_heads(src, o.ablate_top), !o.from.empty() ? o.from
+                                                       : p.want_locos ? "this run: scores/locos/score"
+                                                                      : "this run: scores/retrieval/score");
+    };
+    if (sets_first) choose_sets(nullptr);
+
+    const int64_t G = scan.n_items();
+    const int64_t n_sets_planned = p.ablating ? 1 + o.random_controls : 0;
+    const bool calibrate = p.ablating && p.ablation == Intervention::kMeanQuery;
+    const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
+    int64_t planned = n_calib;
+    for (int64_t k = 0; k < (1 + n_sets_planned) * G; ++k)
+        if (p.shard.owns(k)) planned += static_cast<int64_t>(test.batches()[k % G].size());
+    if (p.decoding != CombineRule::kIndependent)
+        planned += N * (p.decoding == CombineRule::kDecore ? 1 + o.random_controls : 1);
+    Progress prog("needle trials", planned);
+    auto tick = [&prog] { prog.tick(); };
+
+    // ---- the baseline pass: both scores from one decode per trial ----
+    scan.run_pass(-1, nullptr, tick);
+    NeedleSummary sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+    if (p.shard.count == 1) {
+        if (sum.n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
+        else if (p.want_locos && sum.n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
+    }
+
+    // ---- ablation: mean-query calibration (over the whole grid, the same in every shard), then the sets ----
+    if (calibrate) scan.calibrate(n_calib, tick);
+    if (p.ablating && !sets_first) choose_sets(&sum);
+    for (size_t si = 0; si < scan.sets().size(); ++si) {
+        const HeadSet hs{scan.sets()[si], p.ablation, scan.q_mean()};
+        scan.run_pass(static_cast<int64_t>(si), &hs, tick);
+    }
+    if (p.decoding != CombineRule::kIndependent) run_decoding_pass(o, p, m, test, scan, tick);
+    prog.finish();
+    scan.write(n_sets_planned);
+    sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+    print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
+    log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 
 void setup_retrieval(CLI::App& app) {
@@ -527,29 +745,40 @@ void setup_retrieval(CLI::App& app) {
     auto* lens = sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
     auto* range = sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
     sub->add_option("--depths", o->depths, "needle depths in percent of the context")->capture_default_str();
-    sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (see --stop)")->capture_default_str();
+    sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (see --stop)")
+        ->check(at_least(1))
+        ->capture_default_str();
     sub->add_option("--stop", o->stop,
                     "newline: a token that decodes to exactly \"\\n\" or EOS ends the response (LOCOS; Wu et al. stop "
                     "on <0x0A>); eos: EOS only; none: run --max-new-tokens steps")
         ->capture_default_str();
-    sub->add_option("--pass-threshold", o->pass_threshold, "a trial passes when ROUGE-1 recall > this")->capture_default_str();
+    sub->add_option("--pass-threshold", o->pass_threshold, "a trial passes when ROUGE-1 recall > this")
+        ->check(in_range(0, 1))
+        ->capture_default_str();
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
     sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
+        ->check(at_least(1))
         ->capture_default_str();
     sub->add_option("--batch", o->batch, "trials of equal prompt length decoded together (memory x batch)")
+        ->check(at_least(1))
         ->capture_default_str();
-    sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")->capture_default_str();
+    sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")
+        ->check(at_least(0))
+        ->capture_default_str();
     sub->add_option("--ablate", o->ablate, "heads to ablate, e.g. L1H0,L2H3");
     sub->add_option("--ablation", o->ablation, "zero-query, mean-query or zero")->capture_default_str();
     sub->add_option("--ablate-top", o->ablate_top,
-                    "ablate the top K heads of --from (default: this run's LOCOS score, else retrieval)");
+                    "ablate the top K heads of --from (default: this run's LOCOS score, else retrieval)")
+        ->check(at_least(0));
     sub->add_option("--from", o->from, "FILE.h5:DATASET with an [L, H] score, e.g. scores.h5:scores/locos/score");
     sub->add_option("--random-controls", o->random_controls, "random head sets of the same size, excluding the ablated heads")
+        ->check(at_least(0))
         ->capture_default_str();
     sub->add_option("--calibration-trials", o->calibration_trials,
                     "mean-query: trials drawn by --seed from the grid whose pre-RoPE queries are averaged (prefill only, "
                     "at most 5000 tokens each, each prompt weighing equally: LOCOS's nolima_ablation.py)")
+        ->check(at_least(1))
         ->capture_default_str();
     sub->add_option("--ablation-scope", o->ablation_scope,
                     "all: ablate in the prefill and every decode step (LOCOS, nolima_ablation.py); decode: decode "
@@ -562,9 +791,26 @@ void setup_retrieval(CLI::App& app) {
     sub->add_flag("--resume", o->resume, "continue --out, a file a killed run of the same scan (and shard) left: its done trials are kept");
     sub->add_option("--checkpoint-seconds", o->checkpoint_seconds,
                     "rewrite --out (atomically) after a batch when this long has passed since the last write (0: every batch)")
+        ->check(at_least(0))
         ->capture_default_str();
+    sub->add_option("--decoding", o->decoding,
+                    "greedy, or also decode every trial under DeCoRe (decore: --contrast HEADS --alpha entropy|F "
+                    "[--alpha-max X], with --random-controls N random contrast sets) or JUICE (juice: --enhance/--suppress "
+                    "HEADS with --alpha-enhance/--alpha-suppress), written to /retrieval/decoding (headscope generate "
+                    "--help says how each decodes)")
+        ->capture_default_str();
+    sub->add_option("--contrast", o->contrast, "DeCoRe: heads masked (zero query) in the contrasted row");
+    sub->add_option("--alpha", o->alpha, "DeCoRe's a: entropy (of p_base, nats) or a constant")->capture_default_str();
+    sub->add_option("--alpha-max", o->alpha_max, "DeCoRe: cap on a")->check(at_least(0));
+    sub->add_option("--enhance", o->enhance, "JUICE: heads whose output gets + alpha-enhance x the plain run's");
+    sub->add_option("--alpha-enhance", o->alpha_enhance, "JUICE: enhance coefficient")->capture_default_str();
+    sub->add_option("--suppress", o->suppress, "JUICE: heads whose output gets - alpha-suppress x the plain run's");
+    sub->add_option("--alpha-suppress", o->alpha_suppress, "JUICE: suppress coefficient")->capture_default_str();
     sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each checkpoint")->group("");
-    sub->callback([o, range, lens] { set_exit_code(run_retrieval(*o, range->count() > 0, lens->count() > 0)); });
+    sub->callback([o, range, lens] {
+        if (range->count() > 0 && lens->count() > 0) throw UsageError("give at most one of --lengths and --lengths-range");
+        run_retrieval(*o, range->count() > 0);
+    });
 }
 
 }  // namespace hs::cli

@@ -319,38 +319,28 @@ void print_summary(const StudyState& st) {
 
 }  // namespace
 
-int run_run(const RunOptions& o) {
-    const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
-    if (o.resume && o.force) throw UsageError("--resume and --force exclude each other");
-    Experiment e = parse_experiment(o.file, detector_probe_names());
-    if (!o.model.empty()) e.model = o.model;
+namespace {
+
+// --out or the file's output: (a shard's name when sharded without --out); its folder is made when
+// missing (output: out/x.h5 in a fresh clone).
+std::string output_path(const RunOptions& o, const Experiment& e, const Shard& shard) {
     std::string out = !o.out.empty() ? o.out : e.output;
     if (out.empty()) throw UsageError(fmt::format("{}: no output: set output: in the file or pass --out", o.file));
     if (o.out.empty() && !o.shard.empty()) out = shard_path(out, shard);
-    if (o.batch_rows > 0) e.batch_rows = o.batch_rows;
     if (file_exists(out) && !o.resume && !o.force)
         throw StorageError(fmt::format("{}: exists (use --resume to continue it or --force to replace it)", out));
-    // The output's folder (output: out/x.h5 in a fresh clone) is made when missing.
     const auto parent = std::filesystem::path(out).parent_path();
     if (!parent.empty() && !std::filesystem::exists(parent)) {
         std::error_code ec;
         std::filesystem::create_directories(parent, ec);
         if (ec) throw StorageError(fmt::format("{}: cannot create the output folder {}: {}", out, parent.string(), ec.message()));
     }
+    return out;
+}
 
-    ModelArgs ma;
-    ma.model = e.model, ma.tokenizer = e.tokenizer, ma.dtype = e.dtype, ma.device = e.device, ma.threads = e.threads;
-    Loaded l;
-    try {
-        l = open_model(ma, false);
-    } catch (const ConfigError& ex) {
-        e.fail(e.model_mark, ex.what());
-    }
-    const Model& m = *l.model;
-    const int L = m.config.n_layers, H = m.config.n_heads;
-    torch::manual_seed(static_cast<uint64_t>(e.seed));
-
-    // Every check that needs the model, before any forward pass or file.
+// Every check that needs the model's shape, before any forward pass or file: head names in range,
+// score files readable.
+void check_heads_against_model(const Experiment& e, int L, int H) {
     for (const auto& s : e.studies) {
         if (s.has_heads) check_head_ranges(e, s.heads, L, H);
         for (const auto& kv : s.sets) check_head_ranges(e, kv.second, L, H);
@@ -361,6 +351,64 @@ int run_run(const RunOptions& o) {
             for (const HeadSpec* x = h; x; x = x->inner.get())
                 if (x->by.find(':') != std::string::npos) resolve_score(e, *x, {}, L, H);
     }
+}
+
+// Study si's Ablator and configurations (none run yet).
+StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const Model& m, const AblationData* data,
+                      const AblationData* reference, const std::vector<std::pair<std::string, at::Tensor>>& computed) {
+    const auto& s = e.studies[si];
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    StudyState st;
+    st.spec = &s;
+    st.data = data;
+    st.setup.mode = s.mode.kind;
+    st.setup.factor = s.mode.factor;
+    st.setup.per_position = s.mode.per_position;
+    st.setup.reference = reference;
+    st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
+    st.setup.metric = s.metric.kind;
+    st.setup.positions = s.metric.positions;
+    st.setup.max_rows = e.batch_rows;
+    st.setup.prefix_reuse = !o.no_prefix_reuse;
+    try {
+        st.ab = std::make_unique<Ablator>(m, *st.data, st.setup);
+    } catch (const ConfigError& ex) {
+        e.fail(s.mode.mark, ex.what());
+    }
+    if (s.sweep == SweepKind::kPrune) {
+        st.prune = plan_prune(s, *st.ab, L, H);
+        st.cfg = st.prune.configs;
+    } else {
+        st.cfg = build_study(e, s, computed, L, H);
+    }
+    const int64_t S = static_cast<int64_t>(st.cfg.masks.size());
+    st.rows = torch::full({S, st.data->rows()}, std::numeric_limits<float>::quiet_NaN());
+    st.done.assign(S, 0);
+    return st;
+}
+
+}  // namespace
+
+void run_run(const RunOptions& o) {
+    const Shard shard = o.shard.empty() ? Shard{} : parse_shard(o.shard);
+    if (o.resume && o.force) throw UsageError("--resume and --force exclude each other");
+    Experiment e = parse_experiment(o.file, detector_probe_names());
+    if (!o.model.empty()) e.model = o.model;
+    if (o.batch_rows > 0) e.batch_rows = o.batch_rows;
+    const std::string out = output_path(o, e, shard);
+
+    ModelArgs ma;
+    ma.model = e.model, ma.tokenizer = e.tokenizer, ma.dtype = e.dtype, ma.device = e.device, ma.threads = e.threads;
+    Loaded l;
+    try {
+        l = open_model(ma, false);
+    } catch (const ConfigError& ex) {
+        e.fail(e.model_mark, ex.what());
+    }
+    const Model& m = *l.model;
+    torch::manual_seed(static_cast<uint64_t>(e.seed));
+    check_heads_against_model(e, m.config.n_layers, m.config.n_heads);
+
     std::vector<AblationData> data;
     data.reserve(e.data.size());
     for (const auto& d : e.data) data.push_back(make_data(e, d, m, l.tokenizer.get()));
@@ -380,33 +428,7 @@ int run_run(const RunOptions& o) {
     std::vector<StudyState> studies;
     for (size_t si = 0; si < e.studies.size(); ++si) {
         const auto& s = e.studies[si];
-        StudyState st;
-        st.spec = &s;
-        st.data = find(s.metric.data);
-        st.setup.mode = s.mode.kind;
-        st.setup.factor = s.mode.factor;
-        st.setup.per_position = s.mode.per_position;
-        st.setup.reference = s.mode.data.empty() ? nullptr : find(s.mode.data);
-        st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
-        st.setup.metric = s.metric.kind;
-        st.setup.positions = s.metric.positions;
-        st.setup.max_rows = e.batch_rows;
-        st.setup.prefix_reuse = !o.no_prefix_reuse;
-        try {
-            st.ab = std::make_unique<Ablator>(m, *st.data, st.setup);
-        } catch (const ConfigError& ex) {
-            e.fail(s.mode.mark, ex.what());
-        }
-        if (s.sweep == SweepKind::kPrune) {
-            st.prune = plan_prune(s, *st.ab, L, H);
-            st.cfg = st.prune.configs;
-        } else {
-            st.cfg = build_study(e, s, computed, L, H);
-        }
-        const int64_t S = static_cast<int64_t>(st.cfg.masks.size());
-        st.rows = torch::full({S, st.data->rows()}, std::numeric_limits<float>::quiet_NaN());
-        st.done.assign(S, 0);
-        studies.push_back(std::move(st));
+        studies.push_back(make_study(o, e, si, m, find(s.metric.data), s.mode.data.empty() ? nullptr : find(s.mode.data), computed));
     }
     if (o.resume && file_exists(out)) load_previous(out, e, m, shard, studies);
 
@@ -442,7 +464,6 @@ int run_run(const RunOptions& o) {
     }
     for (const auto& st : studies) print_summary(st);
     log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
-    return 0;
 }
 
 void setup_run(CLI::App& app) {
@@ -470,7 +491,7 @@ void setup_run(CLI::App& app) {
                                                            "configuration (for checks and benchmarks)");
     sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each flushed batch")
         ->group("");
-    sub->callback([o] { set_exit_code(run_run(*o)); });
+    sub->callback([o] { run_run(*o); });
 }
 
 }  // namespace hs::cli

@@ -36,7 +36,7 @@ static std::unique_ptr<Tokenizer> tokenizer_for(const std::string& path) {
     return load_tokenizer(path);
 }
 
-int run_tokenize(const TokenizeOptions& o) {
+void run_tokenize(const TokenizeOptions& o) {
     auto tok = tokenizer_for(o.path);
     auto ids = tok->encode(o.text, !o.no_special, o.parse_special);
     if (o.pieces) {
@@ -46,7 +46,6 @@ int run_tokenize(const TokenizeOptions& o) {
     } else {
         fmt::print("[{}]\n", fmt::join(ids, ", "));
     }
-    return 0;
 }
 
 void setup_tokenize(CLI::App& app) {
@@ -58,7 +57,7 @@ void setup_tokenize(CLI::App& app) {
     sub->add_flag("--no-special", o->no_special, "add no BOS/EOS");
     sub->add_flag("--parse-special", o->parse_special, "match special-token strings in the text");
     sub->add_flag("--pieces", o->pieces, "print id:piece pairs instead of JSON");
-    sub->callback([o] { set_exit_code(run_tokenize(*o)); });
+    sub->callback([o] { run_tokenize(*o); });
 }
 
 }  // namespace hs::cli

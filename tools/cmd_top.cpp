@@ -21,8 +21,7 @@ struct TopOptions {
     bool ascending = false;
 };
 
-int run_top(const TopOptions& o) {
-    if (o.k < 1) throw UsageError(fmt::format("-k {}: need at least 1", o.k));
+void run_top(const TopOptions& o) {
     ResultReader r(o.file);
     const std::string ds = "/scores/" + o.probe + "/score";
     if (!r.exists(ds)) {
@@ -42,7 +41,6 @@ int run_top(const TopOptions& o) {
         const auto head = format_head(static_cast<int>(idx[i] / H), static_cast<int>(idx[i] % H));
         std::printf("%-5zu %-8s %.6f\n", i + 1, head.c_str(), d.values[idx[i]]);
     }
-    return 0;
 }
 
 void setup_top(CLI::App& app) {
@@ -51,9 +49,9 @@ void setup_top(CLI::App& app) {
                                           "Example: headscope top scores.h5 --probe induction -k 10");
     sub->add_option("file", o->file, "HDF5 result file")->required();
     sub->add_option("--probe", o->probe, "score group under /scores, e.g. induction")->required();
-    sub->add_option("-k", o->k, "how many heads")->capture_default_str();
+    sub->add_option("-k", o->k, "how many heads")->check(at_least(1))->capture_default_str();
     sub->add_flag("--ascending", o->ascending, "lowest scores first");
-    sub->callback([o] { set_exit_code(run_top(*o)); });
+    sub->callback([o] { run_top(*o); });
 }
 
 }  // namespace hs::cli

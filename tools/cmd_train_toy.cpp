@@ -104,7 +104,7 @@ void print_ground_truth(const json& log) {
 
 }  // namespace
 
-int run_train_toy(const TrainToyOptions& o) {
+void run_train_toy(const TrainToyOptions& o) {
     TrainOptions t;
     t.task = parse_toy_task(o.task);
     t.seed = o.seed;
@@ -114,8 +114,6 @@ int run_train_toy(const TrainToyOptions& o) {
     t.lr = o.lr;
     t.log_every = o.log_every;
     t.with_mlp = o.with_mlp;
-    if (o.steps < 0 || o.batch < 0 || o.lr < 0 || o.log_every <= 0)
-        throw UsageError("--steps, --batch, --lr must be >= 0 and --log-every > 0");
     // A training batch holds at least 16 tokens a row with their int64 ids and float logits over
     // the toy vocabulary (68 ids), forward and backward: refuse what no machine here could hold.
     check_fits_in_memory(size_product({static_cast<double>(o.batch), 16.0, 2 * (8.0 + 4.0 * 68)}),
@@ -133,7 +131,6 @@ int run_train_toy(const TrainToyOptions& o) {
     fmt::print("  final training loss {:.3f}\n", log["loss_curve"].back()["loss"].get<double>());
     print_metrics(log);
     print_ground_truth(log);
-    return 0;
 }
 
 void setup_train_toy(CLI::App& app) {
@@ -145,16 +142,16 @@ void setup_train_toy(CLI::App& app) {
     sub->add_option("--out", o->out, "output folder (Hugging Face layout)")->required();
     sub->add_option("--seed", o->seed, "training seed (weights, data and evaluation set follow from it)")
         ->capture_default_str();
-    sub->add_option("--steps", o->steps, "AdamW steps (0: the task's default)")->capture_default_str();
+    sub->add_option("--steps", o->steps, "AdamW steps (0: the task's default)")->check(at_least(0))->capture_default_str();
     sub->add_option("--threads", o->threads, "libtorch threads (0: every core); results depend on it")
         ->capture_default_str();
-    sub->add_option("--batch", o->batch, "rows per step (0: the task's default)")->capture_default_str();
-    sub->add_option("--lr", o->lr, "peak learning rate (0: the task's default)")->capture_default_str();
-    sub->add_option("--log-every", o->log_every, "loss curve resolution in steps")->capture_default_str();
+    sub->add_option("--batch", o->batch, "rows per step (0: the task's default)")->check(at_least(0))->capture_default_str();
+    sub->add_option("--lr", o->lr, "peak learning rate (0: the task's default)")->check(at_least(0))->capture_default_str();
+    sub->add_option("--log-every", o->log_every, "loss curve resolution in steps")->check(at_least(1))->capture_default_str();
     sub->add_flag("--force", o->force, "replace an existing non-empty output folder");
     sub->add_flag("--with-mlp", o->with_mlp,
                   "train the MLP blocks too (default: attention-only; the MLP weights are saved as zeros)");
-    sub->callback([o] { set_exit_code(run_train_toy(*o)); });
+    sub->callback([o] { run_train_toy(*o); });
 }
 
 }  // namespace hs::cli

@@ -15,7 +15,6 @@ std::vector<float> host_floats(const at::Tensor& t) {
 }
 
 static std::string g_cmdline;
-static int g_exit = 0;
 
 void set_command_line(int argc, char** argv) {
     g_cmdline.clear();
@@ -26,8 +25,28 @@ void set_command_line(int argc, char** argv) {
     }
 }
 const std::string& command_line() { return g_cmdline; }
-void set_exit_code(int code) { g_exit = code; }
-int exit_code() { return g_exit; }
+
+static std::string number_text(double v) { return fmt::format("{}", v); }
+
+CLI::Validator at_least(double lo) {
+    return CLI::Validator(
+        [lo](std::string& s) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return fmt::format("'{}' is not a number", s);
+            return v < lo ? fmt::format("{} is below {}", s, number_text(lo)) : std::string();
+        },
+        fmt::format(">= {}", number_text(lo)));
+}
+
+CLI::Validator in_range(double lo, double hi) {
+    return CLI::Validator(
+        [lo, hi](std::string& s) -> std::string {
+            double v = 0;
+            if (!CLI::detail::lexical_cast(s, v)) return fmt::format("'{}' is not a number", s);
+            return v < lo || v > hi ? fmt::format("{} is outside [{}, {}]", s, number_text(lo), number_text(hi)) : std::string();
+        },
+        fmt::format("in [{}, {}]", number_text(lo), number_text(hi)));
+}
 
 void add_model_args(CLI::App* app, ModelArgs& a) {
     app->add_option("model", a.model, "checkpoint folder (config.json + safetensors) or llama2.c .bin")->required();

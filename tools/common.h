@@ -27,6 +27,11 @@ auto with_flag(const std::string& flag, F&& fn) -> decltype(fn()) {
     }
 }
 
+// Range checks for add_option(...)->check(...), with one-line messages ("--batch: 0 is below 1").
+// (CLI11's PositiveNumber/NonNegativeNumber print the range up to DBL_MAX in full.)
+CLI::Validator at_least(double lo);
+CLI::Validator in_range(double lo, double hi);
+
 // Runs fn; an error of any class whose param() (the library's name for a parameter, errors.h) is
 // in `flags` is rethrown with that flag in front, keeping its class and exit code:
 // with_flags({{"seq_len", "--seq-len"}}, ...) turns "|R| = 9: ..." into "--seq-len: |R| = 9: ...".
@@ -84,9 +89,5 @@ void check_same_model(ResultWriter& w, const Model& m);
 // The command line as typed, for /meta.
 void set_command_line(int argc, char** argv);
 const std::string& command_line();
-
-// Records the exit code a subcommand's run function returned.
-void set_exit_code(int code);
-int exit_code();
 
 }  // namespace hs::cli

@@ -307,7 +307,7 @@ static std::string attr_of(const ResultReader& r, const std::string& obj, const 
     return a.count(k) ? attr_text(a.at(k)) : "";
 }
 
-int merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs) {
+void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs) {
     const ResultReader& first = *rs.front();
     std::vector<NeedleResults> parts;
     int64_t count = -1;
@@ -399,7 +399,6 @@ int merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Result
     rename_into_place(tmp, o.out);
     if (left) log_warn(fmt::format("{} trial decodes are in none of the shards (done = 0, NaN)", left));
     log_info(fmt::format("wrote {} (merged {} shards: {} trials, accuracy {:.3f})", o.out, rs.size(), sum.n_done, sum.accuracy));
-    return 0;
 }
 
 }  // namespace hs::cli

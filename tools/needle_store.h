@@ -95,7 +95,7 @@ struct MergeArgs {
     bool force = false, partial = false;
 };
 // headscope merge for retrieval shards.
-int merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs);
+void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs);
 
 // Attribute values as text with a one-element list read as its element (a list of one is read back
 // as a scalar by some HDF5 readers): for comparing parameters.
