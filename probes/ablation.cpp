@@ -388,64 +388,96 @@ void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, con
 }
 }  // namespace
 
-at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch) const {
-    torch::NoGradGuard ng;
-    const auto& I = *impl_;
-    const int64_t C = masks_in.size(0), N = data_.rows();
-    if (masks_in.dim() != 3 || masks_in.size(1) != I.L || masks_in.size(2) != I.H)
-        throw ConfigError(fmt::format("ablation masks must be [C, {}, {}]", I.L, I.H));
-    auto masks = masks_in.to(torch::kCPU).ne(0);
-    auto out = torch::full({C, N}, std::numeric_limits<float>::quiet_NaN());
-    // Configurations sorted by their first ablated layer, so a batch shares a long prefix.
+namespace {
+// masks_in [C, L, H] checked and as bool on the CPU; first[c] = the first layer configuration c
+// ablates (L when none).
+at::Tensor checked_masks(const at::Tensor& masks_in, int64_t L, int64_t H) {
+    if (masks_in.dim() != 3 || masks_in.size(1) != L || masks_in.size(2) != H)
+        throw ConfigError(fmt::format("ablation masks must be [C, {}, {}]", L, H));
+    return masks_in.to(torch::kCPU).ne(0);
+}
+std::vector<int64_t> first_layers(const at::Tensor& masks, int64_t L) {
+    const int64_t C = masks.size(0);
     auto layer_any = masks.any(2);  // [C, L]
-    std::vector<int64_t> first(C, I.L), order(C);
+    std::vector<int64_t> first(C, L);
     for (int64_t c = 0; c < C; ++c)
-        for (int64_t l = 0; l < I.L; ++l)
+        for (int64_t l = 0; l < L; ++l)
             if (layer_any[c][l].item<bool>()) {
                 first[c] = l;
                 break;
             }
+    return first;
+}
+}  // namespace
+
+std::vector<std::vector<int64_t>> Ablator::plan(const at::Tensor& masks_in) const {
+    const auto& I = *impl_;
+    const auto masks = checked_masks(masks_in, I.L, I.H);
+    const int64_t C = masks.size(0);
+    // Configurations sorted by their first ablated layer, so a batch shares a long prefix.
+    const auto first = first_layers(masks, I.L);
+    std::vector<int64_t> order(C);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return first[a] < first[b]; });
-    const int64_t b0 = I.chunks.front().b;
-    const int64_t per = std::max<int64_t>(1, s_.max_rows / b0);
+    const int64_t per = std::max<int64_t>(1, s_.max_rows / I.chunks.front().b);
+    std::vector<std::vector<int64_t>> out;
+    for (int64_t i = 0; i < C; i += per) out.emplace_back(order.begin() + i, order.begin() + std::min(C, i + per));
+    return out;
+}
+
+at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector<int64_t>& idx) const {
+    torch::NoGradGuard ng;
+    const auto& I = *impl_;
+    const auto masks = checked_masks(masks_in, I.L, I.H);
+    const int64_t N = data_.rows(), g = static_cast<int64_t>(idx.size());
+    const auto first = first_layers(masks, I.L);
     const auto dev = m_.options.device;
-    Progress prog("ablation configurations", C);
-    for (int64_t i = 0; i < C; i += per) {
-        const int64_t g = std::min(per, C - i);
-        std::vector<int64_t> idx(order.begin() + i, order.begin() + i + g);
-        auto idx_t = torch::tensor(idx, torch::kLong);
-        auto M = masks.index_select(0, idx_t).to(dev, torch::kFloat);  // [g, L, H]
-        int64_t lmin = I.L;
-        for (auto c : idx) lmin = std::min(lmin, first[c]);
-        for (const auto& ch : I.chunks) {
-            auto tokens = ch.tokens.repeat({g, 1});
-            ForwardOptions fo;
-            at::Tensor resid;
-            if (s_.prefix_reuse && lmin > 0) {
-                // Layers 0..lmin-1 once for the b rows, then expanded over the g configurations.
-                Hooks hp;
-                at::Tensor pre;
-                hp.capture(Point::kResidPost, [&](int, const at::Tensor& x) { pre = x; }, static_cast<int>(lmin - 1));
-                ForwardOptions fp;
-                fp.compute_logits = false;
-                fp.stop_after_layer = static_cast<int>(lmin - 1);
-                m_.forward(ch.tokens, &hp, nullptr, fp);
-                ++forwards_;
-                if (lmin == I.L) resid = pre.repeat({g, 1, 1});
-                else fo.start_layer = static_cast<int>(lmin), fo.start_resid = pre.repeat({g, 1, 1});
-            }
-            if (!resid.defined()) {
-                Hooks h;
-                add_edits(h, s_, I, M, ch, fo.start_layer);
-                resid = final_resid(m_, tokens, h, fo);
-                ++forwards_;
-            }
-            auto vals = metric_rows(m_, s_, ch, resid, g).view({g, ch.b}).to(torch::kCPU);
-            out.index_put_({idx_t, Slice(ch.r0, ch.r0 + ch.b)}, vals);
+    auto out = torch::full({g, N}, std::numeric_limits<float>::quiet_NaN());
+    auto idx_t = torch::tensor(idx, torch::kLong);
+    auto M = masks.index_select(0, idx_t).to(dev, torch::kFloat);  // [g, L, H]
+    int64_t lmin = I.L;
+    for (auto c : idx) lmin = std::min(lmin, first[c]);
+    for (const auto& ch : I.chunks) {
+        auto tokens = ch.tokens.repeat({g, 1});
+        ForwardOptions fo;
+        at::Tensor resid;
+        if (s_.prefix_reuse && lmin > 0) {
+            // Layers 0..lmin-1 once for the b rows, then expanded over the g configurations.
+            Hooks hp;
+            at::Tensor pre;
+            hp.capture(Point::kResidPost, [&](int, const at::Tensor& x) { pre = x; }, static_cast<int>(lmin - 1));
+            ForwardOptions fp;
+            fp.compute_logits = false;
+            fp.stop_after_layer = static_cast<int>(lmin - 1);
+            m_.forward(ch.tokens, &hp, nullptr, fp);
+            ++forwards_;
+            if (lmin == I.L) resid = pre.repeat({g, 1, 1});
+            else fo.start_layer = static_cast<int>(lmin), fo.start_resid = pre.repeat({g, 1, 1});
         }
+        if (!resid.defined()) {
+            Hooks h;
+            add_edits(h, s_, I, M, ch, fo.start_layer);
+            resid = final_resid(m_, tokens, h, fo);
+            ++forwards_;
+        }
+        out.narrow(1, ch.r0, ch.b).copy_(metric_rows(m_, s_, ch, resid, g).view({g, ch.b}).to(torch::kCPU));
+    }
+    return out;
+}
+
+at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch) const {
+    const auto& I = *impl_;
+    const auto masks = checked_masks(masks_in, I.L, I.H);
+    const int64_t C = masks.size(0), N = data_.rows();
+    auto out = torch::full({C, N}, std::numeric_limits<float>::quiet_NaN());
+    Progress prog("ablation configurations", C);
+    int64_t done = 0;
+    for (const auto& idx : plan(masks)) {
+        auto idx_t = torch::tensor(idx, torch::kLong);
+        out.index_copy_(0, idx_t, evaluate_batch(masks, idx));
         if (on_batch) on_batch(idx, out.index_select(0, idx_t));
-        prog.update(i + g);
+        done += static_cast<int64_t>(idx.size());
+        prog.update(done);
     }
     prog.finish();
     return out;

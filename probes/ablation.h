@@ -71,6 +71,13 @@ public:
     // on_batch(indices, rows [g, N]) runs after each batch of configurations completes.
     using BatchFn = std::function<void(const std::vector<int64_t>& configs, const at::Tensor& rows)>;
     at::Tensor evaluate(const at::Tensor& masks, const BatchFn& on_batch = {}) const;
+    // The batches evaluate() forms for `masks` (configuration indices, each batch one forward over
+    // its configurations x the dataset rows): sorted by first ablated layer, then cut by max_rows.
+    // A batch's results depend only on its own configurations, so running the same batches in any
+    // order or process (shards, a resumed run) gives the same bits as one evaluate() call.
+    std::vector<std::vector<int64_t>> plan(const at::Tensor& masks) const;
+    // One planned batch: its configurations' metric rows [g, N] (the rows evaluate() gives them).
+    at::Tensor evaluate_batch(const at::Tensor& masks, const std::vector<int64_t>& batch) const;
 
     // Continuous head gates xi [L, H] multiplying z (1 = intact): metric per row [N] (no grad).
     at::Tensor evaluate_gates(const at::Tensor& xi) const;

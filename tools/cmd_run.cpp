@@ -109,6 +109,8 @@ struct StudyState {
     std::unique_ptr<Ablator> ab;
     at::Tensor rows;            // [S, N] float32, NaN where not done
     std::vector<uint8_t> done;  // [S]
+    // The batches one unsharded run evaluates (Ablator::plan): batch k belongs to shard k % N.
+    std::vector<std::vector<int64_t>> batches;
 };
 
 bool higher_is_worse(const MetricSpec& m) { return m.kind == MetricKind::kLoss || m.kind == MetricKind::kKl; }
@@ -126,13 +128,15 @@ std::string metric_description(const MetricSpec& m) {
     return "logit(answer) - logit(counterfactual) at the last prompt position";
 }
 
-// 1 when every configuration this shard owns is done: the file a killed run leaves is a valid
-// file (it is written whole after each batch) but says 0 here, and its /ablation/<study>/done
-// says which configurations are missing.
+// 1 when every configuration this shard owns (those of its batches) is done: the file a killed
+// run leaves is a valid file (it is written whole after each batch) but says 0 here, and its
+// /ablation/<study>/done says which configurations are missing.
 int64_t run_complete(const Shard& shard, const std::vector<StudyState>& studies) {
     for (const auto& st : studies)
-        for (int64_t i = 0; i < static_cast<int64_t>(st.done.size()); ++i)
-            if (shard.owns(i) && !st.done[i]) return 0;
+        for (size_t k = 0; k < st.batches.size(); ++k)
+            if (shard.owns(static_cast<int64_t>(k)))
+                for (auto c : st.batches[k])
+                    if (!st.done[c]) return 0;
     return 1;
 }
 
@@ -384,6 +388,7 @@ StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const
     const int64_t S = static_cast<int64_t>(st.cfg.masks.size());
     st.rows = torch::full({S, st.data->rows()}, std::numeric_limits<float>::quiet_NaN());
     st.done.assign(S, 0);
+    st.batches = st.ab->plan(torch::stack(st.cfg.masks));
     return st;
 }
 
@@ -436,31 +441,45 @@ void run_run(const RunOptions& o) {
     write_all(out, e, m, shard, data, probes, studies);
     int64_t ran = 0;
     for (auto& st : studies) {
-        std::vector<int64_t> pending;
-        for (int64_t i = 0; i < static_cast<int64_t>(st.done.size()); ++i)
-            if (shard.owns(i) && !st.done[i]) pending.push_back(i);
-        if (pending.empty()) continue;
-        std::vector<at::Tensor> ms;
-        for (auto i : pending) ms.push_back(st.cfg.masks[i]);
+        // The batches one unsharded run forms (Ablator::plan); a shard runs batch k when
+        // k % N == I and a resumed run skips finished batches, so every configuration is computed
+        // in the same batch, hence to the same bits, however the work is split.
+        const auto masks = torch::stack(st.cfg.masks);
+        const auto& batches = st.batches;
+        std::vector<size_t> mine;
+        int64_t todo = 0;
+        for (size_t k = 0; k < batches.size(); ++k) {
+            if (!shard.owns(static_cast<int64_t>(k))) continue;
+            bool all_done = true;
+            for (auto c : batches[k]) all_done = all_done && st.done[c];
+            if (all_done) continue;
+            mine.push_back(k);
+            todo += static_cast<int64_t>(batches[k].size());
+        }
+        if (mine.empty()) continue;
         const auto t0 = std::chrono::steady_clock::now();
         const int64_t f0 = st.ab->forwards();
         double flush_s = 0;
-        st.ab->evaluate(torch::stack(ms), [&](const std::vector<int64_t>& idx, const at::Tensor& rows) {
-            for (size_t j = 0; j < idx.size(); ++j) {
-                const int64_t c = pending[idx[j]];
-                st.rows[c].copy_(rows[j]);
-                st.done[c] = 1;
+        Progress prog("ablation configurations", todo);
+        int64_t progressed = 0;
+        for (size_t k : mine) {
+            const auto rows = st.ab->evaluate_batch(masks, batches[k]);
+            for (size_t j = 0; j < batches[k].size(); ++j) {
+                st.rows[batches[k][j]].copy_(rows[static_cast<int64_t>(j)]);
+                st.done[batches[k][j]] = 1;
             }
-            ran += static_cast<int64_t>(idx.size());
+            ran += static_cast<int64_t>(batches[k].size());
+            prog.update(progressed += static_cast<int64_t>(batches[k].size()));
             const auto w0 = std::chrono::steady_clock::now();
             write_all(out, e, m, shard, data, probes, studies);
             flush_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - w0).count();
             if (o.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o.pause_ms));
-        });
+        }
+        prog.finish();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - flush_s;
         log_verbose(fmt::format("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
-                                "{:.3f} s writing the file)", st.spec->name, pending.size(), secs,
-                                1e3 * secs / pending.size(), st.ab->forwards() - f0, flush_s));
+                                "{:.3f} s writing the file)", st.spec->name, todo, secs, 1e3 * secs / todo,
+                                st.ab->forwards() - f0, flush_s));
     }
     for (const auto& st : studies) print_summary(st);
     log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
@@ -474,8 +493,8 @@ void setup_run(CLI::App& app) {
         "and studies (sweeps single, layer, set, cumulative, prune; modes zero, mean, resample, scale,\n"
         "zero-query, mean-query; metrics loss, accuracy, logit-diff, kl), written to HDF5 under\n"
         "/ablation/<study>. The file is rewritten atomically after every batch of configurations: a killed\n"
-        "run leaves the last complete file, and --resume continues it. --shard I/N runs configurations\n"
-        "i with i % N == I; `headscope merge` joins the shards.\n"
+        "run leaves the last complete file, and --resume continues it. --shard I/N runs the batches k of\n"
+        "configurations one unsharded run forms with k % N == I; `headscope merge` joins the shards.\n"
         "Example: headscope run datasets/experiments/toy-induction.yaml");
     sub->add_option("experiment", o->file, "the experiment's YAML file")->required();
     sub->add_option("--model", o->model, "use this model instead of the file's model:");

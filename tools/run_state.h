@@ -8,7 +8,7 @@
 namespace hs::cli {
 
 struct Shard {
-    int64_t index = 0, count = 1;  // this run does configurations i with i % count == index
+    int64_t index = 0, count = 1;  // this run does work items i (batches) with i % count == index
     bool owns(int64_t i) const { return i % count == index; }
     std::string str() const;       // "0/1"
 };
