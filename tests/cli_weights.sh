@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Command-line behaviour of the weight probes (maps, copy-suppression, dla): bad relation and
+# Command-line behaviour of the weight probes (maps, copy-suppression, dla, qk-spectrum): bad relation and
 # prompt files get one clear line naming the file, exit code 5 (data), no stack trace and no
 # output file left behind; short relations are reported, never skipped silently.
 # Usage: cli_weights.sh path/to/headscope
@@ -8,7 +8,7 @@ HS="$1"
 EXPECT_MAX_LINES=999  # warnings about skipped relations may precede the error
 source "$(dirname "$0")/lib_cli.sh"
 
-for cmd in maps copy-suppression dla; do
+for cmd in maps copy-suppression dla qk-spectrum; do
   "$HS" "$cmd" --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL $cmd --help has no example"; }
 done
 
@@ -40,6 +40,23 @@ if [ -n "$TD" ]; then
   printf 'Tom had a ball. Tom gave the ball to Sue. Sue said thank you to Tom and they played with the ball.' >"$TMP/t.txt"
   ok "copy-suppression dynamic" -- "$HS" copy-suppression "$S" --out "$TMP/c2.h5" --n-tokens 50 --text-file "$TMP/t.txt"
   expect "bad n-tokens" 2 "--n-tokens: 99999 tokens: outside" -- "$HS" copy-suppression "$S" --out "$TMP/c3.h5" --n-tokens 99999
+  # qk-spectrum: prints the lowest and highest heads, which `top` reads back from the file in the same order.
+  ok "qk-spectrum" -- "$HS" qk-spectrum "$S" --out "$TMP/q.h5" --top 3
+  check "qk-spectrum prints lowest and highest" -- grep -qE "^lowest +L[0-9]+H[0-9]+ [0-9.]+ " "$TMP/out"
+  low=$(awk '/^lowest/ {print $2}' "$TMP/out"); high=$(awk '/^highest/ {print $2}' "$TMP/out")
+  "$HS" top "$TMP/q.h5" --probe qk_rank -k 1 >"$TMP/top" 2>/dev/null
+  check "top reads qk_rank back (highest)" -- grep -qE "^1 +$high " "$TMP/top"
+  "$HS" top "$TMP/q.h5" --probe qk_rank -k 1 --ascending >"$TMP/top" 2>/dev/null
+  check "top reads qk_rank back (lowest)" -- grep -qE "^1 +$low " "$TMP/top"
+  # --append next to another command's scores of the same model; refused for another model's file.
+  ok "qk-spectrum --append" -- "$HS" qk-spectrum "$S" --out "$TMP/c.h5" --append --top 0
+  "$HS" top "$TMP/c.h5" --probe copy-suppression -k 1 >/dev/null 2>&1 && "$HS" top "$TMP/c.h5" --probe qk_rank -k 1 >/dev/null 2>&1 \
+    && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL qk-spectrum --append lost a group"; }
+  expect "qk-spectrum --append, other model" 6 "q.h5" -- "$HS" qk-spectrum "$M" --out "$TMP/q.h5" --append
+  expect "qk-spectrum --top negative" 2 "--top -1: need 0 or more" -- "$HS" qk-spectrum "$S" --out "$TMP/q2.h5" --top -1
+  no_file "$TMP/q2.h5"
+  expect "qk-spectrum no model" 4 "nonexistent" -- "$HS" qk-spectrum "$TMP/nonexistent.bin" --out "$TMP/q2.h5"
+  no_file "$TMP/q2.h5"
 else
   echo "skipped the test-data checks: ../shared/testdata not found"
 fi

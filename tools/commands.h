@@ -17,6 +17,7 @@ void setup_train_toy(CLI::App& app);
 void setup_maps(CLI::App& app);
 void setup_copy_suppression(CLI::App& app);
 void setup_dla(CLI::App& app);
+void setup_qk_spectrum(CLI::App& app);
 void setup_retrieval(CLI::App& app);
 void setup_run(CLI::App& app);
 void setup_ablate(CLI::App& app);
