@@ -47,7 +47,7 @@ static void print_heads(const char* what, const at::Tensor& score, const std::ve
     std::printf("%s\n", line.c_str());
 }
 
-int run_qk_spectrum(const QkSpectrumCliOptions& o) {
+void run_qk_spectrum(const QkSpectrumCliOptions& o) {
     if (o.top < 0) throw UsageError(fmt::format("--top {}: need 0 or more", o.top));
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, false);
@@ -80,7 +80,6 @@ int run_qk_spectrum(const QkSpectrumCliOptions& o) {
     }
     log_info(fmt::format("wrote {} (effective QK rank of {} heads, at most {})", o.out.out, L * H,
                          s.singular_values.size(2)));
-    return 0;
 }
 
 void setup_qk_spectrum(CLI::App& app) {
@@ -92,7 +91,7 @@ void setup_qk_spectrum(CLI::App& app) {
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--top", o->top, "print this many lowest and highest heads (0: none)")->capture_default_str();
-    sub->callback([o] { set_exit_code(run_qk_spectrum(*o)); });
+    sub->callback([o] { run_qk_spectrum(*o); });
 }
 
 }  // namespace hs::cli
