@@ -356,6 +356,11 @@ void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, con
     for (int64_t l = first_layer; l < I.L; ++l) {
         auto ml = M.select(1, l);  // [g, H]
         if (!ml.any().item<bool>()) continue;
+        if (s.mode == Intervention::kStream) {  // the window, on every (row, head) the configurations name
+            hooks.window(HeadWindow{static_cast<int>(l), 0, -1, s.window.sink, s.window.recent, s.window.compensate,
+                                    ml.repeat_interleave(b, 0)});
+            continue;
+        }
         auto drop = ml.repeat_interleave(b, 0).view({g * b, 1, H, 1});
         at::Tensor value;
         if (s.mode == Intervention::kMean || s.mode == Intervention::kMeanQuery) {
@@ -380,6 +385,7 @@ void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, con
                     return x + d * (v - x);
                 }
                 case Intervention::kResample: return x + d * (value.narrow(1, 0, x.size(1)) - x);
+                case Intervention::kStream:  // a window, not an edit (above)
                 case Intervention::kNone: break;
             }
             return std::nullopt;

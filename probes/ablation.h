@@ -51,6 +51,7 @@ AblationData sequence_data(const std::string& name, const std::vector<std::vecto
 struct AblationSetup {
     Intervention mode = Intervention::kZero;  // any but kNone
     double factor = 0.0;             // scale
+    StreamWindow window;             // stream: the window ablated heads get (Hooks::window)
     bool per_position = true;        // mean / mean-query
     const AblationData* reference = nullptr;  // mean, mean-query, resample
     int64_t resample_seed = 0;

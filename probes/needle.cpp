@@ -195,7 +195,8 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
 // ---- ablation ----
 
 const std::vector<Intervention>& needle_ablations() {
-    static const std::vector<Intervention> v = {Intervention::kZeroQuery, Intervention::kMeanQuery, Intervention::kZero};
+    static const std::vector<Intervention> v = {Intervention::kZeroQuery, Intervention::kMeanQuery, Intervention::kZero,
+                                                Intervention::kStream};
     return v;
 }
 
@@ -212,6 +213,9 @@ void HeadSet::apply(Hooks& hooks) const {
                 hooks.intervene_q_pre_rope(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
                 break;
             case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Intervention::kStream:
+                hooks.window(HeadWindow{l, h, -1, window.sink, window.recent, window.compensate, {}});
+                break;
             case Intervention::kNone: break;
             default:
                 HS_REQUIRE(false, std::string("HeadSet: the needle test does not run ") + intervention_name(mode));

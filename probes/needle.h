@@ -90,15 +90,17 @@ Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack,
                   int needle_index, std::pair<int64_t, int64_t> answer);
 
 // The interventions a needle test can run (src/intervention.h), in the order --help lists them.
-const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero
+const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero, stream
 
 // Zero-query and zero act on the query after RoPE and on z; mean-query replaces the query BEFORE
 // RoPE (after q-norm) with q_mean, which the family then rotates at each position (LOCOS's
 // nolima_ablation.py). `rows` >= 0 aims the ablation at one batch row only.
+// Stream gives each head the attention window `window` (sink, recent, compensation: Hooks::window).
 struct HeadSet {
     std::vector<Head> heads;
     Intervention mode = Intervention::kNone;
     at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
+    StreamWindow window;  // kStream
     void apply(Hooks& hooks) const;
 };
 

@@ -173,7 +173,7 @@ int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T,
 }
 
 at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v) {
+                               const at::Tensor& v, const LayerWindows* windows) {
     const int64_t T = q.size(1), S = k.size(1), H = q.size(2), K = k.size(2), d = q.size(3);
     // Query head h reads key/value head h / (H / K) (grouped-query attention).
     auto kh = k.repeat_interleave(H / K, 2), vh = v.repeat_interleave(H / K, 2);  // [B, S, H, d]
@@ -186,9 +186,37 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
     auto qpos = torch::arange(past, S, torch::kLong).unsqueeze(1), kpos = torch::arange(S, torch::kLong).unsqueeze(0);
     auto visible = kpos <= qpos;
     if (cfg.is_sliding(layer)) visible = visible & (kpos > qpos - cfg.sliding_window);
-    scores = scores.masked_fill(visible.logical_not().to(q.device()), -std::numeric_limits<double>::infinity());
-    auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
-    return torch::einsum("bhts,bshd->bthd", {pattern, vh});                            // z [B, T, H, d]
+    const double inf = std::numeric_limits<double>::infinity();
+    if (!windows || !windows->defined()) {
+        scores = scores.masked_fill(visible.logical_not().to(q.device()), -inf);
+        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
+        return torch::einsum("bhts,bshd->bthd", {pattern, vh});                            // z [B, T, H, d]
+    }
+    // Attention windows: head h of row b at query position p also needs key s < sink[b, h] or
+    // s > p - recent[b, h]. With compensation, the keys the window hides (visible to the layer, not
+    // to the window) are averaged into one more key and value, scored like any key.
+    const int64_t B = q.size(0);
+    auto layer_vis = visible.to(q.device()).view({1, 1, T, S});
+    auto sink = windows->sink.view({B, H, 1, 1}), recent = windows->recent.view({B, H, 1, 1});
+    auto kp = kpos.to(q.device()).view({1, 1, 1, S}), qp = qpos.to(q.device()).view({1, 1, T, 1});
+    auto seen = layer_vis & ((kp < sink) | (kp > qp - recent));  // [B, H, T, S]
+    scores = scores.masked_fill(seen.logical_not(), -inf);
+    if (!windows->any_compensate) {
+        auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());
+        return torch::einsum("bhts,bshd->bthd", {pattern, vh});
+    }
+    auto hidden = (layer_vis & seen.logical_not()).to(torch::kDouble);        // [B, H, T, S]
+    auto count = hidden.sum(-1, true);                                          // [B, H, T, 1]
+    auto kbar = torch::einsum("bhts,bshd->bhtd", {hidden, kh.to(torch::kDouble)}) / count.clamp_min(1);
+    auto vbar = torch::einsum("bhts,bshd->bhtd", {hidden, vh.to(torch::kDouble)}) / count.clamp_min(1);
+    auto extra = (q.permute({0, 2, 1, 3}).to(torch::kDouble) * kbar).sum(-1, true) * scale;  // [B, H, T, 1]
+    if (cfg.attn_softcap > 0) extra = cfg.attn_softcap * torch::tanh(extra / cfg.attn_softcap);
+    auto use = (count > 0) & windows->compensate.view({B, H, 1, 1});
+    extra = extra.masked_fill(use.logical_not(), -inf);
+    auto pattern = torch::softmax(torch::cat({scores.to(torch::kDouble), extra}, -1), -1);  // [B, H, T, S + 1]
+    auto z = torch::einsum("bhts,bshd->bthd", {pattern.narrow(3, 0, S), vh.to(torch::kDouble)}) +
+             (pattern.narrow(3, S, 1) * vbar).permute({0, 2, 1, 3});
+    return z.to(q.scalar_type());
 }
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
@@ -221,8 +249,14 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     // are never expanded to H heads; products are [B*K, g*n, .], which is [B, H, n, .] in memory.
     // q, k, v are made contiguous once per layer, so each block's products read them in place.
     const int64_t g = H / K;
-    auto k3 = k.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
-    auto v3 = v.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+    // k3, v3 [B*K, S, d] are made on first use: a block whose groups all stream (below) reads its
+    // few keys straight from k and v, and a decode step of such a layer never copies the cache.
+    at::Tensor k3, v3;
+    auto need_kv3 = [&] {
+        if (k3.defined()) return;
+        k3 = k.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+        v3 = v.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+    };
     auto q3 = q.permute({0, 2, 1, 3}).reshape({B * K, g, T, d}).contiguous();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
     // A power-of-two scale (d_head 64: 1/8) is applied to q before the product: scaling by 2^k is
@@ -232,6 +266,19 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     if (scale_in_q) q3 = q3 * scale;
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
     const float neg_inf = -std::numeric_limits<float>::infinity();
+    // Attention windows (Intervention::kStream, docs/forward.md "Attention windows"): a [B, H, n, m]
+    // mask per block on top of the layer's own; with compensation, prefix sums of the keys and values
+    // give each query the means of the keys its window hides, one more column of the softmax.
+    const LayerWindows win = hooks && hooks->has_windows(layer) ? hooks->windows(layer, B, H, q.device()) : LayerWindows{};
+    const auto acc = q.device().is_mps() ? torch::kFloat : torch::kDouble;  // prefix sums: double where there is one
+    at::Tensor pk, pv;  // [B*K, S + 1, d]: sums of the first s keys / values
+    if (win.any_compensate) {
+        need_kv3();
+        auto zero = torch::zeros({B * K, 1, d}, k3.options().dtype(acc));
+        pk = torch::cat({zero, k3.to(acc).cumsum(1)}, 1);
+        pv = torch::cat({zero, v3.to(acc).cumsum(1)}, 1);
+    }
+    const auto pos_opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
     // Whole [B, H, T, S] scores only when someone needs them whole; otherwise query blocks, each
     // against only the keys some row of the block can see: keys [lo, hi) with hi = the block's
     // last position + 1 (causal) and lo = its first position - window + 1 (sliding window). Row i
@@ -271,6 +318,44 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         return out;
     };
     at::Tensor upper;  // the causal corner mask, built once per block height
+    // Streaming groups read only the keys their windows show. When nobody observes the scores or the
+    // pattern and no window compensates, the (row, kv head) groups whose every query head has a
+    // window (idx_s) run their own product over the block's sink keys [lo, gap_lo) and recent keys
+    // [gap_hi, hi), skipping the keys between, which no head of theirs can see; the other groups
+    // (idx_f) run over [lo, hi) as usual. The same scores, masks and softmax over fewer columns.
+    at::Tensor idx_s, idx_f, sink_s, recent_s, sink_f, recent_f;
+    at::Tensor b_s, kv_s, b_f, kv_f;  // each group's (row, kv head), to read its keys from k and v [B, S, K, d]
+    int64_t smax = 0, rmax = 0;
+    if (win.defined() && !win.any_compensate && !whole && !see_scores && !see_pattern) {
+        auto rec = win.recent.to(torch::kCPU).reshape({B * K, g}), snk = win.sink.to(torch::kCPU).reshape({B * K, g});
+        auto streams = (rec < LayerWindows::kNoWindow).all(1);  // [B*K]
+        if (streams.any().item<bool>()) {
+            auto is = streams.nonzero().view(-1), isf = streams.logical_not().nonzero().view(-1);
+            smax = snk.index_select(0, is).max().item<int64_t>();
+            rmax = rec.index_select(0, is).max().item<int64_t>();
+            auto dev = [&](const at::Tensor& t) { return t.to(q.device()); };
+            sink_s = dev(snk.index_select(0, is)), recent_s = dev(rec.index_select(0, is));
+            sink_f = dev(snk.index_select(0, isf)), recent_f = dev(rec.index_select(0, isf));
+            b_s = dev(at::div(is, K, "floor")), kv_s = dev(is.remainder(K));
+            b_f = dev(at::div(isf, K, "floor")), kv_f = dev(isf.remainder(K));
+            idx_s = dev(is), idx_f = dev(isf);
+        }
+    }
+    // One part's attention: qp [P, g*n, d] against keys kp, vp [P, m', d] at absolute positions kpos [m'],
+    // masked causally, by the layer's sliding window and by the part's windows [P, g].
+    auto part = [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& kpos,
+                    const at::Tensor& snk, const at::Tensor& rec, int64_t first, int64_t n) {
+        const int64_t P = qp.size(0), mk = kp.size(1);
+        auto sc = at::bmm(qp, kp.transpose(1, 2));
+        if (!scale_in_q) sc.mul_(scale);
+        if (cfg.attn_softcap > 0) sc.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
+        auto kk = kpos.view({1, 1, 1, mk}), qq = torch::arange(first, first + n, pos_opts).view({1, 1, n, 1});
+        auto hide = kk > qq;
+        if (window > 0) hide = hide | (kk <= qq - window);
+        hide = hide | ((kk >= snk.view({P, g, 1, 1})) & (kk <= qq - rec.view({P, g, 1, 1})));
+        sc.view({P, g, n, mk}).masked_fill_(hide, neg_inf);
+        return at::bmm(torch::softmax(sc.to(torch::kFloat), -1).to(q.scalar_type()), vp);  // [P, g*n, d]
+    };
     std::vector<at::Tensor> zs;
     for (int64_t q0 = 0; q0 < T; q0 += rows) {
         const int64_t n = std::min(rows, T - q0);
@@ -282,6 +367,27 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         }
         const int64_t m = hi - lo;
         auto qb = (n == T ? q3 : q3.narrow(2, q0, n)).reshape({B * K, g * n, d});
+        const int64_t gap_lo = std::min(std::max(smax, lo), hi), gap_hi = std::min(hi, std::max(gap_lo, first - rmax + 1));
+        if (idx_s.defined() && gap_hi > gap_lo) {
+            auto kv4 = k.permute({0, 2, 1, 3}), vv4 = v.permute({0, 2, 1, 3});  // [B, K, S, d] views
+            auto cols = [&](const at::Tensor& x4) {  // the streaming groups' keys: [lo, gap_lo) and [gap_hi, hi)
+                auto recent = x4.narrow(2, gap_hi, hi - gap_hi);
+                auto c = gap_lo > lo ? torch::cat({x4.narrow(2, lo, gap_lo - lo), recent}, 2) : recent;
+                return c.index({b_s, kv_s});  // [P_s, keys, d]
+            };
+            auto kpos_s = gap_lo > lo ? torch::cat({torch::arange(lo, gap_lo, pos_opts), torch::arange(gap_hi, hi, pos_opts)})
+                                      : torch::arange(gap_hi, hi, pos_opts);
+            auto zb = at::empty({B * K, g * n, d}, qb.options());
+            zb.index_copy_(0, idx_s, part(qb.index_select(0, idx_s), cols(kv4), cols(vv4), kpos_s, sink_s, recent_s, first, n));
+            if (idx_f.numel() > 0) {
+                auto kf = kv4.narrow(2, lo, m).index({b_f, kv_f}), vf = vv4.narrow(2, lo, m).index({b_f, kv_f});
+                zb.index_copy_(0, idx_f, part(qb.index_select(0, idx_f), kf, vf, torch::arange(lo, hi, pos_opts), sink_f,
+                                              recent_f, first, n));
+            }
+            zs.push_back(zb.view({B, H, n, d}));
+            continue;
+        }
+        need_kv3();
         auto kt = (m == S ? k3 : k3.narrow(1, lo, m)).transpose(1, 2);
         at::Tensor scores;  // [B*K, g*n, m] = [B, H, n, m]
         if (reuse) {
@@ -303,10 +409,45 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
             auto vis = visible_mask(n, m, first - lo, window, q.device());
             scores.view({B * K, g, n, m}).masked_fill_(vis.logical_not(), neg_inf);
         }
+        at::Tensor extra, vbar;  // compensation: [B*K, g*n] scores and [B*K, g*n, d] mean values
+        if (win.defined()) {
+            auto kpos = torch::arange(lo, hi, pos_opts).view({1, 1, 1, m});
+            auto qpos = torch::arange(first, first + n, pos_opts).view({1, 1, n, 1});
+            auto sink = win.sink.view({B, H, 1, 1}), recent = win.recent.view({B, H, 1, 1});
+            scores.view({B, H, n, m}).masked_fill_((kpos >= sink) & (kpos <= qpos - recent), neg_inf);
+            if (win.any_compensate) {
+                // Hidden keys of query p: [a, e) with a = max(sink, p - window + 1), e = p - recent + 1.
+                auto qp = qpos.view({1, 1, n});
+                auto a = win.sink.view({B, H, 1}).expand({B, H, n});
+                if (window > 0) a = torch::maximum(a, qp - window + 1);
+                auto e = qp - win.recent.view({B, H, 1}) + 1;
+                auto count = e - a;
+                auto use = ((count > 0) & win.compensate.view({B, H, 1})).reshape({B * K, g * n});
+                // Only when some query of the block has hidden keys: otherwise (a window as long as
+                // the context) no extra column, and the block is computed exactly as without it.
+                if (use.any().item<bool>()) {
+                    auto at_ = [&](const at::Tensor& P, const at::Tensor& i) {
+                        return P.gather(1, i.clamp(0, S).reshape({B * K, g * n, 1}).expand({B * K, g * n, d}));
+                    };
+                    auto cnt = count.clamp_min(1).reshape({B * K, g * n, 1}).to(acc);
+                    auto kbar = (at_(pk, e) - at_(pk, a)) / cnt;
+                    vbar = (at_(pv, e) - at_(pv, a)) / cnt;
+                    extra = (qb.to(acc) * kbar).sum(-1);  // qb carries the scale when scale_in_q
+                    if (!scale_in_q) extra.mul_(scale);
+                    if (cfg.attn_softcap > 0) extra.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
+                    extra = extra.to(torch::kFloat).masked_fill(use.logical_not(), neg_inf);
+                }
+            }
+        }
         if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_scores) hooks->run_rows(Point::kAttnScores, layer, q0, full_width(scores, n, lo, neg_inf));
         at::Tensor pattern;  // [B*K, g*n, m], softmax in fp32
-        if (reuse && fp32) {
+        at::Tensor extra_w;  // compensation: the weight of the mean key [B*K, g*n, 1]
+        if (extra.defined()) {
+            auto p = torch::softmax(torch::cat({scores.to(torch::kFloat), extra.unsqueeze(-1)}, -1), -1);
+            pattern = p.narrow(2, 0, m).contiguous().to(q.scalar_type());
+            extra_w = p.narrow(2, m, 1);
+        } else if (reuse && fp32) {
             pattern = from(pattern_buf, {B * K, g * n, m});
             at::_softmax_out(pattern, scores, -1, false);
         } else {
@@ -315,7 +456,9 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         scores = at::Tensor();
         if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * K, g * n, m});
         else if (see_pattern) hooks->run_rows(Point::kAttnPattern, layer, q0, full_width(pattern, n, lo, 0.0f));
-        zs.push_back(at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m)).view({B, H, n, d}));
+        auto zb = at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m));
+        if (extra_w.defined()) zb = (zb.to(acc) + extra_w.to(acc) * vbar).to(zb.scalar_type());
+        zs.push_back(zb.view({B, H, n, d}));
     }
     auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
                  .permute({0, 2, 1, 3});  // [B, T, H, d]

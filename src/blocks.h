@@ -80,8 +80,10 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
 // no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the
 // queries see (S - T of them from before: `past`), -> z [B, T, H, d] before W_O. attention() must
 // equal it (tests/test_blocks.cpp); read this one first.
+// windows (optional): the layer's attention windows (Hooks::windows), applied as attention()
+// applies them, compensation included (in double, from the hidden keys directly).
 at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v);
+                               const at::Tensor& v, const LayerWindows* windows = nullptr);
 
 // Positions [T] int64 continuing from the cache.
 at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache);

@@ -265,14 +265,26 @@ ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
     if (n.IsScalar()) {
         m.kind = r.pick(n, "mode", kinds);
     } else {
-        r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed"});
+        r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed", "sink", "recent", "compensate"});
         if (!n["kind"]) r.fail(n, "mode: missing 'kind' (" + fmt::format("{}", fmt::join(names_in(kinds), ", ")) + ")");
         m.kind = r.pick(n["kind"], "kind", kinds);
         if (n["data"]) m.data = r.str(n["data"], "data");
         if (n["per_position"]) m.per_position = r.boolean(n["per_position"], "per_position");
         if (n["factor"]) m.factor = r.number(n["factor"], "factor");
         if (n["factor"] && m.kind != Intervention::kScale) r.fail(n["factor"], "mode: 'factor' applies to mode scale only");
+        for (const char* key : {"sink", "recent", "compensate"})
+            if (n[key] && m.kind != Intervention::kStream) r.fail(n[key], fmt::format("mode: '{}' applies to mode stream only", key));
+        if (m.kind == Intervention::kStream) {
+            for (const char* key : {"sink", "recent"})
+                if (!n[key]) r.fail(n, fmt::format("mode stream: needs '{}', e.g. {{kind: stream, sink: 4, recent: 64}}", key));
+            m.window.sink = r.integer(n["sink"], "sink");
+            if (m.window.sink < 0) r.fail(n["sink"], fmt::format("'sink': expected an integer >= 0, got {}", m.window.sink));
+            m.window.recent = r.positive(n["recent"], "recent");
+            if (n["compensate"]) m.window.compensate = r.boolean(n["compensate"], "compensate");
+        }
     }
+    if (m.kind == Intervention::kStream && n.IsScalar())
+        r.fail(n, "mode stream: needs a window, e.g. {kind: stream, sink: 4, recent: 64}");
     const bool needs_data = needs_reference(m.kind);
     const char* kind = name_of(m.kind);
     if (needs_data && m.data.empty())

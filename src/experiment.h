@@ -75,6 +75,7 @@ struct ModeSpec {
     std::string data;           // mean, mean-query, resample: the reference dataset
     bool per_position = true;   // mean, mean-query: per position (true) or pooled over positions
     double factor = 0.0;        // scale
+    StreamWindow window;        // stream: sink, recent (both required), compensate (default false)
     YamlMark mark;
 };
 

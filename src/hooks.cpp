@@ -42,11 +42,18 @@ void Hooks::intervene_z(const HeadIntervention& iv) { z_ivs_.push_back(iv); }
 void Hooks::intervene_q(const HeadIntervention& iv) { q_ivs_.push_back(iv); }
 void Hooks::intervene_q_pre_rope(const HeadIntervention& iv) { q_pre_ivs_.push_back(iv); }
 
+void Hooks::window(const HeadWindow& w) {
+    if (w.sink < 0) throw ConfigError(fmt::format("attention window: sink {} is negative", w.sink));
+    if (w.recent < 1) throw ConfigError(fmt::format("attention window: recent {} must be at least 1 (the query sees itself)", w.recent));
+    windows_.push_back(w);
+}
+
 void Hooks::clear() {
     for (auto& e : entries_) e.clear();
     z_ivs_.clear();
     q_ivs_.clear();
     q_pre_ivs_.clear();
+    windows_.clear();
 }
 
 bool Hooks::wants(Point p, int layer) const {
@@ -65,6 +72,8 @@ bool Hooks::has_row_specific_interventions() const {
     for (const auto* v : {&z_ivs_, &q_ivs_, &q_pre_ivs_})
         for (const auto& iv : *v)
             if (iv.row >= 0) return true;
+    for (const auto& w : windows_)
+        if (w.row >= 0 || w.rows_heads.defined()) return true;
     return false;
 }
 
@@ -77,6 +86,44 @@ static bool any_for_layer(const std::vector<HeadIntervention>& v, int layer) {
 bool Hooks::has_z_interventions(int layer) const { return any_for_layer(z_ivs_, layer); }
 bool Hooks::has_q_interventions(int layer) const { return any_for_layer(q_ivs_, layer); }
 bool Hooks::has_q_pre_rope_interventions(int layer) const { return any_for_layer(q_pre_ivs_, layer); }
+
+bool Hooks::has_windows(int layer) const {
+    for (const auto& w : windows_)
+        if (w.layer == layer) return true;
+    return false;
+}
+
+LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device) const {
+    using namespace torch::indexing;
+    LayerWindows lw;
+    if (!has_windows(layer)) return lw;
+    auto sink = torch::zeros({B, H}, torch::kLong), recent = torch::full({B, H}, LayerWindows::kNoWindow, torch::kLong);
+    auto comp = torch::zeros({B, H}, torch::kBool);
+    for (const auto& w : windows_) {
+        if (w.layer != layer) continue;
+        at::Tensor where;  // [B, H] bool
+        if (w.rows_heads.defined()) {
+            if (w.rows_heads.dim() != 2 || w.rows_heads.size(0) != B || w.rows_heads.size(1) != H)
+                throw ConfigError(fmt::format("attention window: the (row, head) mask has {} dims ({} elements), expected [{}, {}]",
+                                              w.rows_heads.dim(), w.rows_heads.numel(), B, H));
+            where = w.rows_heads.to(torch::kCPU).ne(0);
+        } else {
+            if (w.head < 0 || w.head >= H)
+                throw ConfigError(fmt::format("attention window: head {} out of range [0, {})", w.head, H));
+            if (w.row >= B) throw ConfigError(fmt::format("attention window: row {} out of range [0, {})", w.row, B));
+            where = torch::zeros({B, H}, torch::kBool);
+            where.index_put_({w.row < 0 ? Slice() : Slice(w.row, w.row + 1), w.head}, true);
+        }
+        sink.masked_fill_(where, w.sink);
+        recent.masked_fill_(where, w.recent);
+        comp.masked_fill_(where, w.compensate);
+    }
+    lw.any_compensate = comp.any().item<bool>();
+    lw.sink = sink.to(device);
+    lw.recent = recent.to(device);
+    lw.compensate = comp.to(device);
+    return lw;
+}
 
 at::Tensor Hooks::run(Point p, int layer, at::Tensor x) const {
     for (const auto& e : entries_[static_cast<int>(p)]) {

@@ -53,6 +53,33 @@ struct HeadIntervention {
     int64_t peer = -1;  // for kAddPeer: the row read (row must be >= 0 and differ from it)
 };
 
+// An attention window on query heads (Intervention::kStream; docs/forward.md, "Attention windows"):
+// query position q sees keys [0, sink) and (q - recent, q], and on a sliding-window layer only
+// those the layer's window shows too (the tighter of the two). With `compensate`, one more key and
+// value, the means of the keys and values the window hides from q that the layer would show
+// (RazorAttention's compensation token), scored like any key. Which heads: `head` in batch row
+// `row` (-1: every row), or, when `rows_heads` is defined, every (row, head) where that [B, H]
+// bool tensor is true (the ablation engine's per-row configurations).
+struct HeadWindow {
+    int layer = 0;
+    int head = 0;
+    int64_t row = -1;
+    int64_t sink = 0;
+    int64_t recent = 1;  // >= 1: the query always sees itself
+    bool compensate = false;
+    at::Tensor rows_heads;  // [B, H] bool, optional
+};
+
+// One layer's windows as the attention reads them: [B, H] on the attention's device. A head
+// without a window has sink 0 and recent kNoWindow (it sees every key the layer shows).
+struct LayerWindows {
+    static constexpr int64_t kNoWindow = int64_t{1} << 60;
+    at::Tensor sink, recent;  // int64
+    at::Tensor compensate;    // bool
+    bool any_compensate = false;
+    bool defined() const { return sink.defined(); }
+};
+
 // Observer: sees the tensor, may keep a reduction. Editor: returns a replacement or nullopt.
 using CaptureFn = std::function<void(int layer, const at::Tensor& x)>;
 using EditFn = std::function<std::optional<at::Tensor>(int layer, const at::Tensor& x)>;
@@ -79,6 +106,8 @@ public:
     // the family then rotates the result at each position like any query. A replaced pre-RoPE
     // query is LOCOS's mean-query ablation (docs/methods.md); a zeroed one equals a zeroed query.
     void intervene_q_pre_rope(const HeadIntervention& iv);
+    // An attention window (above). ConfigError for sink < 0 or recent < 1.
+    void window(const HeadWindow& w);
     void clear();
 
     bool wants(Point p, int layer) const;
@@ -90,6 +119,10 @@ public:
     bool has_z_interventions(int layer) const;
     bool has_q_interventions(int layer) const;
     bool has_q_pre_rope_interventions(int layer) const;
+    bool has_windows(int layer) const;
+    // The layer's windows for B rows of H heads on `device` (undefined when it has none). ConfigError
+    // for a head or row out of range or a rows_heads mask of another shape.
+    LayerWindows windows(int layer, int64_t B, int64_t H, c10::Device device) const;
     // Applies edits (in subscription order) then captures; returns the possibly replaced tensor.
     // Row-block observers see the whole tensor here with q0 = 0.
     at::Tensor run(Point p, int layer, at::Tensor x) const;
@@ -109,6 +142,7 @@ private:
     };
     std::array<std::vector<Entry>, kNumPoints> entries_;
     std::vector<HeadIntervention> z_ivs_, q_ivs_, q_pre_ivs_;
+    std::vector<HeadWindow> windows_;
 };
 
 }  // namespace hs

@@ -10,12 +10,17 @@
 //   zero-query  attn.q (after RoPE)             0: uniform attention over the visible keys
 //   mean-query  attn.q (YAML studies: after RoPE, per position or pooled)
 //               attn.q_pre_rope (retrieval: LOCOS's pre-RoPE mean, rotated at each position)
+//   stream      the attention mask (keys)       its attention over a window: the first `sink` keys and
+//                                               the last `recent` up to the query (StreamWindow;
+//                                               DuoAttention's streaming heads, RazorAttention's
+//                                               compensation token as an option)
 //
 // Two appliers read this table: Hooks::intervene_z / intervene_q / intervene_q_pre_rope take one
 // head (one batch row or all), used by the needle harness, the trainer and the detectors
 // (`HeadSet` in probes/needle.h); the ablation engine applies a whole configuration per batch row as
 // one [B, 1, H, 1] mask on the same point (probes/ablation.cpp, add_edits), which is the batched
-// form of the same operation.
+// form of the same operation. Stream is applied inside the attention (Hooks::window, one head or a
+// [B, H] mask of (row, head) pairs): docs/forward.md, "Attention windows".
 #pragma once
 
 #include "names.h"
@@ -26,7 +31,16 @@
 
 namespace hs {
 
-enum class Intervention { kNone, kZero, kMean, kResample, kScale, kZeroQuery, kMeanQuery };
+enum class Intervention { kNone, kZero, kMean, kResample, kScale, kZeroQuery, kMeanQuery, kStream };
+
+// kStream's parameters: query position q of the head sees keys [0, sink) and (q - recent, q]
+// (on a sliding-window layer only those its window shows too); with `compensate`, one more key
+// and value, the means of the keys and values it no longer sees (RazorAttention).
+struct StreamWindow {
+    int64_t sink = 4;
+    int64_t recent = 64;
+    bool compensate = false;
+};
 
 // Every intervention a user can name, in the order help texts and messages list them.
 const NameTable<Intervention>& intervention_names();
@@ -48,6 +62,7 @@ inline const NameTable<Intervention>& intervention_names() {
         {Intervention::kZero, "zero"},           {Intervention::kMean, "mean"},
         {Intervention::kResample, "resample"},   {Intervention::kScale, "scale"},
         {Intervention::kZeroQuery, "zero-query"}, {Intervention::kMeanQuery, "mean-query"},
+        {Intervention::kStream, "stream"},
     };
     return t;
 }

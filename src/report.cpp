@@ -657,6 +657,70 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
     return out + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
 }
 
+// Streaming heads (retrieval --stream-sweep): accuracy against the fraction of heads kept full.
+std::string retrieval_streaming(FileView& f, const std::string& g) {
+    auto& r = *f.r;
+    for (const char* need : {"fractions", "accuracy"})
+        if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
+    const auto fr = r.read_numbers(g + "/fractions").values;
+    Dataset acc = r.read_numbers(g + "/accuracy");
+    const int64_t F = static_cast<int64_t>(fr.size());
+    if (acc.shape.size() != 2 || acc.shape[1] != F || acc.shape[0] < 1)
+        return fmt::format("<p class=\"note\">{}: accuracy {} does not match {} fractions; not drawn</p>", esc(g),
+                           shape_str(acc.shape), F);
+    const int64_t O = acc.shape[0];
+    std::vector<double> kv(F, NAN), rl;
+    if (r.exists(g + "/kv_budget")) {
+        auto d = r.read_numbers(g + "/kv_budget").values;
+        if (static_cast<int64_t>(d.size()) == F) kv = d;
+    }
+    if (r.exists(g + "/rougeL_f")) {
+        auto d = r.read_numbers(g + "/rougeL_f").values;
+        if (d.size() == acc.values.size()) rl = d;
+    }
+    Attrs a = r.attrs(g);
+    double base = NAN;
+    if (a.count("baseline_accuracy") && std::holds_alternative<double>(a.at("baseline_accuracy")))
+        base = std::get<double>(a.at("baseline_accuracy"));
+    Series main{"heads kept full by " + attr_str(a, "order_source"), "main", {}},
+        ctl{"random orders", "control", {}, false}, mean{"random orders' mean", "cmean", {}}, bl{"baseline (every head full)", "base", {}};
+    std::vector<std::array<double, 3>> bars;
+    for (int64_t i = 0; i < F; ++i) {
+        main.pts.push_back({fr[i], acc.values[i], fmt::format("order full={} accuracy {} kv_budget {}", fr[i], num(acc.values[i]), num(kv[i]))});
+        if (O > 1) {
+            double lo = INFINITY, hi = -INFINITY, sum = 0;
+            for (int64_t o = 1; o < O; ++o) {
+                const double v = acc.values[o * F + i];
+                ctl.pts.push_back({fr[i], v, fmt::format("random order {} full={} accuracy {}", o, fr[i], num(v))});
+                lo = std::min(lo, v), hi = std::max(hi, v), sum += v;
+            }
+            bars.push_back({fr[i], lo, hi});
+            mean.pts.push_back({fr[i], sum / (O - 1), fmt::format("random mean full={} {}", fr[i], num(sum / (O - 1)))});
+        }
+    }
+    std::vector<Series> ser{main};
+    if (O > 1) ser.push_back(ctl), ser.push_back(mean);
+    if (std::isfinite(base) && F > 0) {
+        const double x0 = *std::min_element(fr.begin(), fr.end()), x1 = *std::max_element(fr.begin(), fr.end());
+        bl.pts = {{x0, base, "baseline " + num(base)}, {x1, base, "baseline " + num(base)}};
+        ser.push_back(bl);
+    }
+    std::string out = fmt::format("<p class=\"desc\">streaming heads: the heads outside the kept fraction see only {} sink and "
+                                  "{} recent keys{}. Baseline accuracy: <b>{}</b>.</p>",
+                                  esc(attr_str(a, "sink")), esc(attr_str(a, "recent")),
+                                  attr_str(a, "compensate") == "true" ? " plus a compensation key" : "", num(base));
+    out += render_chart(ser, "fraction of heads kept at full attention", "accuracy", bars);
+    std::string t = "<table class=\"top\"><tr><th>full fraction</th><th>kv_budget</th><th>accuracy</th><th>ROUGE-L F</th>"
+                    "<th>random orders' accuracy</th></tr>";
+    for (int64_t i = 0; i < F; ++i) {
+        std::string rnd;
+        for (int64_t o = 1; o < O; ++o) rnd += (o > 1 ? " " : "") + num(acc.values[o * F + i]);
+        t += fmt::format("<tr><td>{}</td><td>{}</td><td data-value=\"{}\">{}</td><td>{}</td><td>{}</td></tr>", num(fr[i]), num(kv[i]),
+                         exact(acc.values[i]), num(acc.values[i]), rl.empty() ? "" : num(rl[i]), rnd);
+    }
+    return out + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
+}
+
 std::string render_file(FileView& f, const ReportOptions& o) {
     auto& r = *f.r;
     std::string s = provenance(f);
@@ -694,6 +758,10 @@ std::string render_file(FileView& f, const ReportOptions& o) {
     }
     if (r.is_group("/retrieval/ablation")) {
         s += section(f, "Retrieval: query ablation", retrieval_ablation(f, "/retrieval/ablation"));
+        ++f.known;
+    }
+    if (r.is_group("/retrieval/streaming")) {
+        s += section(f, "Retrieval: streaming heads", retrieval_streaming(f, "/retrieval/streaming"));
         ++f.known;
     }
     return s;

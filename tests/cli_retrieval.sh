@@ -31,7 +31,7 @@ expect "length beyond context" 2 "--lengths: length 600: .* beyond the model's c
 no_file "$O"
 expect "both length options" 2 "at most one of --lengths and --lengths-range" -- "$HS" retrieval "$M" "${H[@]}" --lengths 60 --lengths-range 40:80:3 --out "$O"
 expect "unknown score" 2 "unknown score 'copy'" -- "$HS" retrieval "$M" "${H[@]}" --score retrieval,copy --out "$O"
-expect "bad ablation" 2 "ablation 'mean': expected zero-query, mean-query or zero" -- "$HS" retrieval "$M" "${H[@]}" --ablate L0H0 --ablation mean --out "$O"
+expect "bad ablation" 2 "ablation 'mean': expected zero-query, mean-query, zero or stream" -- "$HS" retrieval "$M" "${H[@]}" --ablate L0H0 --ablation mean --out "$O"
 expect "bad head" 2 "L9H0 is outside the model" -- "$HS" retrieval "$M" "${H[@]}" --lengths 60 --ablate L9H0 --out "$O"
 no_file "$O"
 printf '{"needle": "Lily had a pet frog named Pip and she loved him very much every single day.", "question": "Lily had a pet frog named", "answer": "Pip"}\n' >"$TMP/long.jsonl"

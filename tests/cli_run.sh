@@ -71,7 +71,7 @@ ok "ablate" -- "$HS" ablate "$TOY" --heads L1H0,L1H3 --mode zero --metric loss -
 check "ablate prints both" -- grep -qE '^with +[0-9.]+$' "$TMP/out"
 ok "ablate prompts" -- "$HS" ablate "$TOY" --heads L0H2 --metric logit-diff --data datasets/experiments/toy-induction-prompts.jsonl
 expect "ablate bad head" 2 "L9H0 is outside the model" -- "$HS" ablate "$TOY" --heads L9H0 --repeated 10
-expect "ablate bad mode" 2 "mode 'half': expected zero, mean, resample, scale, zero-query or mean-query" -- "$HS" ablate "$TOY" --heads L0H0 --mode half --repeated 10
+expect "ablate bad mode" 2 "mode 'half': expected zero, mean, resample, scale, zero-query, mean-query or stream" -- "$HS" ablate "$TOY" --heads L0H0 --mode half --repeated 10
 
 echo "cli-run: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -16,6 +16,7 @@ struct AblateOptions {
     std::string heads, mode = "zero", metric = "loss", positions, data, data_kind = "auto", token_range;
     double factor = 0.0;
     int64_t seq_len = 128, count = 0, repeated = 0, seed = 0, max_rows = 64;
+    StreamWindow window;  // --mode stream: --sink, --recent, --compensate
 };
 
 static std::string guess_kind(const std::string& file) {
@@ -32,6 +33,8 @@ void run_ablate(const AblateOptions& o) {
     if (o.data.empty() == (o.repeated == 0))
         throw UsageError("give one of --data FILE and --repeated N (rows [BOS, R, R] with |R| = N)");
     const auto mode = with_flag("--mode", [&] { return parse_intervention(o.mode, "mode"); });
+    if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
+    if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
     const auto metric = with_flag("--metric", [&] { return parse_name(metric_names(), o.metric, "metric"); });
     auto l = open_model(o.model, false);
     const Model& m = *l.model;
@@ -58,6 +61,7 @@ void run_ablate(const AblateOptions& o) {
     }
     const AblationData data = make_data(e, d, m, l.tokenizer.get());
     AblationSetup s;
+    s.window = o.window;
     s.mode = mode, s.factor = o.factor, s.metric = metric, s.max_rows = o.max_rows, s.resample_seed = o.seed;
     s.positions = !o.positions.empty() ? with_flag("--positions", [&] { return parse_name(positions_names(), o.positions, "positions"); })
                   : (metric == MetricKind::kAccuracy || metric == MetricKind::kLogitDiff) ? Positions::kAnswer
@@ -86,6 +90,10 @@ void setup_ablate(CLI::App& app) {
     sub->add_option("--heads", o->heads, "heads to ablate, e.g. L1H0,L1H3")->required();
     sub->add_option("--mode", o->mode, or_list(intervention_name_list()))->capture_default_str();
     sub->add_option("--factor", o->factor, "mode scale: z *= factor");
+    sub->add_option("--sink", o->window.sink, "mode stream: the first keys every query of the head sees")->capture_default_str();
+    sub->add_option("--recent", o->window.recent, "mode stream: the last keys up to and including the query")->capture_default_str();
+    sub->add_flag("--compensate", o->window.compensate,
+                  "mode stream: one more key/value, the means of those the window hides (RazorAttention)");
     sub->add_option("--metric", o->metric, "loss, kl, accuracy, logit-diff")->capture_default_str();
     sub->add_option("--positions", o->positions, "loss/kl: all, repeated-half or answer (default by data)");
     sub->add_option("--data", o->data, "token-id lines, a text file, or prompts JSONL "

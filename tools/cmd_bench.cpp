@@ -4,6 +4,7 @@
 #include "common.h"
 #include "errors.h"
 #include "guard.h"
+#include "intervention.h"
 #include "patterns.h"
 #include "system.h"
 
@@ -21,6 +22,8 @@ struct BenchOptions {
     int reps = 5;
     int64_t seed = 0;
     bool json = false;
+    double stream_decode = -1;  // fraction of heads streaming in the decode-step timing (< 0: not run)
+    StreamWindow window;
 };
 
 // Median seconds of `reps` runs of fn after one warm-up.
@@ -47,6 +50,39 @@ static double forward_flops(const ModelConfig& c, int64_t B, int64_t T) {
     return tok * (c.n_layers * (proj + mlp + attn) + 2.0 * c.d_model * c.vocab_size);
 }
 
+// Decode-step time (streaming heads, issue 23): --seq tokens prefilled into a KV cache once, then one
+// decode step from that cache timed (median of --reps) with no window and with the first
+// round(fraction x L x H) heads (flat order l * H + h) streaming; both in this run. Prints the ratio.
+static void bench_stream_decode(const BenchOptions& o, const Model& m, const at::Tensor& tokens) {
+    const auto& c = m.config;
+    const int64_t LH = int64_t{c.n_layers} * c.n_heads;
+    const int64_t k = std::llround(o.stream_decode * static_cast<double>(LH));
+    Hooks stream;
+    for (int64_t i = 0; i < k; ++i)
+        stream.window({static_cast<int>(i / c.n_heads), static_cast<int>(i % c.n_heads), -1, o.window.sink, o.window.recent,
+                       o.window.compensate, {}});
+    KVCache prefilled;
+    ForwardOptions no_logits;
+    no_logits.compute_logits = false;
+    const int64_t P = tokens.size(1) - 1;
+    for (int64_t p0 = 0; p0 < P; p0 += 512)  // prefill in chunks, as the needle harness does
+        m.forward(tokens.narrow(1, p0, std::min<int64_t>(512, P - p0)), nullptr, &prefilled, no_logits);
+    auto next = tokens.narrow(1, P, 1);
+    at::Tensor a, b;
+    const double t_full = median_time(o.reps, [&] {
+        KVCache step = prefilled;  // the step appends to its own copy of the handles
+        a = m.forward(next, nullptr, &step);
+    });
+    const double t_stream = median_time(o.reps, [&] {
+        KVCache step = prefilled;
+        b = m.forward(next, &stream, &step);
+    });
+    fmt::print("decode step      {:8.2f} ms  after {} cached tokens, batch {}, no head streaming\n", t_full * 1e3, P, tokens.size(0));
+    fmt::print("  streaming      {:8.2f} ms  {} of {} heads (sink {}, recent {}{}): {:.2f}x the full step's time\n",
+               t_stream * 1e3, k, LH, o.window.sink, o.window.recent, o.window.compensate ? ", compensated" : "",
+               t_stream / t_full);
+}
+
 void run_bench(const BenchOptions& o) {
     auto l = open_model(o.model, false);
     const auto& c = l.model->config;
@@ -57,6 +93,14 @@ void run_bench(const BenchOptions& o) {
     torch::manual_seed(static_cast<uint64_t>(o.seed));
     auto tokens = torch::randint(0, c.vocab_size, {o.batch, o.seq}, torch::kLong).to(l.model->options.device);
     c10::InferenceMode im;
+    if (o.stream_decode >= 0) {
+        if (o.stream_decode > 1) throw UsageError(fmt::format("--stream-decode: {} is not a fraction in [0, 1]", o.stream_decode));
+        if (o.seq < 2) throw UsageError("--stream-decode: needs --seq of at least 2 (a prefill and a step)");
+        if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
+        if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
+        bench_stream_decode(o, *l.model, tokens);
+        return;
+    }
     ForwardOptions per_row;
     per_row.gemm = GemmMode::kPerRow;
     at::Tensor logits;
@@ -120,6 +164,11 @@ void setup_bench(CLI::App& app) {
     sub->add_option("--reps", o->reps, "timed repetitions (median reported)")->capture_default_str()->check(at_least(1));
     sub->add_option("--seed", o->seed, "seed for the random tokens")->capture_default_str();
     sub->add_flag("--json", o->json, "print the numbers as JSON");
+    sub->add_option("--stream-decode", o->stream_decode,
+                    "instead: time one decode step after --seq - 1 cached tokens, no window vs this fraction of heads "
+                    "streaming (--sink, --recent)");
+    sub->add_option("--sink", o->window.sink, "--stream-decode: sink keys")->capture_default_str();
+    sub->add_option("--recent", o->window.recent, "--stream-decode: recent keys")->capture_default_str();
     sub->callback([o] { run_bench(*o); });
 }
 

@@ -8,6 +8,7 @@
 #include "needle.h"
 #include "needle_store.h"
 #include "progress.h"
+#include "razor.h"
 #include "run_state.h"
 #include "util.h"
 
@@ -19,8 +20,10 @@
 #include <cmath>
 #include <chrono>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace hs::cli {
@@ -58,6 +61,12 @@ struct RetrievalOptions {
     std::string contrast, alpha = "entropy", enhance, suppress;
     double alpha_max = std::numeric_limits<double>::infinity();
     double alpha_enhance = 0.0, alpha_suppress = 0.0;
+    // Attention windows: --ablation stream and --stream-sweep (run_stream_sweep).
+    StreamWindow window;
+    bool stream_sweep = false;
+    std::string order = "locos";
+    std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
+    int64_t random_orders = 3;
 };
 
 // LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
@@ -210,6 +219,163 @@ static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path
     return std::make_unique<NeedleResults>(read_needle_results(r));
 }
 
+// ---- streaming heads: --stream-sweep ----
+
+// The window flags, checked before the model loads.
+static void check_stream_options(const RetrievalOptions& o, const Shard& shard) {
+    if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
+    if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
+    if (!o.stream_sweep) return;
+    if (shard.count > 1) throw UsageError("--stream-sweep: not sharded (run it unsharded, or on a merged scan's --order file)");
+    if (o.random_orders < 0) throw UsageError("--random-orders: need >= 0");
+    for (const auto& part : split(o.full_fractions, ',')) {
+        const auto p = trim(part);
+        size_t used = 0;
+        double v = -1;
+        try {
+            v = std::stod(p, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (p.empty() || used != p.size() || !(v >= 0 && v <= 1))
+            throw UsageError(fmt::format("--full-fractions: '{}' is not a fraction in [0, 1]", p));
+    }
+}
+
+// --stream-sweep's --order, resolved before the scan (a bad file fails before anything is written):
+// a file's [L, H] score or razor's; undefined for this run's locos / retrieval (known after the scan).
+static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, bool want_ret, bool want_locos,
+                                     std::string* source) {
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    if (o.order == "locos" || o.order == "retrieval") {
+        if (!(o.order == "locos" ? want_locos : want_ret))
+            throw UsageError(fmt::format("--order {}: this run does not compute it (see --score)", o.order));
+        *source = "this run: scores/" + o.order + "/score";
+        return {};
+    }
+    if (o.order == "razor") {
+        *source = "razor (RazorAttention: echo and induction scores on repeated random tokens, max over each KV group)";
+        return razor_head_score(m, RazorSettings{});
+    }
+    *source = o.order;
+    return with_flag("--order", [&] { return read_head_score(split_head_score_ref(o.order), L, H); });
+}
+
+// For each fraction rho of --full-fractions, the top round(rho x L x H) heads of the order keep full
+// attention and every other head streams (sink + recent window); the same for --random-orders seeded
+// random orders (heads.h random_subset, seeds seed + 3 + r). Each configuration decodes every trial
+// (NeedleTest::run_ablated with a stream HeadSet); identical head sets run once. Appends
+// /retrieval/streaming to `out` (docs/hdf5-schema.md) and prints the curve. `score`: the order's
+// score (stream_order_score), or undefined for this run's locos / retrieval in `sum`.
+static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
+                             const std::string& out, at::Tensor score, const std::string& source) {
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    const int64_t LH = int64_t{L} * H;
+    std::vector<double> fractions;
+    for (const auto& part : split(o.full_fractions, ','))
+        if (!trim(part).empty()) fractions.push_back(std::stod(trim(part)));
+    if (fractions.empty()) throw UsageError("--full-fractions: no value given");
+    if (!score.defined()) score = o.order == "locos" ? sum.locos : sum.ret;
+    std::vector<std::vector<int64_t>> orders = {rank_heads(score.to(torch::kCPU, torch::kDouble), true)};
+    std::vector<int64_t> all(LH);
+    for (int64_t i = 0; i < LH; ++i) all[i] = i;
+    for (int64_t r = 0; r < o.random_orders; ++r)
+        orders.push_back(random_subset(all, LH, static_cast<uint64_t>(o.seed) + 3 + static_cast<uint64_t>(r)));
+    const int64_t R = static_cast<int64_t>(orders.size()), F = static_cast<int64_t>(fractions.size());
+    const auto& trials = test.trials();
+    const int64_t N = static_cast<int64_t>(trials.size());
+
+    // Configurations: the streaming heads of (order, fraction); identical sets decode once.
+    std::vector<int64_t> full_heads(F);
+    std::vector<uint8_t> masks(R * F * LH, 0);
+    std::map<std::vector<int64_t>, std::pair<float, float>> done;  // sorted streaming heads -> accuracy, ROUGE-L F
+    int64_t distinct = 0;
+    {
+        std::set<std::vector<int64_t>> sets;
+        for (int64_t f = 0; f < F; ++f) {
+            full_heads[f] = std::min<int64_t>(LH, std::llround(fractions[f] * static_cast<double>(LH)));
+            for (int64_t r = 0; r < R; ++r) {
+                std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
+                std::sort(st.begin(), st.end());
+                sets.insert(st);
+                for (auto i : st) masks[(r * F + f) * LH + i] = 1;
+            }
+        }
+        distinct = static_cast<int64_t>(sets.size());
+    }
+    Progress prog("streaming sweep trials", distinct * N);
+    std::vector<float> accuracy(R * F), rouge(R * F);
+    for (int64_t f = 0; f < F; ++f)
+        for (int64_t r = 0; r < R; ++r) {
+            std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
+            std::sort(st.begin(), st.end());
+            auto it = done.find(st);
+            if (it == done.end()) {
+                HeadSet hs;
+                hs.mode = Intervention::kStream;
+                hs.window = o.window;
+                for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
+                const auto res = test.run_ablated(hs, [&prog] { prog.tick(); });
+                double acc = 0, rl = 0;
+                for (const auto& t : res) acc += t.passed, rl += t.rougeL_f;
+                it = done.emplace(st, std::make_pair(static_cast<float>(acc / N), static_cast<float>(rl / N))).first;
+            }
+            accuracy[r * F + f] = it->second.first, rouge[r * F + f] = it->second.second;
+        }
+    prog.finish();
+    // The real KV fraction kept: rho + (1 - rho) min(1, W / N) per trial, averaged (W = sink + recent,
+    // + 1 with the compensation token; N = the trial's prompt tokens, the keys at the first decode step).
+    const double W = static_cast<double>(o.window.sink + o.window.recent + (o.window.compensate ? 1 : 0));
+    std::vector<float> kv_budget(F);
+    for (int64_t f = 0; f < F; ++f) {
+        const double rho = static_cast<double>(full_heads[f]) / static_cast<double>(LH);
+        double total = 0;
+        for (const auto& t : trials) total += rho + (1 - rho) * std::min(1.0, W / static_cast<double>(t.prompt.size()));
+        kv_budget[f] = static_cast<float>(total / static_cast<double>(N));
+    }
+
+    ResultWriter w(out, WriteMode::kAppend);
+    const std::string g = "/retrieval/streaming";
+    std::vector<int64_t> order_flat;
+    for (const auto& ord : orders) order_flat.insert(order_flat.end(), ord.begin(), ord.end());
+    w.write(g + "/fractions", std::vector<float>(fractions.begin(), fractions.end()), {F});
+    w.write(g + "/full_heads", full_heads, {F});
+    w.write(g + "/order", order_flat, {R, LH});
+    w.write(g + "/masks", masks, {R, F, L, H});
+    w.write(g + "/accuracy", accuracy, {R, F});
+    w.write(g + "/rougeL_f", rouge, {R, F});
+    w.write(g + "/kv_budget", kv_budget, {F});
+    w.set_attrs(g, {{"sink", o.window.sink},
+                    {"recent", o.window.recent},
+                    {"compensate", std::string(o.window.compensate ? "true" : "false")},
+                    {"order_source", source},
+                    {"random_orders", o.random_orders},
+                    {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", o.seed)},
+                    {"baseline_accuracy", sum.accuracy},
+                    {"baseline_rougeL_f", sum.rougeL},
+                    {"scope", std::string(ablation_scope_name(test.config().decode.scope))},
+                    {"description", std::string("order row 0 ranks heads by order_source (best first, NaN last), rows 1.. are "
+                                                "random orders; for fraction rho the first full_heads = round(rho L H) heads "
+                                                "of an order keep full attention, every other head streams (keys [0, sink) "
+                                                "and (q - recent, q]); masks 1 = the head streams; accuracy and rougeL_f "
+                                                "[order, fraction] over every trial; kv_budget = mean over trials of "
+                                                "rho + (1 - rho) min(1, (sink + recent [+ 1 compensation]) / prompt tokens)")}});
+    w.commit();
+
+    std::printf("streaming sweep: sink %lld, recent %lld%s; order %s; %lld random order%s\n",
+                static_cast<long long>(o.window.sink), static_cast<long long>(o.window.recent),
+                o.window.compensate ? " + compensation" : "", source.c_str(), static_cast<long long>(o.random_orders),
+                o.random_orders == 1 ? "" : "s");
+    std::printf("%8s %6s %9s %9s %9s  %s\n", "full", "heads", "kv_budget", "accuracy", "ROUGE-L F", "random orders' accuracy");
+    for (int64_t f = 0; f < F; ++f) {
+        std::string rnd;
+        for (int64_t r = 1; r < R; ++r) rnd += fmt::format("{}{:.3f}", r > 1 ? " " : "", accuracy[r * F + f]);
+        std::printf("%8.3f %6lld %9.3f %9.3f %9.3f  %s\n", fractions[f], static_cast<long long>(full_heads[f]), kv_budget[f],
+                    accuracy[f], rouge[f], rnd.empty() ? "-" : rnd.c_str());
+    }
+    std::printf("baseline accuracy %.3f (every head full)\n", sum.accuracy);
+}
+
 // What the command line asks for, parsed and cross-checked (single-flag ranges are CLI11 checks in
 // setup_retrieval).
 struct RetrievalPlan {
@@ -265,6 +431,7 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
         if (p.shard.count > 1) throw UsageError("--decoding decore|juice is not sharded yet: run it without --shard");
         if (o.resume) throw UsageError("--decoding decore|juice does not resume yet: run it without --resume");
     }
+    check_stream_options(o, p.shard);
     return p;
 }
 
@@ -395,10 +562,11 @@ public:
         const int L = m_.config.n_layers, H = m_.config.n_heads;
         ablate_source_ = std::move(source);
         sets_ = {heads};
-        for (auto& s : with_flag("--random-controls", [&] {
-                 return random_head_sets(L, H, heads, o_.random_controls, static_cast<uint64_t>(o_.seed) + 1);
-             }))
-            sets_.push_back(s);
+        if (o_.random_controls > 0)  // (none asked: a set of more than half the heads needs no room for controls)
+            for (auto& s : with_flag("--random-controls", [&] {
+                     return random_head_sets(L, H, heads, o_.random_controls, static_cast<uint64_t>(o_.seed) + 1);
+                 }))
+                sets_.push_back(s);
         res_.init_sets(sets_);
         if (!prev_) return;
         const int64_t N = res_.N;
@@ -520,6 +688,8 @@ void NeedleScan::write(int64_t n_sets_planned) {
                     {"scope", std::string(ablation_scope_name(p_.cfg.decode.scope))},
                     {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
                                              "without replacement from the heads NOT in set 0")}};
+        if (p_.ablation == Intervention::kStream)
+            aa["window"] = std::vector<int64_t>{o_.window.sink, o_.window.recent, o_.window.compensate ? 1 : 0};
         if (p_.ablation == Intervention::kMeanQuery) {
             aa["calibration_trials"] = n_calib_;
             aa["calibration_trial_indices"] = calib_idx_;
@@ -639,6 +809,9 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (!o.ablate.empty()) ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
     if (!o.from.empty()) from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
+    at::Tensor stream_score;
+    std::string stream_source;
+    if (o.stream_sweep) stream_score = stream_order_score(o, m, p.want_ret, p.want_locos, &stream_source);
 
     NeedleConfig cfg = p.cfg;
     cfg.max_positions = m.config.max_seq_len;
@@ -699,7 +872,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (calibrate) scan.calibrate(n_calib, tick);
     if (p.ablating && !sets_first) choose_sets(&sum);
     for (size_t si = 0; si < scan.sets().size(); ++si) {
-        const HeadSet hs{scan.sets()[si], p.ablation, scan.q_mean()};
+        const HeadSet hs{scan.sets()[si], p.ablation, scan.q_mean(), o.window};
         scan.run_pass(static_cast<int64_t>(si), &hs, tick);
     }
     if (p.decoding != CombineRule::kIndependent) run_decoding_pass(o, p, m, test, scan, tick);
@@ -707,6 +880,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     scan.write(n_sets_planned);
     sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
+    if (o.stream_sweep) run_stream_sweep(o, test, m, sum, out, stream_score, stream_source);
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 
@@ -734,7 +908,11 @@ void setup_retrieval(CLI::App& app) {
         "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 0/2 --out needle.shard-0-of-2.h5\n"
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
-        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 1/2 --out needle.shard-1-of-2.h5");
+        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 1/2 --out needle.shard-1-of-2.h5\n"
+        "Streaming heads (DuoAttention): the top heads by LOCOS keep full attention, the others see 1 sink + 4 recent keys:\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
+        "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
@@ -767,7 +945,7 @@ void setup_retrieval(CLI::App& app) {
         ->check(at_least(0))
         ->capture_default_str();
     sub->add_option("--ablate", o->ablate, "heads to ablate, e.g. L1H0,L2H3");
-    sub->add_option("--ablation", o->ablation, "zero-query, mean-query or zero")->capture_default_str();
+    sub->add_option("--ablation", o->ablation, "zero-query, mean-query, zero or stream (--sink, --recent)")->capture_default_str();
     sub->add_option("--ablate-top", o->ablate_top,
                     "ablate the top K heads of --from (default: this run's LOCOS score, else retrieval)")
         ->check(at_least(0));
@@ -792,6 +970,19 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--checkpoint-seconds", o->checkpoint_seconds,
                     "rewrite --out (atomically) after a batch when this long has passed since the last write (0: every batch)")
         ->check(at_least(0))
+        ->capture_default_str();
+    sub->add_option("--sink", o->window.sink, "stream: the first keys a streaming head sees")->capture_default_str();
+    sub->add_option("--recent", o->window.recent, "stream: the last keys up to and including the query")->capture_default_str();
+    sub->add_flag("--compensate", o->window.compensate,
+                  "stream: one more key/value per streaming head, the means of those its window hides (RazorAttention)");
+    sub->add_flag("--stream-sweep", o->stream_sweep,
+                  "after the scan: for each --full-fractions rho the top rho of heads by --order keep full attention, "
+                  "the rest stream (--sink, --recent); also --random-orders random orders; writes /retrieval/streaming");
+    sub->add_option("--order", o->order,
+                    "stream sweep: locos or retrieval (this run's score), FILE.h5:DATASET (an [L, H] score), or razor")
+        ->capture_default_str();
+    sub->add_option("--full-fractions", o->full_fractions, "stream sweep: fractions of heads kept full")->capture_default_str();
+    sub->add_option("--random-orders", o->random_orders, "stream sweep: random head orders (controls, seeded by --seed)")
         ->capture_default_str();
     sub->add_option("--decoding", o->decoding,
                     "greedy, or also decode every trial under DeCoRe (decore: --contrast HEADS --alpha entropy|F "

@@ -210,6 +210,11 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
             a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
         if (s.mode.kind == Intervention::kScale) a["mode_factor"] = s.mode.factor;
+        if (s.mode.kind == Intervention::kStream) {
+            a["mode_sink"] = s.mode.window.sink;
+            a["mode_recent"] = s.mode.window.recent;
+            a["mode_compensate"] = std::string(s.mode.window.compensate ? "true" : "false");
+        }
         if (s.mode.kind == Intervention::kResample) a["resample_seed"] = st.setup.resample_seed;
         if (s.sweep == SweepKind::kPrune) {
             std::vector<float> fr(st.cfg.fraction.begin(), st.cfg.fraction.end());
@@ -367,6 +372,7 @@ StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const
     st.data = data;
     st.setup.mode = s.mode.kind;
     st.setup.factor = s.mode.factor;
+    st.setup.window = s.mode.window;
     st.setup.per_position = s.mode.per_position;
     st.setup.reference = reference;
     st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
