@@ -1,5 +1,6 @@
 // Checks that turn a bad input into one clear error before it can do harm (docs/reliability.md,
 // "The bad-input guarantee"): text that is not UTF-8, and a size that could never fit in memory.
+// (The leftovers of killed writers are temp_files.h's.)
 #pragma once
 
 #include <cstdint>
@@ -20,9 +21,6 @@ uint64_t physical_memory_bytes();
 // `bytes` (a lower bound of what the request allocates) exceeds the physical memory, so an absurd
 // size is refused before the allocation rather than failing inside it.
 void check_fits_in_memory(double bytes, const std::string& what);
-// Removes "<path>.tmp-<pid>" files that a killed writer left behind (its process no longer runs).
-// They are never read as results (readers open only <path>), but they would pile up.
-void remove_stale_temps(const std::string& path);
 
 // Saturating a * b * ... for sizes read from files or the command line (no signed overflow).
 double size_product(std::initializer_list<double> factors);

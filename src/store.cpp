@@ -1,7 +1,7 @@
 #include "store.h"
 
 #include "errors.h"
-#include "guard.h"
+#include "temp_files.h"
 #include "util.h"
 
 #include <fmt/format.h>

@@ -1,7 +1,7 @@
 #include "util.h"
 
 #include "errors.h"
-#include "guard.h"
+#include "temp_files.h"
 
 #include <fmt/format.h>
 #include <openssl/evp.h>

@@ -404,8 +404,10 @@ TEST_CASE("ablation run: SIGKILL then --resume equals an uninterrupted run; two 
             CHECK(r->read(g + "/masks").values == full.read(g + "/masks").values);
             for (double d : r->read(g + "/done").values) CHECK(d == 1);
         }
-        auto d0 = s0.read(g + "/done");
-        for (size_t i = 0; i < d0.values.size(); ++i) CHECK(d0.values[i] == (i % 2 == 0 ? 1 : 0));
+        // Shard 0 of 2 ran exactly the even batches of the unsharded run's plan.
+        auto d0 = s0.read(g + "/done"), batch = full.read(g + "/batch");
+        CHECK(s0.read(g + "/batch").values == batch.values);
+        for (size_t i = 0; i < d0.values.size(); ++i) CHECK(d0.values[i] == (static_cast<int64_t>(batch.values[i]) % 2 == 0 ? 1 : 0));
     }
     // A shard of another experiment is refused.
     std::ofstream(dir.file("other.yaml")) << read_text_file(exp) << "\n# edited\n";

@@ -196,6 +196,10 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         w.write(g + "/k", st.cfg.k, {S});
         w.write(g + "/control_seed", st.cfg.control_seed, {S});
         w.write(g + "/done", st.done, {S});
+        std::vector<int64_t> batch_of(S, -1);  // the forward that computes each configuration (shard k % N)
+        for (size_t k = 0; k < st.batches.size(); ++k)
+            for (auto c : st.batches[k]) batch_of[c] = static_cast<int64_t>(k);
+        w.write(g + "/batch", batch_of, {S});
         const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff;
         Attrs a = {{"sweep", std::string(name_of(s.sweep))},
                    {"mode", std::string(name_of(s.mode.kind))},

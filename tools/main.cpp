@@ -55,6 +55,13 @@ int main(int argc, char** argv) {
         app.parse(argc, argv);
     } catch (const CLI::Success& e) {
         return app.exit(e);
+    } catch (const CLI::ValidationError& e) {
+        // A value outside its range (at_least, in_range): one line, like every bad input.
+        std::fprintf(stderr, "headscope: error: %s\n", e.what());
+        return static_cast<int>(ExitCode::kUsage);
+    } catch (const CLI::ExcludesError& e) {
+        std::fprintf(stderr, "headscope: error: %s\n", e.what());
+        return static_cast<int>(ExitCode::kUsage);
     } catch (const CLI::ParseError& e) {
         app.exit(e);  // prints the message (and help on --help)
         return static_cast<int>(ExitCode::kUsage);
