@@ -144,8 +144,9 @@ DecodingOut decode_rows(const Model& m, const std::vector<int64_t>& prompt, cons
     // and the masked model); the other rules prefill every row with its interventions (JUICE adds
     // to every token).
     KVCache cache;
-    ForwardOptions no_logits;
+    ForwardOptions no_logits, step_opts;
     no_logits.compute_logits = false;
+    no_logits.gemm = step_opts.gemm = spec.exact_rows ? GemmMode::kPerRow : GemmMode::kFolded;
     const bool shared_prefill = spec.rule == CombineRule::kDecore;
     const int64_t chunk = std::max<int64_t>(1, prefill_chunk);
     auto ids = torch::tensor(prompt, longs).unsqueeze(0);
@@ -164,7 +165,7 @@ DecodingOut decode_rows(const Model& m, const std::vector<int64_t>& prompt, cons
     std::vector<int64_t> feed(R, prompt.back());
     std::vector<bool> stopped(R, false);
     for (int64_t t = 0; t < spec.max_new_tokens; ++t) {
-        auto logits = m.forward(torch::tensor(feed, longs).unsqueeze(1), &hooks, &cache)  // [R, 1, V]
+        auto logits = m.forward(torch::tensor(feed, longs).unsqueeze(1), &hooks, &cache, step_opts)  // [R, 1, V]
                           .select(1, 0)
                           .to(torch::kFloat)
                           .cpu();

@@ -56,6 +56,11 @@ struct DecodingSpec {
     double alpha_enhance = 0.0, alpha_suppress = 0.0;
     int64_t max_new_tokens = 32;
     bool keep_logits = false;  // DecodingOut::logits (tests, analysis)
+    // Per-row GEMMs: every row bit-identical to its unbatched run (docs/forward.md), at the price of
+    // reading the weights once per row each step. Off (default): one folded GEMM for all rows, the
+    // weights read once a step (a decode step is weight-bound), rows equal to their unbatched runs
+    // up to fp rounding.
+    bool exact_rows = false;
 };
 // DeCoRe's two rows: the plain model and `heads` masked by zero-query (the reference's flash path:
 // a zero query, so uniform attention over the visible prefix).

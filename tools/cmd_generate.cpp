@@ -34,6 +34,7 @@ struct GenerateOptions {
     double alpha_max = std::numeric_limits<double>::infinity();
     double alpha_enhance = 0.0, alpha_suppress = 0.0;
     bool json = false;
+    bool exact_rows = false;
 };
 
 // Next token from logits [V]: argmax at temperature 0, else nucleus sampling.
@@ -86,6 +87,7 @@ static std::optional<DecodingSpec> decoding_from_options(const GenerateOptions& 
         for (const auto& r : o.rows) spec.rows.push_back(with_flag("--rows", [&] { return parse_decoding_row(r, L, H); }));
     }
     spec.max_new_tokens = o.steps;
+    spec.exact_rows = o.exact_rows;
     return spec;
 }
 
@@ -211,6 +213,9 @@ void setup_generate(CLI::App& app) {
     sub->add_option("--alpha-enhance", o->alpha_enhance, "JUICE: enhance coefficient")->capture_default_str();
     sub->add_option("--suppress", o->suppress, "JUICE: heads whose output gets - alpha-suppress x the plain run's");
     sub->add_option("--alpha-suppress", o->alpha_suppress, "JUICE: suppress coefficient")->capture_default_str();
+    sub->add_flag("--exact-rows", o->exact_rows,
+                  "rows: one GEMM per row, each row bit-identical to its unbatched run (default: one folded GEMM for "
+                  "all rows, the weights read once a step; rows equal up to rounding)");
     sub->add_flag("--json", o->json, "with rows: print per row and combined token ids and text as JSON (key tokens: the combined output)");
     sub->callback([o] { run_generate(*o); });
 }
