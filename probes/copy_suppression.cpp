@@ -58,7 +58,13 @@ static at::Tensor project_qk_head(const Model& m, const at::Tensor& x, const at:
         return y.index({Slice(), Slice(slot * d, (slot + 1) * d)});
     }
     auto y = torch::matmul(x, f32(w.index({Slice(slot * d, (slot + 1) * d)})).t());  // [N, d]
-    return c.qk_norm ? blocks::rms_norm(y, f32(norm_w), c.norm_eps, false) : y;
+    // Gemma 3's q/k norms are (1 + w) RMSNorms (families/gemma.cpp); Qwen3's plain ones.
+    return c.qk_norm ? blocks::rms_norm(y, f32(norm_w), c.norm_eps, c.family == Family::kGemma) : y;
+}
+
+at::Tensor copy_suppression_qk(const Model& m, int layer, const at::Tensor& x, bool key, int64_t slot) {
+    const auto& lw = m.weights.layers[layer];
+    return key ? project_qk_head(m, f32(x), lw.wk, lw.k_norm_w, slot) : project_qk_head(m, f32(x), lw.wq, lw.q_norm_w, slot);
 }
 
 // Rows `tok` of x without a copy when tok is every row in order (the default: all tokens).

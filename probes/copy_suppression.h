@@ -56,6 +56,12 @@ struct LayerRanks {
 LayerRanks copy_suppression_layer_ranks(const Model& m, int layer, const at::Tensor& w_ee, const at::Tensor& u_f,
                                         const at::Tensor& tokens, int64_t row_block);
 
+// The query (key = false) or key (key = true) of head `slot` (a query head, or a kv head for keys)
+// of `layer` for rows x [N, D] that are already the layer's attention input (after its norm), as
+// the QK scores above form them: the projection and the family's q/k norm, RoPE left out. Equal to
+// the forward's attn.q_pre_rope (tests/test_weight_probes.cpp).
+at::Tensor copy_suppression_qk(const Model& m, int layer, const at::Tensor& x, bool key, int64_t slot);
+
 // Dynamic score on real text: for each (q, k) with A[q, k] > threshold and k != 0, the head's
 // output A[q,k] v_k W_O / scale[q] projected by W_U_f; rank of token[k] among the most negative
 // logits (a positive rescaling, so the rank depends on k and the head only).

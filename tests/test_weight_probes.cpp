@@ -3,6 +3,7 @@
 // the real logit difference; the shipped relation files survive GPT-2 tokenisation.
 #include <doctest/doctest.h>
 
+#include "blocks.h"
 #include "copy_suppression.h"
 #include "dla.h"
 #include "errors.h"
@@ -344,4 +345,32 @@ TEST_CASE("benchmark: copy suppression and MAPS per head at V = 50257" * doctest
             << " s/head; threads " << torch::get_num_threads());
     CHECK(r.ov.max().item<int64_t>() < 50257);
     CHECK(ms.score.numel() == 12);
+}
+
+TEST_CASE("copy suppression: its query and key projections equal the forward's, q/k norms included (Gemma 3's 1 + w)") {
+    for (const std::string name : {"gemma3", "qwen3", "olmo2", "llama3_rope"}) {
+        CAPTURE(name);
+        auto m = load_model(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + name);
+        const auto& c = m->config;
+        const int layer = c.n_layers - 1;
+        Hooks hooks;
+        at::Tensor resid, q, k;
+        hooks.capture(Point::kResidPre, [&](int, const at::Tensor& x) { resid = x.clone(); }, layer);
+        hooks.capture(Point::kAttnQPreRope, [&](int, const at::Tensor& x) { q = x.clone(); }, layer);
+        hooks.capture(Point::kAttnK, [&](int, const at::Tensor& x) { k = x.clone(); }, layer);
+        torch::NoGradGuard ng;
+        const auto tokens = torch::tensor(std::vector<int64_t>{1, 5, 9, 2, 7, 3}, torch::kLong).unsqueeze(0);
+        m->forward(tokens, &hooks);
+        const auto& lw = m->weights.layers[layer];
+        const auto h = blocks::norm(c, resid, lw.attn_norm_w, lw.attn_norm_b)[0].to(torch::kFloat);  // [T, D]
+        for (int64_t head = 0; head < c.n_heads; ++head) {
+            const auto mine = copy_suppression_qk(*m, layer, h, false, head);
+            CHECK(torch::allclose(mine, q[0].select(1, head).to(torch::kFloat), 1e-5, 1e-5));
+        }
+        // attn.k is after RoPE, which is the identity at position 0.
+        for (int64_t kv = 0; kv < c.n_kv_heads; ++kv) {
+            const auto mine = copy_suppression_qk(*m, layer, h.narrow(0, 0, 1), true, kv);
+            CHECK(torch::allclose(mine[0], k[0][0][kv].to(torch::kFloat), 1e-5, 1e-5));
+        }
+    }
 }
