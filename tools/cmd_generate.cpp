@@ -4,6 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "decoding.h"
+#include "decoding_args.h"
 #include "errors.h"
 #include "progress.h"
 
@@ -30,9 +31,7 @@ struct GenerateOptions {
     bool no_stop = false;
     // intervention rows
     std::vector<std::string> rows;
-    std::string contrast, alpha = "entropy", enhance, suppress;
-    double alpha_max = std::numeric_limits<double>::infinity();
-    double alpha_enhance = 0.0, alpha_suppress = 0.0;
+    DecodingArgs decoding;
     bool json = false;
     bool exact_rows = false;
 };
@@ -54,7 +53,7 @@ static int64_t pick(const at::Tensor& logits, double temperature, double top_p, 
 
 // The decoding rows the options ask for (none: plain generation).
 static std::optional<DecodingSpec> decoding_from_options(const GenerateOptions& o, int L, int H) {
-    const bool contrast = !o.contrast.empty(), juice = !o.enhance.empty() || !o.suppress.empty();
+    const bool contrast = o.decoding.decore(), juice = o.decoding.juice();
     if (int(contrast) + int(juice) + int(!o.rows.empty()) > 1)
         throw UsageError("give one of --rows, --contrast and --enhance/--suppress");
     if (!contrast && !juice && o.rows.empty()) {
@@ -64,24 +63,9 @@ static std::optional<DecodingSpec> decoding_from_options(const GenerateOptions& 
     if (o.temperature > 0) throw UsageError("intervention rows decode greedily: --temperature must be 0");
     DecodingSpec spec;
     if (contrast) {
-        const auto heads = with_flag("--contrast", [&] { return parse_head_list(o.contrast, L, H); });
-        const bool entropy = o.alpha == "entropy";
-        double a = 0;
-        if (!entropy) {
-            size_t used = 0;
-            try {
-                a = std::stod(o.alpha, &used);
-            } catch (const std::exception&) {
-                used = 0;
-            }
-            if (used == 0 || used != o.alpha.size() || !std::isfinite(a) || a < 0)
-                throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", o.alpha));
-        }
-        spec = decore_spec(heads, entropy, a, o.alpha_max);
+        spec = decore_from(o.decoding, L, H);
     } else if (juice) {
-        const auto en = o.enhance.empty() ? std::vector<Head>{} : with_flag("--enhance", [&] { return parse_head_list(o.enhance, L, H); });
-        const auto su = o.suppress.empty() ? std::vector<Head>{} : with_flag("--suppress", [&] { return parse_head_list(o.suppress, L, H); });
-        spec = juice_spec(en, o.alpha_enhance, su, o.alpha_suppress);
+        spec = juice_from(o.decoding, L, H);
     } else {
         spec.rows.push_back(DecodingRow{});  // row 0: the plain model
         for (const auto& r : o.rows) spec.rows.push_back(with_flag("--rows", [&] { return parse_decoding_row(r, L, H); }));
@@ -202,17 +186,7 @@ void setup_generate(CLI::App& app) {
                     "more rows decoding the same prompt in one batched forward, each with its head interventions: "
                     "MODE:HEADS with MODE zero, zero-query or scale=F (e.g. --rows zero-query:L1H0,L1H1 --rows "
                     "scale=2:L0H1); row 0 is the plain model; each row decodes greedily on its own");
-    sub->add_option("--contrast", o->contrast,
-                    "DeCoRe: contrast the plain model with these heads masked (zero query: uniform causal attention, "
-                    "the reference's flash path; its eager path zeroes scores after the causal mask and lets the head "
-                    "see future tokens, headscope does not); next = argmax[(1 + a) log p_base - a log p_masked]; the "
-                    "prompt is prefilled unmasked and shared, as decore_entropy.py does");
-    sub->add_option("--alpha", o->alpha, "DeCoRe's a: entropy (of p_base, nats) or a constant")->capture_default_str();
-    sub->add_option("--alpha-max", o->alpha_max, "DeCoRe: cap on a (the reference's alpha_cap)")->check(at_least(0));
-    sub->add_option("--enhance", o->enhance, "JUICE: heads whose output gets + alpha-enhance x the plain run's (dual run as 2 rows)");
-    sub->add_option("--alpha-enhance", o->alpha_enhance, "JUICE: enhance coefficient")->capture_default_str();
-    sub->add_option("--suppress", o->suppress, "JUICE: heads whose output gets - alpha-suppress x the plain run's");
-    sub->add_option("--alpha-suppress", o->alpha_suppress, "JUICE: suppress coefficient")->capture_default_str();
+    add_decoding_args(sub, o->decoding);
     sub->add_flag("--exact-rows", o->exact_rows,
                   "rows: one GEMM per row, each row bit-identical to its unbatched run (default: one folded GEMM for "
                   "all rows, the weights read once a step; rows equal up to rounding)");

@@ -5,6 +5,7 @@
 #include "common.h"
 #include "errors.h"
 #include "guard.h"
+#include "decoding_args.h"
 #include "needle.h"
 #include "needle_store.h"
 #include "progress.h"
@@ -58,9 +59,7 @@ struct RetrievalOptions {
     int pause_ms = 0;
     // decoding under head interventions (probes/decoding.h)
     std::string decoding = "greedy";
-    std::string contrast, alpha = "entropy", enhance, suppress;
-    double alpha_max = std::numeric_limits<double>::infinity();
-    double alpha_enhance = 0.0, alpha_suppress = 0.0;
+    DecodingArgs dec;
     // Attention windows: --ablation stream and --stream-sweep (run_stream_sweep).
     StreamWindow window;
     bool stream_sweep = false;
@@ -419,14 +418,14 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
                          "does not have: run the scan, merge it, then --ablate-top K --from MERGED.h5:scores/locos/score");
     if (o.resume && (o.out.force || o.out.append)) throw UsageError("--resume excludes --force and --append");
     if (o.decoding == "greedy") {
-        if (!o.contrast.empty() || !o.enhance.empty() || !o.suppress.empty())
+        if (o.dec.decore() || o.dec.juice())
             throw UsageError("--contrast, --enhance and --suppress need --decoding decore or juice");
     } else {
         p.decoding = with_flag("--decoding", [&] { return parse_name(combine_rule_names(), o.decoding, "decoding"); });
         if (p.decoding == CombineRule::kIndependent)
             throw UsageError(fmt::format("--decoding '{}': expected greedy, decore or juice", o.decoding));
-        if (p.decoding == CombineRule::kDecore && o.contrast.empty()) throw UsageError("--decoding decore needs --contrast HEADS");
-        if (p.decoding == CombineRule::kJuice && o.enhance.empty() && o.suppress.empty())
+        if (p.decoding == CombineRule::kDecore && !o.dec.decore()) throw UsageError("--decoding decore needs --contrast HEADS");
+        if (p.decoding == CombineRule::kJuice && !o.dec.juice())
             throw UsageError("--decoding juice needs --enhance and/or --suppress HEADS");
         if (p.shard.count > 1) throw UsageError("--decoding decore|juice is not sharded yet: run it without --shard");
         if (o.resume) throw UsageError("--decoding decore|juice does not resume yet: run it without --resume");
@@ -765,30 +764,16 @@ static void run_decoding_pass(const RetrievalOptions& o, const RetrievalPlan& p,
     NeedleScan::DecodingPass d;
     d.control_seed = o.seed + 3;
     if (p.decoding == CombineRule::kDecore) {
-        const auto heads = with_flag("--contrast", [&] { return parse_head_list(o.contrast, L, H); });
-        const bool entropy = o.alpha == "entropy";
-        double a = 0;
-        if (!entropy) {
-            size_t used = 0;
-            try {
-                a = std::stod(o.alpha, &used);
-            } catch (const std::exception&) {
-                used = 0;
-            }
-            if (used == 0 || used != o.alpha.size() || !std::isfinite(a) || a < 0)
-                throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", o.alpha));
-        }
-        d.spec = decore_spec(heads, entropy, a, o.alpha_max);
+        d.spec = decore_from(o.dec, L, H);
+        const auto& heads = d.spec.rows[1].heads;
         d.sets = {heads};
         for (auto& s : with_flag("--random-controls", [&] {
                  return random_head_sets(L, H, heads, o.random_controls, static_cast<uint64_t>(d.control_seed));
              }))
             d.sets.push_back(s);
     } else {
-        const auto en = o.enhance.empty() ? std::vector<Head>{} : with_flag("--enhance", [&] { return parse_head_list(o.enhance, L, H); });
-        const auto su = o.suppress.empty() ? std::vector<Head>{} : with_flag("--suppress", [&] { return parse_head_list(o.suppress, L, H); });
-        d.spec = juice_spec(en, o.alpha_enhance, su, o.alpha_suppress);
-        d.sets = {en};
+        d.spec = juice_from(o.dec, L, H);
+        d.sets = {d.spec.enhance};
     }
     for (const auto& set : d.sets) {
         DecodingSpec spec = d.spec;
@@ -990,13 +975,7 @@ void setup_retrieval(CLI::App& app) {
                     "HEADS with --alpha-enhance/--alpha-suppress), written to /retrieval/decoding (headscope generate "
                     "--help says how each decodes)")
         ->capture_default_str();
-    sub->add_option("--contrast", o->contrast, "DeCoRe: heads masked (zero query) in the contrasted row");
-    sub->add_option("--alpha", o->alpha, "DeCoRe's a: entropy (of p_base, nats) or a constant")->capture_default_str();
-    sub->add_option("--alpha-max", o->alpha_max, "DeCoRe: cap on a")->check(at_least(0));
-    sub->add_option("--enhance", o->enhance, "JUICE: heads whose output gets + alpha-enhance x the plain run's");
-    sub->add_option("--alpha-enhance", o->alpha_enhance, "JUICE: enhance coefficient")->capture_default_str();
-    sub->add_option("--suppress", o->suppress, "JUICE: heads whose output gets - alpha-suppress x the plain run's");
-    sub->add_option("--alpha-suppress", o->alpha_suppress, "JUICE: suppress coefficient")->capture_default_str();
+    add_decoding_args(sub, o->dec);
     sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each checkpoint")->group("");
     sub->callback([o, range, lens] {
         if (range->count() > 0 && lens->count() > 0) throw UsageError("give at most one of --lengths and --lengths-range");
