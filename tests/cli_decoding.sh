@@ -47,6 +47,12 @@ fi
 # The toy recall model: its training log proves L1H0, L1H1, L1H2 carry recall.
 REC="$(ci_toy recall)" || { echo "FAIL: no CI toy recall model"; exit 1; }
 O="$TMP/dec.h5"
+RA=("$HS" retrieval "$REC" --haystack "$N/toy_recall_haystack.txt" --needles "$N/toy_recall_needles.jsonl" --template '{context}?{question}' --lengths 24 --max-new-tokens 1)
+expect "decore without heads" 2 "--decoding decore needs --contrast HEADS" -- "${RA[@]}" --decoding decore --out "$O"
+expect "contrast without decoding" 2 "--contrast, --enhance and --suppress need --decoding decore or juice" -- "${RA[@]}" --contrast L1H0 --out "$O"
+expect "unknown rule" 2 "--decoding 'beam': expected greedy, decore or juice" -- "${RA[@]}" --decoding beam --out "$O"
+expect "decoding shards" 2 "not sharded yet" -- "${RA[@]}" --decoding juice --enhance L1H0 --shard 0/2 --out "$O"
+no_file "$O"
 ok "decore needle scan" -- "$HS" retrieval "$REC" --haystack "$N/toy_recall_haystack.txt" --needles "$N/toy_recall_needles.jsonl" \
   --template '{context}?{question}' --lengths 24,40,56,72 --max-new-tokens 1 --decoding decore --contrast L1H0,L1H1,L1H2 \
   --random-controls 5 --seed 1 --out "$O"

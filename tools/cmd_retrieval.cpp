@@ -421,9 +421,12 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
         if (o.dec.decore() || o.dec.juice())
             throw UsageError("--contrast, --enhance and --suppress need --decoding decore or juice");
     } else {
-        p.decoding = with_flag("--decoding", [&] { return parse_name(combine_rule_names(), o.decoding, "decoding"); });
-        if (p.decoding == CombineRule::kIndependent)
+        // The flag's words: greedy (no decoding pass), decore, juice (rows decoding independently
+        // are generate's --rows, not a needle protocol).
+        const auto rule = find_in(combine_rule_names(), o.decoding);
+        if (!rule || *rule == CombineRule::kIndependent)
             throw UsageError(fmt::format("--decoding '{}': expected greedy, decore or juice", o.decoding));
+        p.decoding = *rule;
         if (p.decoding == CombineRule::kDecore && !o.dec.decore()) throw UsageError("--decoding decore needs --contrast HEADS");
         if (p.decoding == CombineRule::kJuice && !o.dec.juice())
             throw UsageError("--decoding juice needs --enhance and/or --suppress HEADS");
