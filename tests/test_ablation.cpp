@@ -9,6 +9,7 @@
 #include "ci_toy.h"
 #include "errors.h"
 #include "experiment.h"
+#include "yaml_errors.h"
 #include "model.h"
 #include "store.h"
 #include "tmpdir.h"
@@ -51,15 +52,6 @@ at::Tensor direct_rows(const Model& m, const at::Tensor& tokens, int64_t n, cons
 int run_cli(const std::string& args) {
     const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
     return WEXITSTATUS(std::system(cmd.c_str()));
-}
-
-std::string cfg_error(const std::string& yaml) {
-    try {
-        parse_experiment_text(yaml, "exp.yaml", detector_probe_names());
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 }  // namespace

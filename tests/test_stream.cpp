@@ -10,6 +10,7 @@
 #include "blocks.h"
 #include "errors.h"
 #include "experiment.h"
+#include "yaml_errors.h"
 #include "model.h"
 
 #include <torch/torch.h>
@@ -50,15 +51,6 @@ void add_mixed_windows(Hooks& h, const Model& m, bool compensate) {
         for (int hh = 0; hh < H; ++hh)                           // row 1: every head, so its (row, kv head)
             h.window({l, hh, 1, 1, 4, compensate && hh == H - 1, {}});  // groups all stream (the skipping path)
     }
-}
-
-std::string cfg_error(const std::string& yaml) {
-    try {
-        parse_experiment_text(yaml, "exp.yaml", detector_probe_names());
-    } catch (const ConfigError& e) {
-        return e.what();
-    }
-    return "(no error)";
 }
 
 }  // namespace
