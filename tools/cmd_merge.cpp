@@ -129,6 +129,15 @@ void run_merge(const MergeOptions& o) {
             w.write(g + "/metric", metric, {S});
             w.write(g + "/metric_rows", rows, {S, N});
             w.write(g + "/done", done, {S});
+            if (first.exists(g + "/factor")) {  // a scale-grid study: its JUICE selection from the merged rows
+                auto f = first.read_numbers(g + "/factor");
+                const std::string data = attr(first, g, "dataset");
+                std::vector<int64_t> variants;
+                if (first.exists("/data/" + data + "/variant"))
+                    for (double v : first.read_numbers("/data/" + data + "/variant").values) variants.push_back(static_cast<int64_t>(v));
+                auto mk = torch::tensor(masks0.values, torch::kDouble).view({S, masks0.shape[1], masks0.shape[2]});
+                write_juice(w, g, torch::from_blob(rows.data(), {S, N}, torch::kFloat).clone(), mk, f.values, variants);
+            }
             w.set_attrs(g, {{"shard", std::string("merged")}});
         }
         w.set_attrs("/experiment", merged_attrs(o.inputs, missing == 0));

@@ -1,4 +1,5 @@
-// headscope top: the k highest (or lowest) scoring heads of one probe in a result file.
+// headscope top: the k highest (or lowest) scoring heads of one probe (or any [L, H] dataset) in a
+// result file.
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
@@ -16,14 +17,17 @@ namespace hs::cli {
 
 struct TopOptions {
     std::string file;
-    std::string probe;
+    std::string probe, dataset;
     int k = 10;
     bool ascending = false;
 };
 
 void run_top(const TopOptions& o) {
     ResultReader r(o.file);
-    const std::string ds = "/scores/" + o.probe + "/score";
+    if (o.probe.empty() == o.dataset.empty()) throw UsageError("give one of --probe NAME or --dataset PATH");
+    const std::string ds = o.dataset.empty() ? "/scores/" + o.probe + "/score"
+                                             : (o.dataset.front() == '/' ? o.dataset : "/" + o.dataset);
+    if (!o.dataset.empty() && !r.exists(ds)) throw UsageError(fmt::format("{}: no dataset {}", o.file, ds));
     if (!r.exists(ds)) {
         std::vector<std::string> have = r.is_group("/scores") ? r.children("/scores") : std::vector<std::string>{};
         throw UsageError(fmt::format("{}: no probe '{}' (the file has: {})", o.file, o.probe,
@@ -45,10 +49,13 @@ void run_top(const TopOptions& o) {
 
 void setup_top(CLI::App& app) {
     auto o = std::make_shared<TopOptions>();
-    auto* sub = app.add_subcommand("top", "print the top-k heads of one probe (L5H1 = layer 5, head 1; 0-based)\n"
-                                          "Example: headscope top scores.h5 --probe induction -k 10");
+    auto* sub = app.add_subcommand("top", "print the top-k heads of one probe, or of any [layers, heads] dataset (L5H1 = layer 5,\n"
+                                          "head 1; 0-based; NaN scores, e.g. heads JUICE did not select, rank last)\n"
+                                          "Example: headscope top scores.h5 --probe induction -k 10\n"
+                                          "Example: headscope top out/tinystories-juice.h5 --dataset /ablation/juice/juice/enhance -k 5");
     sub->add_option("file", o->file, "HDF5 result file")->required();
-    sub->add_option("--probe", o->probe, "score group under /scores, e.g. induction")->required();
+    auto* probe = sub->add_option("--probe", o->probe, "score group under /scores, e.g. induction");
+    sub->add_option("--dataset", o->dataset, "a numeric [layers, heads] dataset, e.g. /ablation/juice/juice/enhance")->excludes(probe);
     sub->add_option("-k", o->k, "how many heads")->check(at_least(1))->capture_default_str();
     sub->add_flag("--ascending", o->ascending, "lowest scores first");
     sub->callback([o] { run_top(*o); });
