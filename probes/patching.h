@@ -1,0 +1,97 @@
+// Activation, attribution and path patching of attention heads (`headscope patch`; methods:
+// docs/methods.md, "Patching"). Clean and corrupted prompts come in pairs of equal token length;
+// the metric is read at each pair's last position and averaged over the pairs:
+//   logit-diff = logit(answer) - logit(wrong),  prob = p(answer),  loss = -log p(answer).
+// Scores are normalised as (M_patched - M_corrupt) / (M_clean - M_corrupt), each M first averaged
+// over the pairs: 1 = the patch restores the clean behaviour fully, 0 = no effect (the sign
+// convention of Wang et al. 2022 and TransformerLens's patching module; it holds for loss too,
+// whose clean value is the lower one).
+//
+// Exact patching runs the corrupted prompts with one site of the clean run put in: many patches per
+// batched forward (configuration j of a forward owns rows j*N .. j*N+N-1), the layers below the
+// patched one computed once (ForwardOptions::start_layer). Attribution patching (Nanda 2023,
+// Syed et al. 2023) estimates every patch at once from one clean forward, one corrupted forward and
+// one backward: (a_clean - a_corrupt) . dM/da at the corrupted activations.
+#pragma once
+
+#include "heads.h"
+#include "model.h"
+#include "names.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+enum class PatchMetric { kLogitDiff, kLoss, kProb };
+// Where a head's activation is patched (hooks.h points): z, q (after RoPE), k, v (after RoPE, per
+// key/value head: with GQA a k or v patch changes every query head of the group), pattern (the
+// head's attention rows), head-out (z_h W_O^h).
+enum class PatchSite { kZ, kQ, kK, kV, kPattern, kHeadOut };
+const NameTable<PatchMetric>& patch_metric_names();  // logit-diff, loss, prob
+const NameTable<PatchSite>& patch_site_names();      // z, q, k, v, pattern, head-out
+inline const char* name_of(PatchMetric m) { return name_in(patch_metric_names(), m); }
+inline const char* name_of(PatchSite s) { return name_in(patch_site_names(), s); }
+
+struct PatchPairs {
+    at::Tensor clean, corrupt;           // [N, T] int64 (right-padded with 0 past each pair's length)
+    std::vector<int64_t> lengths;        // [N]; a pair's clean and corrupted prompts have this length
+    std::vector<int64_t> answer, wrong;  // [N] token ids (wrong: -1 where the metric needs none)
+    int64_t rows() const { return static_cast<int64_t>(lengths.size()); }
+};
+
+// One JSONL line each: {"clean": TEXT | [ids], "corrupt": TEXT | [ids], "answer": TEXT | id,
+// "wrong": TEXT | id} (wrong only for logit-diff; a text answer must encode to one token). Texts are
+// encoded with BOS; token lists are taken as given. DataError naming FILE:LINE for a bad line,
+// unequal clean/corrupt lengths, ids out of range, a text answer of several tokens; `tok` may be
+// null when every field is ids.
+class Tokenizer;
+PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Tokenizer* tok, PatchMetric metric);
+
+struct PatchOptions {
+    PatchMetric metric = PatchMetric::kLogitDiff;
+    PatchSite site = PatchSite::kZ;
+    bool each_position = false;  // one patch per (head, position) instead of per head (all positions)
+    int64_t max_rows = 64;       // rows per forward (patches x pairs), at least one patch
+};
+
+struct PatchResult {
+    // [L, U] (all positions) or [L, U, T] (each): U = H heads, or K key/value heads for k and v.
+    at::Tensor scores;   // float64, normalised (1 = fully restored)
+    at::Tensor patched;  // float64, the mean metric with the patch (attribution: M_corrupt + the estimate)
+    double metric_clean = 0, metric_corrupt = 0;
+    int64_t forwards = 0;  // forward passes run (benchmarks)
+};
+
+// Every head (and position) patched clean -> corrupted, one at a time. UsageError when
+// each_position is asked for pairs of unequal lengths.
+PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o);
+// The same table estimated to first order (2 forwards + 1 backward).
+PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o);
+
+// Path patching (Wang et al. 2022; Goldowsky-Dill et al. 2023): the senders' clean-minus-corrupted
+// output enters only the receivers' q, k or v input, everything else stays corrupted (the receivers'
+// own changed outputs then flow on as usual). The receiver layer's input norm keeps the corrupted
+// run's scale (frozen): with x the corrupted resid_pre and y = x + delta, the receiver's input is
+// (y - mean) / sigma_x * w + b instead of / sigma_y, which is s_0 + (sigma_y / sigma_x)(s(y) - s_0) for
+// s = q, k or v computed from resid y through the layer (s_0: from resid 0, the biases' part; RoPE is
+// linear). Families with a q/k norm (Qwen3, Gemma 3, OLMo-2) renormalise q and k after the
+// projection, so there the frozen and live scales give the same q and k. Every receiver's layer must
+// be after every sender's (UsageError otherwise).
+struct PathSpec {
+    std::vector<Head> senders, receivers;
+    PatchSite input = PatchSite::kK;  // q, k or v
+    std::string label() const;        // "L0H2->L1H0,L1H1:k"
+};
+// "L0H2,L0H3->L1H0:k" (UsageError naming the part that is wrong).
+PathSpec parse_path_spec(const std::string& s, int L, int H);
+struct PathResult {
+    double score = 0, metric_patched = 0, metric_clean = 0, metric_corrupt = 0;
+    int64_t forwards = 0;
+};
+PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec& p, PatchMetric metric);
+
+}  // namespace hs
