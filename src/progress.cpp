@@ -25,6 +25,11 @@ Progress::Progress(std::string label, int64_t total)
 
 Progress::~Progress() { finish(); }
 
+void Progress::update(int64_t done, const std::string& note) {
+    note_ = note;
+    update(done);
+}
+
 void Progress::update(int64_t done) {
     done_ = done;
     if (!tty_) return;
@@ -35,9 +40,9 @@ void Progress::update(int64_t done) {
     const double frac = total_ > 0 ? static_cast<double>(done_) / total_ : 0.0;
     const int width = 30, fill = static_cast<int>(frac * width);
     std::string eta = done_ > 0 && done_ < total_ ? fmt::format(" ETA {:.0f}s", el / done_ * (total_ - done_)) : "";
-    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld %.1fs%s   ", label_.c_str(), std::string(fill, '#').c_str(),
+    std::fprintf(stderr, "\r%s [%s%s] %lld/%lld %.1fs%s%s%s   ", label_.c_str(), std::string(fill, '#').c_str(),
                  std::string(width - fill, '.').c_str(), static_cast<long long>(done_),
-                 static_cast<long long>(total_), el, eta.c_str());
+                 static_cast<long long>(total_), el, eta.c_str(), note_.empty() ? "" : " ", note_.c_str());
     std::fflush(stderr);
 }
 

@@ -13,12 +13,15 @@ public:
     Progress(std::string label, int64_t total);
     ~Progress();
     void update(int64_t done);
+    // The same with a short note after the ETA (a fit's current loss, say).
+    void update(int64_t done, const std::string& note);
     void tick() { update(done_ + 1); }
     void finish();
 
 private:
     std::string label_;
     int64_t total_, done_ = 0;
+    std::string note_;
     bool tty_, finished_ = false;
     std::chrono::steady_clock::time_point start_, last_draw_;
 };
