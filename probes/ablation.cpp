@@ -77,6 +77,19 @@ static void check_ids(const Experiment& e, const DataSpec& d, const Model& m, co
     if (ids.empty()) throw DataError(fmt::format("{}: empty sequence", where));
 }
 
+// The token that follows `prompt` when prompt + prefix + answer is encoded as one text (what the model
+// would emit next; JUICE's get_tokenized_first_word adds the space by hand per model family instead).
+static int64_t continuation_token(const Tokenizer& t, const std::string& prompt, const std::vector<int64_t>& prompt_ids,
+                                  const std::string& prefix, const std::string& answer, const std::string& where,
+                                  const char* key) {
+    auto full32 = t.encode(prompt + prefix + answer, true);
+    std::vector<int64_t> full(full32.begin(), full32.end());
+    if (full.size() <= prompt_ids.size() || !std::equal(prompt_ids.begin(), prompt_ids.end(), full.begin()))
+        throw DataError(fmt::format("{}: \"{}\" does not start a new token after the prompt (the prompt's last token "
+                                    "merges with it; check answer_prefix)", where, key));
+    return full[prompt_ids.size()];
+}
+
 static const Tokenizer& need_tokenizer(const Experiment& e, const DataSpec& d, const Tokenizer* tok) {
     if (!tok) e.fail(d.mark, fmt::format("data '{}' ({}) needs a tokenizer: none found next to the model (set tokenizer:)",
                                          d.name, name_of(d.kind)));
@@ -96,7 +109,8 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
     }
     const std::string text = read_utf8_text_file(d.file);
     std::vector<std::vector<int64_t>> seqs;
-    std::vector<int64_t> answers, cfs;
+    std::vector<int64_t> answers, cfs, variants;
+    int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
     if (d.kind == DataKind::kText) {
         const Tokenizer& t = need_tokenizer(e, d, tok);
         auto ids32 = t.encode(text, false);
@@ -120,12 +134,55 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
             ++line_no;
             const auto line = trim(raw);
             if (line.empty()) continue;
-            if (d.count > 0 && static_cast<int64_t>(seqs.size()) >= d.count) break;
+            if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(seqs.size())) >= d.count) break;
             const std::string where = fmt::format("{}:{}", d.file, line_no);
             if (d.kind == DataKind::kTokens) {
                 std::vector<int64_t> ids = parse_token_list(line, where);
                 check_ids(e, d, m, ids, where);
                 seqs.push_back(std::move(ids));
+            } else if (d.kind == DataKind::kConflicts) {
+                // {"question", "context" | "contexts", "parametric_answer", "context_answer"}
+                const Tokenizer& t = need_tokenizer(e, d, tok);
+                nlohmann::json j;
+                try {
+                    j = nlohmann::json::parse(line);
+                } catch (const std::exception&) {
+                    throw DataError(fmt::format("{}: not a JSON object", where));
+                }
+                const char* shape = "expected {\"question\": TEXT, \"context\": TEXT (or \"contexts\": [TEXT, ...]), "
+                                    "\"parametric_answer\": TEXT, \"context_answer\": TEXT}";
+                auto text = [&](const nlohmann::json& o, const char* key) {
+                    if (!o.contains(key) || !o[key].is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+                    return o[key].get<std::string>();
+                };
+                if (!j.is_object()) throw DataError(fmt::format("{}: {}", where, shape));
+                const std::string q = text(j, "question"), pa = text(j, "parametric_answer"), ca = text(j, "context_answer");
+                std::vector<std::string> contexts;
+                if (j.contains("context") && j.contains("contexts"))
+                    throw DataError(fmt::format("{}: give \"context\" or \"contexts\", not both", where));
+                if (j.contains("context")) contexts.push_back(text(j, "context"));
+                if (j.contains("contexts")) {
+                    if (!j["contexts"].is_array()) throw DataError(fmt::format("{}: {}", where, shape));
+                    for (const auto& c : j["contexts"]) {
+                        if (!c.is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+                        contexts.push_back(c.get<std::string>());
+                    }
+                }
+                std::vector<std::string> prompts;
+                if (d.clean) prompts.push_back(q);
+                for (const auto& c : contexts) prompts.push_back(c + d.separator + q);
+                if (prompts.empty())
+                    throw DataError(fmt::format("{}: no rows (no context, and clean: false drops the question alone)", where));
+                for (size_t v = 0; v < prompts.size(); ++v) {
+                    auto p32 = t.encode(prompts[v], true);
+                    std::vector<int64_t> ids(p32.begin(), p32.end());
+                    check_ids(e, d, m, ids, where);
+                    answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer"));
+                    cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer"));
+                    variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
+                    seqs.push_back(std::move(ids));
+                }
+                ++lines;
             } else {  // prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}
                 const Tokenizer& t = need_tokenizer(e, d, tok);
                 nlohmann::json j;
@@ -155,6 +212,7 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
     auto out = from_seqs(d.name, d.kind, seqs);
     out.answers = answers;
     out.counterfactuals = cfs;
+    out.variants = variants;
     return out;
 }
 
@@ -208,6 +266,7 @@ static at::Tensor metric_rows(const Model& m, const AblationSetup& s, const Chun
         switch (s.metric) {
             case MetricKind::kLoss: vals.push_back((torch::logsumexp(logits, -1, true) - logits.gather(1, t)).squeeze(1)); break;
             case MetricKind::kAccuracy: vals.push_back(logits.argmax(-1).eq(t.squeeze(1)).to(torch::kFloat)); break;
+            case MetricKind::kProb: vals.push_back((logits.gather(1, t) - torch::logsumexp(logits, -1, true)).exp().squeeze(1)); break;
             case MetricKind::kLogitDiff: {
                 auto cf = ch.pcf.repeat({g}).narrow(0, i, n).unsqueeze(1);
                 vals.push_back((logits.gather(1, t) - logits.gather(1, cf)).squeeze(1));
@@ -236,9 +295,15 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
     if (N == 0) throw DataError(fmt::format("data '{}': no rows", data.name));
     const auto dev = m.options.device;
     const auto lopt = torch::TensorOptions().dtype(torch::kLong);
-    const bool answer = s_.metric == MetricKind::kAccuracy || s_.metric == MetricKind::kLogitDiff || s_.positions == Positions::kAnswer;
+    const bool answer = s_.metric == MetricKind::kAccuracy || s_.metric == MetricKind::kLogitDiff ||
+                        s_.metric == MetricKind::kProb || s_.positions == Positions::kAnswer;
     if (answer && data.answers.size() != static_cast<size_t>(N))
-        throw ConfigError(fmt::format("data '{}': the metric needs prompt/answer pairs (a prompts dataset)", data.name));
+        throw ConfigError(fmt::format("data '{}': the metric needs prompt/answer pairs (a prompts or conflicts dataset)", data.name));
+    if (s_.counterfactual && s_.metric != MetricKind::kProb) throw ConfigError("target counterfactual applies to metric prob only");
+    if (s_.counterfactual)
+        for (int64_t i = 0; i < N; ++i)
+            if (data.counterfactuals[i] < 0)
+                throw DataError(fmt::format("data '{}': row {} has no counterfactual answer (prob of the counterfactual needs one)", data.name, i));
     if (s_.positions == Positions::kRepeatedHalf && data.n < 2)
         throw ConfigError(fmt::format("data '{}': positions repeated-half needs a repeated dataset", data.name));
     if (s_.metric == MetricKind::kLogitDiff)
@@ -261,7 +326,8 @@ Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& 
                 pr.push_back(r), pp.push_back(p), pt.push_back(t), pc.push_back(c), cnt[r] += 1;
             };
             if (answer) {
-                add(len - 1, data.answers[i], data.counterfactuals.empty() ? 0 : std::max<int64_t>(0, data.counterfactuals[i]));
+                const int64_t cf = data.counterfactuals.empty() ? 0 : std::max<int64_t>(0, data.counterfactuals[i]);
+                add(len - 1, s_.counterfactual ? cf : data.answers[i], s_.counterfactual ? data.answers[i] : cf);
             } else if (s_.positions == Positions::kRepeatedHalf) {
                 for (int64_t p = data.n + 1; p <= 2 * data.n - 1; ++p) add(p, acc[i][p + 1], 0);
             } else {
@@ -349,9 +415,14 @@ int64_t Ablator::resample_source(int64_t i) const {
 
 namespace {
 // The per-row edits of one batch: masks [g, L, H] float (1 = ablated) on device.
+// factors: [g] per-configuration scale factors (scale mode), undefined = s.factor for every one.
 void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, const at::Tensor& M, const Chunk& ch,
-               int64_t first_layer) {
+               int64_t first_layer, const at::Tensor& factors) {
     const int64_t g = M.size(0), b = ch.b, H = I.H;
+    at::Tensor row_factor;  // [g*b, 1, 1, 1]: configuration j's factor on its b rows
+    if (s.mode == Intervention::kScale)
+        row_factor = (factors.defined() ? factors.to(M.device(), torch::kDouble) : torch::full({g}, s.factor, M.options().dtype(torch::kDouble)))
+                         .repeat_interleave(b, 0).view({g * b, 1, 1, 1});
     const Point p = on_query(s.mode) ? Point::kAttnQ : Point::kAttnZ;
     for (int64_t l = first_layer; l < I.L; ++l) {
         auto ml = M.select(1, l);  // [g, H]
@@ -370,14 +441,13 @@ void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, con
             value = I.ref[l].index_select(0, src).repeat({g, 1, 1, 1});  // [g*b, T_ref, H, d]
         }
         const Intervention mode = s.mode;
-        const double factor = s.factor;
         const bool per_pos = s.per_position;
-        hooks.edit(p, [drop, value, mode, factor, per_pos](int, const at::Tensor& x) -> std::optional<at::Tensor> {
+        hooks.edit(p, [drop, value, mode, row_factor, per_pos](int, const at::Tensor& x) -> std::optional<at::Tensor> {
             auto d = drop.to(x.scalar_type());
             switch (mode) {
                 case Intervention::kZero:
                 case Intervention::kZeroQuery: return x * (1 - d);
-                case Intervention::kScale: return x * (1 + d * (factor - 1));
+                case Intervention::kScale: return x * (1 + d * (row_factor.to(x.scalar_type()) - 1));
                 case Intervention::kMean:
                 case Intervention::kMeanQuery: {
                     const int64_t T = x.size(1);
@@ -431,7 +501,8 @@ std::vector<std::vector<int64_t>> Ablator::plan(const at::Tensor& masks_in) cons
     return out;
 }
 
-at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector<int64_t>& idx) const {
+at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector<int64_t>& idx,
+                                   const std::vector<double>& factors) const {
     torch::NoGradGuard ng;
     const auto& I = *impl_;
     const auto masks = checked_masks(masks_in, I.L, I.H);
@@ -441,6 +512,13 @@ at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector
     auto out = torch::full({g, N}, std::numeric_limits<float>::quiet_NaN());
     auto idx_t = torch::tensor(idx, torch::kLong);
     auto M = masks.index_select(0, idx_t).to(dev, torch::kFloat);  // [g, L, H]
+    at::Tensor F;  // [g] per-configuration factors (scale mode)
+    if (!factors.empty()) {
+        if (s_.mode != Intervention::kScale) throw ConfigError("per-configuration factors need mode scale");
+        if (static_cast<int64_t>(factors.size()) != masks.size(0))
+            throw ConfigError(fmt::format("{} factors for {} configurations", factors.size(), masks.size(0)));
+        F = torch::tensor(factors, torch::kDouble).index_select(0, idx_t);
+    }
     int64_t lmin = I.L;
     for (auto c : idx) lmin = std::min(lmin, first[c]);
     for (const auto& ch : I.chunks) {
@@ -462,7 +540,7 @@ at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector
         }
         if (!resid.defined()) {
             Hooks h;
-            add_edits(h, s_, I, M, ch, fo.start_layer);
+            add_edits(h, s_, I, M, ch, fo.start_layer, F);
             resid = final_resid(m_, tokens, h, fo);
             ++forwards_;
         }
@@ -471,7 +549,7 @@ at::Tensor Ablator::evaluate_batch(const at::Tensor& masks_in, const std::vector
     return out;
 }
 
-at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch) const {
+at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch, const std::vector<double>& factors) const {
     const auto& I = *impl_;
     const auto masks = checked_masks(masks_in, I.L, I.H);
     const int64_t C = masks.size(0), N = data_.rows();
@@ -480,7 +558,7 @@ at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch
     int64_t done = 0;
     for (const auto& idx : plan(masks)) {
         auto idx_t = torch::tensor(idx, torch::kLong);
-        out.index_copy_(0, idx_t, evaluate_batch(masks, idx));
+        out.index_copy_(0, idx_t, evaluate_batch(masks, idx, factors));
         if (on_batch) on_batch(idx, out.index_select(0, idx_t));
         done += static_cast<int64_t>(idx.size());
         prog.update(done);
@@ -489,15 +567,32 @@ at::Tensor Ablator::evaluate(const at::Tensor& masks_in, const BatchFn& on_batch
     return out;
 }
 
-// Metric rows with continuous gates xi_rows [b, L, H] on z (autograd flows through them).
-static at::Tensor gated_rows(const Model& m, const AblationSetup& s, const Chunk& ch, const at::Tensor& xi_rows) {
+// Metric rows with continuous gates xi_rows [g*b, L, H] on z (autograd flows through them): g copies
+// of the chunk's b rows, copy j gated by xi_rows[j*b .. j*b+b-1].
+static at::Tensor gated_rows(const Model& m, const AblationSetup& s, const Chunk& ch, const at::Tensor& xi_rows,
+                             int64_t g = 1) {
     Hooks h;
-    const int64_t b = ch.b, H = m.config.n_heads;
-    h.edit(Point::kAttnZ, [xi_rows, b, H](int l, const at::Tensor& x) -> std::optional<at::Tensor> {
-        return x * xi_rows.select(1, l).view({b, 1, H, 1}).to(x.scalar_type());
+    const int64_t rows = g * ch.b, H = m.config.n_heads;
+    h.edit(Point::kAttnZ, [xi_rows, rows, H](int l, const at::Tensor& x) -> std::optional<at::Tensor> {
+        return x * xi_rows.select(1, l).view({rows, 1, H, 1}).to(x.scalar_type());
     });
-    auto resid = final_resid(m, ch.tokens, h, {});
-    return metric_rows(m, s, ch, resid, 1);
+    auto resid = final_resid(m, g == 1 ? ch.tokens : ch.tokens.repeat({g, 1}), h, {});
+    return metric_rows(m, s, ch, resid, g);
+}
+
+at::Tensor Ablator::gated_metric(const at::Tensor& xi) const {
+    const auto& I = *impl_;
+    if (xi.dim() != 3 || xi.size(1) != I.L || xi.size(2) != I.H)
+        throw ConfigError(fmt::format("gates must be [G, {}, {}]", I.L, I.H));
+    const int64_t G = xi.size(0);
+    at::Tensor total;
+    for (const auto& ch : I.chunks) {
+        auto x = xi.to(m_.options.device, torch::kFloat).repeat_interleave(ch.b, 0);  // [G*b, L, H]
+        auto part = gated_rows(m_, s_, ch, x, G).view({G, ch.b}).sum(1);
+        total = total.defined() ? total + part : part;
+        ++forwards_;
+    }
+    return total / static_cast<double>(data_.rows());
 }
 
 at::Tensor Ablator::evaluate_gates(const at::Tensor& xi) const {
@@ -634,6 +729,19 @@ StudyConfigs build_study(const Experiment& e, const StudySpec& s,
             if (count(m) == 0) e.fail(spec.mark, fmt::format("set '{}' is empty", name));
             add(m, "set", name, count(m), -1);
         }
+    } else if (s.sweep == SweepKind::kScaleGrid) {
+        // Head-major: every factor of a head, then the next head (layer, head order).
+        if (count(cand) == 0) e.fail(s.heads_mark, fmt::format("study '{}': the head set is empty", s.name));
+        c.factor.push_back(1.0);
+        for (int l = 0; l < L; ++l)
+            for (int h = 0; h < H; ++h)
+                if (cand[l][h].item<int>())
+                    for (double f : s.factors) {
+                        auto m = torch::zeros({L, H}, torch::kUInt8);
+                        m[l][h] = 1;
+                        add(m, "scale", fmt::format("{} x{}", format_head(l, h), f), 1, -1);
+                        c.factor.push_back(f);
+                    }
     } else if (s.sweep == SweepKind::kCumulative) {
         for (size_t ki = 0; ki < s.heads.ks.size(); ++ki) {
             auto m = resolve_heads(e, s.heads, computed, L, H, ki);

@@ -31,6 +31,9 @@ struct AblationData {
     int64_t n = 0;                   // repeated: |R| (T = 2n + 1)
     std::vector<int64_t> answers;    // prompts: first token of the answer
     std::vector<int64_t> counterfactuals;  // prompts: first token of the counterfactual answer (-1: none)
+    // conflicts: answers = the parametric answer's first token, counterfactuals = the context answer's;
+    // variants[i] = 0 for a question alone (clean), c for the question after the line's c-th context.
+    std::vector<int64_t> variants;
     int64_t rows() const { return tokens.size(0); }
     // [N, T] with -1 past each row's end (as stored in /data/<name>/tokens).
     std::vector<int64_t> file_tokens() const;
@@ -57,6 +60,7 @@ struct AblationSetup {
     int64_t resample_seed = 0;
     MetricKind metric = MetricKind::kLoss;
     Positions positions = Positions::kAll;  // loss / kl
+    bool counterfactual = false;     // prob: p(counterfactual) (a conflicts dataset's context answer)
     int64_t max_rows = 64;           // rows per forward (configurations x dataset rows)
     bool prefix_reuse = true;        // share layers below the first ablated layer of a batch
 };
@@ -71,23 +75,31 @@ public:
     // masks [C, L, H] (nonzero = ablated) -> metric per configuration and row [C, N] float32 CPU.
     // on_batch(indices, rows [g, N]) runs after each batch of configurations completes.
     using BatchFn = std::function<void(const std::vector<int64_t>& configs, const at::Tensor& rows)>;
-    at::Tensor evaluate(const at::Tensor& masks, const BatchFn& on_batch = {}) const;
+    // factors (scale mode only): one per configuration, z *= factors[c] on its heads (a scale-grid
+    // sweep: many factors share one forward); empty = the setup's factor for all.
+    at::Tensor evaluate(const at::Tensor& masks, const BatchFn& on_batch = {}, const std::vector<double>& factors = {}) const;
     // The batches evaluate() forms for `masks` (configuration indices, each batch one forward over
     // its configurations x the dataset rows): sorted by first ablated layer, then cut by max_rows.
     // A batch's results depend only on its own configurations, so running the same batches in any
     // order or process (shards, a resumed run) gives the same bits as one evaluate() call.
     std::vector<std::vector<int64_t>> plan(const at::Tensor& masks) const;
     // One planned batch: its configurations' metric rows [g, N] (the rows evaluate() gives them).
-    at::Tensor evaluate_batch(const at::Tensor& masks, const std::vector<int64_t>& batch) const;
+    at::Tensor evaluate_batch(const at::Tensor& masks, const std::vector<int64_t>& batch,
+                              const std::vector<double>& factors = {}) const;
 
     // Continuous head gates xi [L, H] multiplying z (1 = intact): metric per row [N] (no grad).
     at::Tensor evaluate_gates(const at::Tensor& xi) const;
+    // G gate sets xi [G, L, H] at once (each set on its own copy of the data's rows in one forward a
+    // chunk): the metric of each, the mean over rows [G] float on the model's device. Differentiable:
+    // autograd flows to xi when it requires grad (the caller sets the grad mode).
+    at::Tensor gated_metric(const at::Tensor& xi) const;
     // Michel et al. 2019: I_h = mean over rows of |dM_row / dxi_h| at xi = 1 - pruned (pruned heads
     // stay at 0), by autograd. Raw, not normalised: [L, H] float64 CPU.
     at::Tensor gate_gradient_importance(const at::Tensor& pruned) const;
     // Resample mode: the reference row that feeds dataset row i.
     int64_t resample_source(int64_t i) const;
     int64_t forwards() const { return forwards_; }  // forward passes run so far (for benchmarks)
+    c10::Device device() const { return m_.options.device; }
 
     struct Impl;
 
@@ -115,10 +127,12 @@ void check_head_ranges(const Experiment& e, const HeadSpec& h, int L, int H);
 // The configurations of one study (baseline first).
 struct StudyConfigs {
     std::vector<at::Tensor> masks;      // [L, H] uint8 each
-    std::vector<std::string> kinds;     // baseline | single | layer | set | cumulative | control | prune
+    std::vector<std::string> kinds;     // baseline | single | layer | set | cumulative | control | prune | scale
     std::vector<std::string> labels;    // "L1H3", "layer 1", set name, "top-2", "control 3 of top-2"...
     std::vector<int64_t> k, control_seed;
     std::vector<double> fraction;       // prune: fraction of heads removed (0 elsewhere)
+    std::vector<double> factor;         // scale-grid: z *= factor[c] on configuration c's head (1 for the
+                                        // baseline); empty for other sweeps
 };
 // Non-prune sweeps. Controls: N random sets of each non-baseline configuration's size, drawn with
 // std::mt19937_64(control_seed) uniformly among the heads NOT under test (the configuration's

@@ -8,6 +8,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -24,20 +25,23 @@ void Experiment::fail(const YamlMark& m, const std::string& msg) const {
 
 const NameTable<DataKind>& data_kind_names() {
     static const NameTable<DataKind> t = {
-        {DataKind::kRepeated, "repeated"}, {DataKind::kText, "text"}, {DataKind::kTokens, "tokens"}, {DataKind::kPrompts, "prompts"}};
+        {DataKind::kRepeated, "repeated"}, {DataKind::kText, "text"}, {DataKind::kTokens, "tokens"}, {DataKind::kPrompts, "prompts"},
+        {DataKind::kConflicts, "conflicts"}};
     return t;
 }
 
 const NameTable<SweepKind>& sweep_names() {
     static const NameTable<SweepKind> t = {{SweepKind::kSingle, "single"}, {SweepKind::kLayer, "layer"},
                                            {SweepKind::kSet, "set"},       {SweepKind::kCumulative, "cumulative"},
-                                           {SweepKind::kPrune, "prune"}};
+                                           {SweepKind::kPrune, "prune"},   {SweepKind::kScaleGrid, "scale-grid"},
+                                           {SweepKind::kGating, "gating"}};
     return t;
 }
 
 const NameTable<MetricKind>& metric_names() {
     static const NameTable<MetricKind> t = {
-        {MetricKind::kLoss, "loss"}, {MetricKind::kAccuracy, "accuracy"}, {MetricKind::kLogitDiff, "logit-diff"}, {MetricKind::kKl, "kl"}};
+        {MetricKind::kLoss, "loss"}, {MetricKind::kAccuracy, "accuracy"}, {MetricKind::kLogitDiff, "logit-diff"}, {MetricKind::kKl, "kl"},
+        {MetricKind::kProb, "prob"}};
     return t;
 }
 
@@ -162,7 +166,11 @@ DataSpec parse_data(const Reader& r, const std::string& name, const YAML::Node& 
         return d;
     }
     if (d.kind == DataKind::kText) r.keys(n, what, {"kind", "file", "seq_len", "count"});
+    else if (d.kind == DataKind::kConflicts) r.keys(n, what, {"kind", "file", "count", "clean", "separator", "answer_prefix"});
     else r.keys(n, what, {"kind", "file", "count"});
+    if (n["clean"]) d.clean = r.boolean(n["clean"], "clean");
+    if (n["separator"]) d.separator = r.str(n["separator"], "separator");
+    if (n["answer_prefix"]) d.answer_prefix = r.str(n["answer_prefix"], "answer_prefix");
     if (!n["file"]) r.fail(n, what + ": missing 'file'");
     d.file = r.str(n["file"], "file");
     d.file_mark = mark_of(n["file"]);
@@ -297,8 +305,8 @@ ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
 MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     MetricSpec m;
     m.mark = mark_of(n);
-    r.keys(n, "metric", {"kind", "data", "positions"});
-    if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, retrieval)");
+    r.keys(n, "metric", {"kind", "data", "positions", "target"});
+    if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, prob, retrieval)");
     if (n["kind"].IsScalar() && n["kind"].Scalar() == "retrieval")
         r.fail(n["kind"], "metric retrieval: needle tests run as `headscope retrieval` (its --ablate/--ablate-top options), not as a YAML metric");
     m.kind = r.pick(n["kind"], "kind", metric_names());
@@ -307,8 +315,14 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     if (n["positions"]) {
         m.positions = r.pick(n["positions"], "positions", positions_names());
         m.positions_mark = mark_of(n["positions"]);
-        if (m.kind == MetricKind::kAccuracy || m.kind == MetricKind::kLogitDiff)
+        if (m.kind == MetricKind::kAccuracy || m.kind == MetricKind::kLogitDiff || m.kind == MetricKind::kProb)
             r.fail(n["positions"], fmt::format("metric {}: 'positions' does not apply (it reads the answer position)", name_of(m.kind)));
+    }
+    if (n["target"]) {
+        if (m.kind != MetricKind::kProb) r.fail(n["target"], "metric: 'target' applies to metric prob only");
+        // parametric / context: the names of a conflicts dataset's answer / counterfactual
+        const std::string t = r.choice(n["target"], "target", {"answer", "counterfactual", "parametric", "context"});
+        m.counterfactual = t == "counterfactual" || t == "context";
     }
     return m;
 }
@@ -316,12 +330,13 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
 StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     StudySpec s;
     s.mark = mark_of(n);
-    r.keys(n, "study", {"name", "sweep", "heads", "sets", "mode", "metric", "controls", "steps", "recompute"});
+    r.keys(n, "study", {"name", "sweep", "heads", "sets", "mode", "metric", "controls", "steps", "recompute", "factors",
+                        "starts", "fit_steps", "lambda", "lr"});
     if (!n["name"]) r.fail(n, "study: missing 'name'");
     s.name = r.str(n["name"], "name");
     if (s.name.empty() || s.name.find_first_of("/ ") != std::string::npos)
         r.fail(n["name"], fmt::format("study name '{}': expected a non-empty name without '/' or spaces", s.name));
-    if (!n["sweep"]) r.fail(n, fmt::format("study '{}': missing 'sweep' (single, layer, set, cumulative, prune)", s.name));
+    if (!n["sweep"]) r.fail(n, fmt::format("study '{}': missing 'sweep' ({})", s.name, or_list(names_in(sweep_names()))));
     s.sweep = r.pick(n["sweep"], "sweep", sweep_names());
     s.sweep_mark = mark_of(n["sweep"]);
     if (n["heads"]) {
@@ -369,6 +384,47 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     } else {
         if (n["steps"]) r.fail(n["steps"], "'steps' belongs to sweep: prune");
         if (n["recompute"]) r.fail(n["recompute"], "'recompute' belongs to sweep: prune");
+    }
+    if (s.sweep == SweepKind::kScaleGrid) {
+        // JUICE (src/select_intervention_head.py): o_h += alpha o_h for alpha in {1, 3, 5, 10, 30} and
+        // {-1, -2, -5}, i.e. z *= 1 + alpha.
+        if (n["mode"]) r.fail(n["mode"], fmt::format("study '{}': sweep scale-grid scales z by each of 'factors'; it takes no mode", s.name));
+        if (n["controls"]) r.fail(n["controls"], "controls: not defined for a scale-grid sweep");
+        s.mode.kind = Intervention::kScale;
+        s.factors = {2, 4, 6, 11, 31, 0, -1, -4};
+        if (n["factors"]) {
+            const auto f = n["factors"];
+            if (!f.IsSequence() || f.size() == 0) r.fail(f, "factors: expected a list of numbers, e.g. [2, 4, 0, -1]");
+            s.factors.clear();
+            for (const auto& x : f) {
+                const double v = r.number(x, "factors");
+                if (!std::isfinite(v) || v == 1.0) r.fail(x, "factors: expected finite numbers other than 1 (1 leaves the head unchanged)");
+                if (std::find(s.factors.begin(), s.factors.end(), v) != s.factors.end())
+                    r.fail(x, fmt::format("factors: {} listed twice", v));
+                s.factors.push_back(v);
+            }
+        }
+    } else if (n["factors"]) {
+        r.fail(n["factors"], "'factors' belongs to sweep: scale-grid");
+    }
+    if (s.sweep == SweepKind::kGating) {
+        if (n["controls"]) r.fail(n["controls"], "controls: not defined for a gating sweep");
+        if (n["heads"]) r.fail(n["heads"], "gating fits a gate on every head; it takes no 'heads'");
+        if (s.mode.kind != Intervention::kZero)
+            r.fail(n["mode"], "gating: the gates multiply z and its configurations zero heads, so mode must be zero");
+        if (n["starts"]) s.starts = r.positive(n["starts"], "starts");
+        if (n["fit_steps"]) s.fit_steps = r.positive(n["fit_steps"], "fit_steps");
+        if (n["lambda"]) {
+            s.lambda = r.number(n["lambda"], "lambda");
+            if (!(s.lambda > 0) || !std::isfinite(s.lambda)) r.fail(n["lambda"], "lambda: expected a number > 0 (the G+ fit uses +lambda, G- -lambda)");
+        }
+        if (n["lr"]) {
+            s.lr = r.number(n["lr"], "lr");
+            if (!(s.lr > 0) || !std::isfinite(s.lr)) r.fail(n["lr"], "lr: expected a number > 0");
+        }
+    } else {
+        for (const char* key : {"starts", "fit_steps", "lambda", "lr"})
+            if (n[key]) r.fail(n[key], fmt::format("'{}' belongs to sweep: gating", key));
     }
     return s;
 }
@@ -450,18 +506,19 @@ Experiment parse_experiment_text(const std::string& text, const std::string& fil
             const char* dkn = name_of(dk);
             const auto mnode = sn["metric"];
             const MetricKind mk = s.metric.kind;
-            if ((mk == MetricKind::kAccuracy || mk == MetricKind::kLogitDiff) && dk != DataKind::kPrompts)
-                r.fail(mnode, fmt::format("metric {} needs a prompts dataset (prompt/answer pairs); '{}' is {}",
+            const bool answers = dk == DataKind::kPrompts || dk == DataKind::kConflicts;
+            if ((mk == MetricKind::kAccuracy || mk == MetricKind::kLogitDiff || mk == MetricKind::kProb) && !answers)
+                r.fail(mnode, fmt::format("metric {} needs a prompts or conflicts dataset (prompt/answer pairs); '{}' is {}",
                                           name_of(mk), s.metric.data, dkn));
             if (s.metric.positions == Positions::kRepeatedHalf && dk != DataKind::kRepeated)
                 r.fail(mnode["positions"], fmt::format("positions repeated-half needs a repeated dataset; '{}' is {}",
                                                        s.metric.data, dkn));
-            if (s.metric.positions == Positions::kAnswer && dk != DataKind::kPrompts)
-                r.fail(mnode["positions"], fmt::format("positions answer needs a prompts dataset; '{}' is {}",
+            if (s.metric.positions == Positions::kAnswer && !answers)
+                r.fail(mnode["positions"], fmt::format("positions answer needs a prompts or conflicts dataset; '{}' is {}",
                                                        s.metric.data, dkn));
-            if (s.sweep == SweepKind::kPrune && mk == MetricKind::kAccuracy)
-                r.fail(mnode, fmt::format("prune needs a differentiable metric (loss, kl or logit-diff), not {}",
-                                          name_of(mk)));
+            if ((s.sweep == SweepKind::kPrune || s.sweep == SweepKind::kGating) && mk == MetricKind::kAccuracy)
+                r.fail(mnode, fmt::format("{} needs a differentiable metric (loss, kl, logit-diff or prob), not {}",
+                                          name_of(s.sweep), name_of(mk)));
             if (mk == MetricKind::kKl && s.mode.kind == Intervention::kScale && s.mode.factor == 1.0)
                 r.fail(sn["mode"], "mode scale with factor 1 leaves the model unchanged: kl would be 0");
             auto check_by = [&](const HeadSpec& h, auto&& self) -> void {

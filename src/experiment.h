@@ -23,13 +23,13 @@ struct YamlMark {
 std::string mark_str(const std::string& file, const YamlMark& m);
 
 // The spec's vocabularies: one enum and one name table each (the YAML's words, in its order).
-enum class DataKind { kRepeated, kText, kTokens, kPrompts };
-enum class SweepKind { kSingle, kLayer, kSet, kCumulative, kPrune };
-enum class MetricKind { kLoss, kAccuracy, kLogitDiff, kKl };
+enum class DataKind { kRepeated, kText, kTokens, kPrompts, kConflicts };
+enum class SweepKind { kSingle, kLayer, kSet, kCumulative, kPrune, kScaleGrid, kGating };
+enum class MetricKind { kLoss, kAccuracy, kLogitDiff, kKl, kProb };
 enum class Positions { kAll, kRepeatedHalf, kAnswer };  // where loss / kl are read
-const NameTable<DataKind>& data_kind_names();    // repeated, text, tokens, prompts
-const NameTable<SweepKind>& sweep_names();       // single, layer, set, cumulative, prune
-const NameTable<MetricKind>& metric_names();     // loss, accuracy, logit-diff, kl
+const NameTable<DataKind>& data_kind_names();    // repeated, text, tokens, prompts, conflicts
+const NameTable<SweepKind>& sweep_names();       // single, layer, set, cumulative, prune, scale-grid, gating
+const NameTable<MetricKind>& metric_names();     // loss, accuracy, logit-diff, kl, prob
 const NameTable<Positions>& positions_names();   // all, repeated-half, answer
 inline const char* name_of(DataKind k) { return name_in(data_kind_names(), k); }
 inline const char* name_of(SweepKind k) { return name_in(sweep_names(), k); }
@@ -45,7 +45,12 @@ struct DataSpec {
     int64_t token_lo = -1, token_hi = -1;  // repeated: [lo, hi)
     int64_t seq_len = 0;                 // text: tokens per sequence
     int64_t seed = -1;                   // repeated: generator seed (-1 = the experiment's)
-    std::string file;                    // text, tokens, prompts
+    std::string file;                    // text, tokens, prompts, conflicts
+    // conflicts (JUICE's head-selection data): each line gives a row for the question alone (clean,
+    // variant 0) and one per context (variant i: context i + separator + question); the answer's first
+    // token is the one that follows prompt + answer_prefix + answer when encoded together.
+    bool clean = true;
+    std::string separator = " ", answer_prefix = " ";
     YamlMark mark, file_mark;
 };
 
@@ -83,6 +88,7 @@ struct MetricSpec {
     MetricKind kind = MetricKind::kLoss;  // (retrieval: refused, see headscope retrieval)
     std::string data;
     Positions positions = Positions::kAll;  // loss, kl
+    bool counterfactual = false;            // prob: p(counterfactual) instead of p(answer) (target: ...)
     YamlMark mark, positions_mark;
 };
 
@@ -96,6 +102,10 @@ struct StudySpec {
     MetricSpec metric;
     int64_t controls = 0;  // random control sets per configuration
     std::vector<double> steps;  // prune: cumulative fractions of all heads, increasing
+    std::vector<double> factors;  // scale-grid: z *= factor, each head alone at each factor
+    // gating (causal head gating, probes/gating.h): random starts, Adam steps per fit, |lambda|, lr
+    int64_t starts = 5, fit_steps = 200;
+    double lambda = 0.1, lr = 1.0;
     bool recompute = false;     // prune: recompute importance after each step
     YamlMark mark, sweep_mark, heads_mark, controls_mark;
 };

@@ -435,6 +435,48 @@ std::string maps_group(FileView& f, const std::string& g, int top_k) {
            attrs_table(r.attrs(g)) + "</details>";
 }
 
+// ---- patching (/patching/<name>) ----
+
+std::string patching_group(FileView& f, const std::string& g, const std::string& name, int top_k) {
+    auto& r = *f.r;
+    Attrs a = r.attrs(g);
+    std::string s;
+    auto scalar = [&](const char* ds) { return r.exists(g + "/" + ds) ? r.read_numbers(g + "/" + ds).values.at(0) : NAN; };
+    s += fmt::format("<p class=\"desc\"><b>{}</b> patching of {} ({}), metric {}: clean {}, corrupted {}. Score = (M_patched - "
+                     "M_corrupt) / (M_clean - M_corrupt): 1 = the clean behaviour restored.</p>",
+                     esc(attr_str(a, "method")), esc(attr_str(a, "what")), esc(attr_str(a, "positions")), esc(attr_str(a, "metric")),
+                     num(scalar("metric_clean")), num(scalar("metric_corrupt")));
+    Dataset sc = r.read_numbers(g + "/scores");
+    if (sc.shape.size() == 1 && r.exists(g + "/path")) {  // path patching: one score per sender set
+        Dataset lab = r.read(g + "/path");
+        std::string t = "<table><tr><th>path</th><th>score</th></tr>";
+        for (size_t i = 0; i < sc.values.size() && i < lab.strings.size(); ++i)
+            t += fmt::format("<tr><td>{}</td><td data-value=\"{}\">{}</td></tr>", esc(lab.strings[i]), exact(sc.values[i]),
+                             num(sc.values[i]));
+        return s + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
+    }
+    if (sc.shape.size() != 2 && sc.shape.size() != 3)
+        return s + fmt::format("<p class=\"note\">{}/scores has shape {}: not drawn</p>", esc(g), shape_str(sc.shape));
+    const int64_t L = sc.shape[0], U = sc.shape[1], T = sc.shape.size() == 3 ? sc.shape[2] : 1;
+    Dataset per_head = sc;
+    if (T > 1) {  // per position: each head's largest-magnitude position, signed
+        per_head.shape = {L, U};
+        per_head.values.assign(L * U, NAN);
+        for (int64_t i = 0; i < L * U; ++i)
+            for (int64_t t = 0; t < T; ++t) {
+                const double v = sc.values[i * T + t];
+                if (std::isnan(per_head.values[i]) || std::abs(v) > std::abs(per_head.values[i])) per_head.values[i] = v;
+            }
+        s += "<p class=\"note\">per position: each cell is the head's score at its position of largest |score|.</p>";
+    }
+    Heatmap hm{g + "/scores", "patch", per_head.values, L, U};
+    hm.is_signed = true;
+    if (attr_str(a, "what") == "k" || attr_str(a, "what") == "v") hm.col_axis = "kv head";
+    s += "<div class=\"row\">" + render_heatmap(hm);
+    s += top_table("patch/" + name, {{"score", per_head}}, U, top_k, fmt::format("top {} by score", std::min<int64_t>(top_k, L * U))) + "</div>";
+    return s + "<details><summary>attributes</summary>" + attrs_table(a) + "</details>";
+}
+
 // ---- ablation (/ablation/<study>) ----
 std::string ablation_study(FileView& f, const std::string& g, const std::string& name) {
     auto& r = *f.r;
@@ -752,6 +794,12 @@ std::string render_file(FileView& f, const ReportOptions& o) {
                 s += section(f, "Ablation: " + st, ablation_study(f, "/ablation/" + st, st));
                 ++f.known;
             }
+    if (r.is_group("/patching"))
+        for (const auto& p : r.children("/patching"))
+            if (r.is_group("/patching/" + p) && r.exists("/patching/" + p + "/scores")) {
+                s += section(f, "Patching: " + p, patching_group(f, "/patching/" + p, p, o.top_k));
+                ++f.known;
+            }
     if (r.is_group("/retrieval/trials")) {
         s += section(f, "Retrieval trials", retrieval_trials(f, "/retrieval/trials"));
         ++f.known;
@@ -849,7 +897,7 @@ std::string render_report(const std::vector<std::string>& files, const ReportOpt
         bodies.push_back(render_file(f, o));
         if (f.known == 0) {
             std::vector<std::string> top = f.r->children("/");
-            throw DataError(fmt::format("{}: no group the report knows (/scores/<probe>/score, /ablation/<study>, /retrieval/...); "
+            throw DataError(fmt::format("{}: no group the report knows (/scores/<probe>/score, /ablation/<study>, /patching/<name>, /retrieval/...); "
                                         "the file has: {}",
                                         f.path, top.empty() ? std::string("nothing") : fmt::format("{}", fmt::join(top, ", "))));
         }

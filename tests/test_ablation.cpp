@@ -422,7 +422,7 @@ TEST_CASE("ablation YAML: schema errors name the file, line and column") {
     CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: single\n    metric: {kind: loss, data: q}\n")
               .find("exp.yaml:7:32: no dataset named 'q'") != std::string::npos);
     CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: single\n    metric: {kind: accuracy, data: r}\n")
-              .find("exp.yaml:7:13: metric accuracy needs a prompts dataset") != std::string::npos);
+              .find("exp.yaml:7:13: metric accuracy needs a prompts or conflicts dataset") != std::string::npos);
     CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: cumulative\n    heads: {top: [1, 2], by: scores/induction/score}\n"
                            "    metric: {kind: loss, data: r}\n")
               .find("exp.yaml:7:30: by: 'scores/induction/score': this experiment computes no probe 'induction'") !=

@@ -8,8 +8,11 @@
 #include "common.h"
 #include "errors.h"
 #include "experiment.h"
+#include "gating.h"
+#include "juice.h"
 #include "progress.h"
 #include "run_state.h"
+#include "store.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -77,6 +80,28 @@ Shard parse_shard(const std::string& s) {
     return sh;
 }
 
+void write_juice(ResultWriter& w, const std::string& group, const at::Tensor& rows, const at::Tensor& masks,
+                 const std::vector<double>& factors, const std::vector<int64_t>& variants) {
+    const auto sel = juice_selection(rows, masks, factors, variants);
+    const std::string g = group + "/juice";
+    if (w.exists(g)) w.remove(g);
+    const int64_t V = static_cast<int64_t>(sel.variants.size()), F = static_cast<int64_t>(sel.factors.size());
+    const int64_t L = masks.size(1), H = masks.size(2);
+    w.write(g + "/factors", std::vector<float>(sel.factors.begin(), sel.factors.end()), {F});
+    w.write(g + "/variants", sel.variants, {V});
+    w.write(g + "/delta", host_floats(sel.delta), {V, L, H, F});
+    w.write(g + "/up", host_floats(sel.up), {V, L, H});
+    w.write(g + "/down", host_floats(sel.down), {V, L, H});
+    w.write(g + "/enhance", host_floats(sel.enhance), {L, H});
+    w.write(g + "/suppress", host_floats(sel.suppress), {L, H});
+    w.set_attrs(g, {{"reference", std::string("GaotangLi/JUICE src/select_intervention_head.py")},
+                    {"delta", std::string("mean metric with z_h *= factor minus the baseline's, per prompt variant")},
+                    {"up", std::string("mean of delta over factors > 1 (JUICE's positive alphas, alpha = factor - 1)")},
+                    {"down", std::string("mean of delta over factors < 1 (JUICE's negative alphas)")},
+                    {"enhance", std::string("sum over variants of up where up > 0 in every variant, else NaN")},
+                    {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}});
+}
+
 std::string shard_path(const std::string& out, const Shard& s) {
     const std::string suffix = fmt::format(".shard-{}-of-{}", s.index, s.count);
     auto dot = out.rfind(".h5");
@@ -105,6 +130,7 @@ struct StudyState {
     const AblationData* data = nullptr;
     StudyConfigs cfg;
     PrunePlan prune;  // prune sweeps
+    GatingResult gating;  // gating sweeps
     AblationSetup setup;
     std::unique_ptr<Ablator> ab;
     at::Tensor rows;            // [S, N] float32, NaN where not done
@@ -125,6 +151,9 @@ std::string metric_description(const MetricSpec& m) {
         return std::string("mean KL(clean || ablated) (nats) of the next-token distribution at the scored positions (") +
                name_of(m.positions) + ")";
     if (m.kind == MetricKind::kAccuracy) return "1 where the argmax at the last prompt position is the answer's first token";
+    if (m.kind == MetricKind::kProb)
+        return m.counterfactual ? "p(the counterfactual's first token) at the last prompt position (a conflicts dataset: the context answer)"
+                                : "p(the answer's first token) at the last prompt position (a conflicts dataset: the parametric answer)";
     return "logit(answer) - logit(counterfactual) at the last prompt position";
 }
 
@@ -173,6 +202,7 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
             w.write(g + "/answers", d.answers, {d.rows()});
             w.write(g + "/counterfactuals", d.counterfactuals, {d.rows()});
         }
+        if (!d.variants.empty()) w.write(g + "/variant", d.variants, {d.rows()});
         w.set_attrs(g, a);
     }
     for (const auto& p : probes) {
@@ -200,7 +230,8 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         for (size_t k = 0; k < st.batches.size(); ++k)
             for (auto c : st.batches[k]) batch_of[c] = static_cast<int64_t>(k);
         w.write(g + "/batch", batch_of, {S});
-        const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff;
+        const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff ||
+                                   s.metric.kind == MetricKind::kProb;
         Attrs a = {{"sweep", std::string(name_of(s.sweep))},
                    {"mode", std::string(name_of(s.mode.kind))},
                    {"metric", std::string(name_of(s.metric.kind))},
@@ -213,7 +244,14 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
         if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
         if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
             a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
-        if (s.mode.kind == Intervention::kScale) a["mode_factor"] = s.mode.factor;
+        if (s.mode.kind == Intervention::kScale && s.sweep != SweepKind::kScaleGrid) a["mode_factor"] = s.mode.factor;
+        if (s.metric.kind == MetricKind::kProb) a["target"] = std::string(s.metric.counterfactual ? "counterfactual" : "answer");
+        if (s.sweep == SweepKind::kScaleGrid) {
+            std::vector<float> f(st.cfg.factor.begin(), st.cfg.factor.end());
+            w.write(g + "/factor", f, {S});
+            a["factors"] = s.factors;
+            write_juice(w, g, st.rows, torch::stack(st.cfg.masks), st.cfg.factor, st.data->variants);
+        }
         if (s.mode.kind == Intervention::kStream) {
             a["mode_sink"] = s.mode.window.sink;
             a["mode_recent"] = s.mode.window.recent;
@@ -233,6 +271,33 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
             a["steps"] = s.steps;
             a["recompute"] = std::string(s.recompute ? "true" : "false");
             a["importance"] = std::string("mean over rows of |d metric / d xi_h| (autograd), L2-normalised per layer");
+        }
+        if (s.sweep == SweepKind::kGating) {
+            const auto& gr = st.gating;
+            const int64_t Sg = gr.g_plus.size(0);
+            const std::string gg = g + "/gates";
+            w.write(gg + "/g0", host_floats(gr.g0), {Sg, L, H});
+            w.write(gg + "/g_plus", host_floats(gr.g_plus), {Sg, L, H});
+            w.write(gg + "/g_minus", host_floats(gr.g_minus), {Sg, L, H});
+            auto roles = gr.roles.to(torch::kLong).contiguous(), role = gr.role.to(torch::kLong).contiguous();
+            w.write(gg + "/roles", std::vector<int64_t>(roles.data_ptr<int64_t>(), roles.data_ptr<int64_t>() + roles.numel()), {Sg, L, H});
+            w.write(gg + "/role", std::vector<int64_t>(role.data_ptr<int64_t>(), role.data_ptr<int64_t>() + role.numel()), {L, H});
+            auto counts = gr.role_counts.contiguous();
+            w.write(gg + "/role_counts", std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()),
+                    {4, L, H});
+            w.write(gg + "/objective", host_floats(gr.objective), {3, Sg});
+            w.set_attrs(gg, {{"roles", std::string("0 irrelevant (G+ >= 0.5, G- < 0.5), 1 facilitating (both >= 0.5), 2 interfering "
+                                                   "(both < 0.5), 3 unstable (G+ < 0.5, G- >= 0.5)")},
+                             {"loss", std::string("objective - lambda * mean(clamp(logits, -4, 4)); objective = the metric, "
+                                                  "negated for logit-diff and prob")},
+                             {"fits", std::string("lambda 0 from uniform(0, 1) gates, then +lambda (G+) and -lambda (G-) from it")},
+                             {"optimiser", fmt::format("Adam lr {}, gradient norm clipped to 1 per start, {} steps a fit", s.lr, s.fit_steps)},
+                             {"lambda", s.lambda},
+                             {"starts", s.starts}});
+            a["starts"] = s.starts;
+            a["fit_steps"] = s.fit_steps;
+            a["lambda"] = s.lambda;
+            a["lr"] = s.lr;
         }
         w.set_attrs(g, a);
     }
@@ -382,6 +447,7 @@ StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const
     st.setup.resample_seed = e.seed + static_cast<int64_t>(si);
     st.setup.metric = s.metric.kind;
     st.setup.positions = s.metric.positions;
+    st.setup.counterfactual = s.metric.counterfactual;
     st.setup.max_rows = e.batch_rows;
     st.setup.prefix_reuse = !o.no_prefix_reuse;
     try {
@@ -392,6 +458,19 @@ StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const
     if (s.sweep == SweepKind::kPrune) {
         st.prune = plan_prune(s, *st.ab, L, H);
         st.cfg = st.prune.configs;
+    } else if (s.sweep == SweepKind::kGating) {
+        GatingOptions go;
+        go.starts = s.starts, go.steps = s.fit_steps, go.lambda = s.lambda, go.lr = s.lr;
+        go.seed = static_cast<uint64_t>(e.seed * 1000003 + static_cast<int64_t>(si));
+        go.higher_is_better = s.metric.kind == MetricKind::kLogitDiff || s.metric.kind == MetricKind::kProb;
+        Progress prog(fmt::format("gating '{}' (3 fits x {} steps)", s.name, s.fit_steps), 3 * s.fit_steps);
+        double last = 0;
+        st.gating = fit_head_gates(*st.ab, L, H, go, [&](int fit, int64_t step, double loss) {
+            last = loss;
+            prog.update(fit * s.fit_steps + step + 1, fmt::format("loss {:.4f}", last));
+        });
+        prog.finish();
+        st.cfg = gating_configs(st.gating);
     } else {
         st.cfg = build_study(e, s, computed, L, H);
     }
@@ -473,7 +552,7 @@ void run_run(const RunOptions& o) {
         Progress prog("ablation configurations", todo);
         int64_t progressed = 0;
         for (size_t k : mine) {
-            const auto rows = st.ab->evaluate_batch(masks, batches[k]);
+            const auto rows = st.ab->evaluate_batch(masks, batches[k], st.cfg.factor);
             for (size_t j = 0; j < batches[k].size(); ++j) {
                 st.rows[batches[k][j]].copy_(rows[static_cast<int64_t>(j)]);
                 st.done[batches[k][j]] = 1;
@@ -500,11 +579,13 @@ void setup_run(CLI::App& app) {
     auto* sub = app.add_subcommand(
         "run",
         "run a masking/ablation experiment described in YAML (docs/experiments.md): datasets, probe scores,\n"
-        "and studies (sweeps single, layer, set, cumulative, prune; modes zero, mean, resample, scale,\n"
-        "zero-query, mean-query; metrics loss, accuracy, logit-diff, kl), written to HDF5 under\n"
+        "and studies (sweeps single, layer, set, cumulative, prune, scale-grid; modes zero, mean, resample,\n"
+        "scale, zero-query, mean-query, stream; metrics loss, accuracy, logit-diff, kl, prob), written to HDF5 under\n"
         "/ablation/<study>. The file is rewritten atomically after every batch of configurations: a killed\n"
         "run leaves the last complete file, and --resume continues it. --shard I/N runs the batches k of\n"
         "configurations one unsharded run forms with k % N == I; `headscope merge` joins the shards.\n"
+        "A scale-grid study with metric prob on a conflicts dataset is JUICE's head selection\n"
+        "(/ablation/<study>/juice/{enhance,suppress}).\n"
         "Example: headscope run datasets/experiments/toy-induction.yaml");
     sub->add_option("experiment", o->file, "the experiment's YAML file")->required();
     sub->add_option("--model", o->model, "use this model instead of the file's model:");

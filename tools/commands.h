@@ -21,6 +21,7 @@ void setup_qk_spectrum(CLI::App& app);
 void setup_retrieval(CLI::App& app);
 void setup_run(CLI::App& app);
 void setup_ablate(CLI::App& app);
+void setup_patch(CLI::App& app);
 void setup_merge(CLI::App& app);
 void setup_report(CLI::App& app);
 

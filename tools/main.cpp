@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     cli::setup_retrieval(app);
     cli::setup_run(app);
     cli::setup_ablate(app);
+    cli::setup_patch(app);
     cli::setup_merge(app);
     cli::setup_report(app);
     cli::set_command_line(argc, argv);
