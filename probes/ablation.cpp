@@ -81,12 +81,17 @@ static void check_ids(const Experiment& e, const DataSpec& d, const Model& m, co
 // would emit next; JUICE's get_tokenized_first_word adds the space by hand per model family instead).
 static int64_t continuation_token(const Tokenizer& t, const std::string& prompt, const std::vector<int64_t>& prompt_ids,
                                   const std::string& prefix, const std::string& answer, const std::string& where,
-                                  const char* key) {
+                                  const char* key, bool alone) {
+    if (alone) {
+        auto a = t.encode(prefix + answer, false);
+        if (a.empty()) throw DataError(fmt::format("{}: \"{}\" encodes to no tokens", where, key));
+        return a[0];
+    }
     auto full32 = t.encode(prompt + prefix + answer, true);
     std::vector<int64_t> full(full32.begin(), full32.end());
     if (full.size() <= prompt_ids.size() || !std::equal(prompt_ids.begin(), prompt_ids.end(), full.begin()))
         throw DataError(fmt::format("{}: \"{}\" does not start a new token after the prompt (the prompt's last token "
-                                    "merges with it; check answer_prefix)", where, key));
+                                    "merges with it; check answer_prefix, or take the answer's own first token with answer_token: alone)", where, key));
     return full[prompt_ids.size()];
 }
 
@@ -177,8 +182,8 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
                     auto p32 = t.encode(prompts[v], true);
                     std::vector<int64_t> ids(p32.begin(), p32.end());
                     check_ids(e, d, m, ids, where);
-                    answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer"));
-                    cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer"));
+                    answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer", d.answer_alone));
+                    cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer", d.answer_alone));
                     variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
                     seqs.push_back(std::move(ids));
                 }

@@ -166,11 +166,13 @@ DataSpec parse_data(const Reader& r, const std::string& name, const YAML::Node& 
         return d;
     }
     if (d.kind == DataKind::kText) r.keys(n, what, {"kind", "file", "seq_len", "count"});
-    else if (d.kind == DataKind::kConflicts) r.keys(n, what, {"kind", "file", "count", "clean", "separator", "answer_prefix"});
+    else if (d.kind == DataKind::kConflicts)
+        r.keys(n, what, {"kind", "file", "count", "clean", "separator", "answer_prefix", "answer_token"});
     else r.keys(n, what, {"kind", "file", "count"});
     if (n["clean"]) d.clean = r.boolean(n["clean"], "clean");
     if (n["separator"]) d.separator = r.str(n["separator"], "separator");
     if (n["answer_prefix"]) d.answer_prefix = r.str(n["answer_prefix"], "answer_prefix");
+    if (n["answer_token"]) d.answer_alone = r.choice(n["answer_token"], "answer_token", {"continuation", "alone"}) == "alone";
     if (!n["file"]) r.fail(n, what + ": missing 'file'");
     d.file = r.str(n["file"], "file");
     d.file_mark = mark_of(n["file"]);

@@ -51,6 +51,10 @@ struct DataSpec {
     // token is the one that follows prompt + answer_prefix + answer when encoded together.
     bool clean = true;
     std::string separator = " ", answer_prefix = " ";
+    // continuation (default): the token after the prompt in encode(prompt + prefix + answer); alone:
+    // the first token of encode(prefix + answer) by itself (JUICE's get_tokenized_first_word), for
+    // tokenizers whose merges cross spaces, where the continuation is not a token boundary
+    bool answer_alone = false;
     YamlMark mark, file_mark;
 };
 

@@ -295,6 +295,17 @@ printf '[]' >"$T/p.json"
 bad dla "--prompts" "empty list" 5 "p.json" "$O" -- dla "$M" --prompts "$T/p.json" --out "$O"
 bad dla "--prompts" "a directory" 5 "dir.txt" "$O" -- dla "$M" --prompts "$T/dir.txt" --out "$O"
 
+printf '{"clean": "abc", "corrupt": "abcd", "answer": "x", "wrong": "y"}\n' >"$T/pairs.jsonl"
+bad patch "--pairs" "unequal clean and corrupt lengths" 5 "pairs.jsonl:1: clean is 4 tokens, corrupt 5" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --out "$O"
+printf '{"clean": "abc", "corrupt": "abd", "answer": "x"}\n' >"$T/pairs.jsonl"
+bad patch "--pairs" "logit-diff without wrong" 5 "pairs.jsonl:1: expected" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --out "$O"
+printf '{"clean": "abcab", "corrupt": "abcab", "answer": "c"}\n' >"$T/pairs.jsonl"
+bad patch "--pairs" "identical clean and corrupt runs" 5 "same metric" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --out "$O" --force
+printf '{"clean": "abcab", "corrupt": "abdab", "answer": "c"}\n' >"$T/pairs.jsonl"
+bad patch "--path" "receiver before sender" 2 "--path: .*later layer" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L1H0->L0H1:k" --out "$O"
+bad patch "--path" "input not q, k or v" 2 "--path: .*must be q, k or v" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L0H0->L1H1:z" --out "$O"
+bad patch "--what" "unknown site" 2 "--what 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
+
 printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
 bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens
 printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
@@ -359,6 +370,8 @@ bad top "result .h5" "truncated" 6 "trunc.h5" - -- top "$T/trunc.h5" --probe ind
 bad top "result .h5" "score holds strings" 6 "wrong.h5" - -- top "$T/wrong.h5" --probe induction
 bad top "result .h5" "score shape not [L, H]" 6 "wrong.h5" - -- top "$T/wrong.h5" --probe previous-token
 bad top "-k" "negative" 2 "-k" - -- top "$T/good.h5" --probe induction -k -3
+bad top "--dataset" "neither --probe nor --dataset" 2 "give one of --probe NAME or --dataset PATH" - -- top "$T/good.h5"
+bad top "--dataset" "no such dataset" 2 "no dataset /scores/nope" - -- top "$T/good.h5" --dataset /scores/nope
 bad report "result .h5" "truncated" 6 "trunc.h5" "$T/r.html" -- report "$T/trunc.h5" --out "$T/r.html"
 bad report "result .h5" "not HDF5" 6 "text.h5" "$T/r.html" -- report "$T/text.h5" --out "$T/r.html"
 bad report "result .h5" "score holds strings" 6 "wrong.h5" "$T/r.html" -- report "$T/wrong.h5" --out "$T/r.html"

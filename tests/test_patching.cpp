@@ -11,6 +11,7 @@
 #include "model.h"
 #include "patching.h"
 #include "planted_model.h"
+#include "report.h"
 #include "store.h"
 #include "tmpdir.h"
 #include "tokenizer.h"
@@ -262,6 +263,14 @@ TEST_CASE("headscope patch writes /patching/<name> and refuses bad input before 
         CHECK(b.shape == std::vector<int64_t>{a.shape[0], a.shape[1], 20});  // BOS + 19 characters
         CHECK(attr_to_string(r.attrs("/patching/z-exact").at("method")) == "exact");
         CHECK(r.read("/patching/z-exact/metric_clean").values[0] < r.read("/patching/z-exact/metric_corrupt").values[0]);
+    }
+    // A path group in the same file, and the report draws all three.
+    REQUIRE(run_cli(fmt::format("patch '{}' --pairs '{}' --metric loss --path 'L0H2->L1H0:k' --out '{}' --append", toy(),
+                                data_file("toy-induction-pairs.jsonl"), out)) == 0);
+    const std::string html = render_report({out});
+    for (const char* part : {"Patching: z-exact", "Patching: z-attribution-each", "Patching: path", "L0H2-&gt;L1H0:k"}) {
+        CAPTURE(part);
+        CHECK(html.find(part) != std::string::npos);
     }
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --metric nope --out '{}' --append", toy(), pairs, out)) == 2);
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --path L1H0->L0H0:k --out '{}' --append", toy(), pairs, out)) == 2);

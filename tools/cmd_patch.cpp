@@ -138,8 +138,8 @@ void setup_patch(CLI::App& app) {
         "Example: headscope patch models/toy-induction --pairs datasets/patching/toy-induction-fresh-half.jsonl --metric loss --what z --out patch.h5\n"
         "Example: headscope patch models/toy-induction --pairs datasets/patching/toy-induction-fresh-half.jsonl --metric loss --method attribution "
         "--positions each --out patch.h5 --append\n"
-        "Example: headscope patch models/toy-induction --pairs datasets/patching/toy-induction-pairs.jsonl --metric loss --path L0H2->L1H0,L1H1,L1H3:k "
-        "--path L0H2->L1H0,L1H1,L1H3:q --out path.h5");
+        "Example: headscope patch models/toy-induction --pairs datasets/patching/toy-induction-pairs.jsonl --metric loss --path 'L0H2->L1H0,L1H1,L1H3:k' "
+        "--path 'L0H2->L1H0,L1H1,L1H3:q' --out path.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--pairs", o->pairs, "JSONL clean/corrupted pairs")->required();

@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "experiment.h"
 #include "gating.h"
+#include "heads.h"
 #include "juice.h"
 #include "progress.h"
 #include "run_state.h"
@@ -380,6 +381,31 @@ void print_summary(const StudyState& st) {
     if (st.spec->sweep == SweepKind::kPrune) {
         for (int64_t i = 1; i < S; ++i) line += fmt::format("  {} {:.4f}", c.labels[i], metric[i].item<double>());
         std::printf("%s\n", line.c_str());
+        return;
+    }
+    if (st.spec->sweep == SweepKind::kGating) {
+        // Roles (the most frequent over the starts, with its count), then the causal checks' means.
+        const auto& g = st.gating;
+        const int64_t starts = g.roles.size(0), L = g.role.size(0), H = g.role.size(1);
+        std::printf("%s\n", line.c_str());
+        for (int k : {1, 2, 0, 3}) {
+            std::string heads;
+            for (int64_t l = 0; l < L; ++l)
+                for (int64_t h = 0; h < H; ++h)
+                    if (g.role[l][h].item<int>() == k)
+                        heads += fmt::format(" {}({}/{})", format_head(static_cast<int>(l), static_cast<int>(h)),
+                                             g.role_counts[k][l][h].item<int64_t>(), starts);
+            if (!heads.empty()) std::printf("  %-13s%s\n", head_role_name(static_cast<HeadRole>(k)), heads.c_str());
+        }
+        for (const char* kind : {"circuit", "interfering"}) {
+            double sum = 0;
+            int n = 0;
+            for (int64_t i = 1; i < S; ++i)
+                if (c.kinds[i] == kind && !std::isnan(metric[i].item<double>())) sum += metric[i].item<double>(), ++n;
+            if (n) std::printf("  check: %s  %.4f (mean over %d starts)\n",
+                               std::string(kind) == "circuit" ? "heads with G- < 0.5 zeroed" : "heads with G+ < 0.5 zeroed",
+                               sum / n, n);
+        }
         return;
     }
     // The most harmful non-control configurations first.

@@ -10,6 +10,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -39,12 +40,16 @@ void run_top(const TopOptions& o) {
     const int64_t H = d.shape[1];
     // Ties keep (layer, head) order; NaN last.
     const auto idx = rank_heads(torch::tensor(d.values, torch::kDouble).view({d.shape[0], H}), !o.ascending);
-    const size_t n = std::min<size_t>(o.k, idx.size());
+    size_t scored = 0;  // NaN ranks last: heads without a score (e.g. not selected) are not listed
+    for (double v : d.values) scored += !std::isnan(v);
+    const size_t n = std::min<size_t>({static_cast<size_t>(o.k), idx.size(), scored});
     std::printf("%-5s %-8s %s\n", "rank", "head", "score");
     for (size_t i = 0; i < n; ++i) {
         const auto head = format_head(static_cast<int>(idx[i] / H), static_cast<int>(idx[i] % H));
         std::printf("%-5zu %-8s %.6f\n", i + 1, head.c_str(), d.values[idx[i]]);
     }
+    if (scored < d.values.size() && n < static_cast<size_t>(o.k))
+        std::printf("(%zu of %zu heads have a score; the other %zu are NaN)\n", scored, d.values.size(), d.values.size() - scored);
 }
 
 void setup_top(CLI::App& app) {
@@ -52,7 +57,7 @@ void setup_top(CLI::App& app) {
     auto* sub = app.add_subcommand("top", "print the top-k heads of one probe, or of any [layers, heads] dataset (L5H1 = layer 5,\n"
                                           "head 1; 0-based; NaN scores, e.g. heads JUICE did not select, rank last)\n"
                                           "Example: headscope top scores.h5 --probe induction -k 10\n"
-                                          "Example: headscope top out/tinystories-juice.h5 --dataset /ablation/juice/juice/enhance -k 5");
+                                          "Example: headscope top scores.h5 --dataset /scores/induction/score -k 3");
     sub->add_option("file", o->file, "HDF5 result file")->required();
     auto* probe = sub->add_option("--probe", o->probe, "score group under /scores, e.g. induction");
     sub->add_option("--dataset", o->dataset, "a numeric [layers, heads] dataset, e.g. /ablation/juice/juice/enhance")->excludes(probe);
