@@ -9,10 +9,10 @@
 # Prints both wall times (from the files' `seconds` attribute: the computation, not the loading), the
 # forwards each ran, and the ratios: exact per head over attribution, and exact per (head, position)
 # (144 x 128 patches; extrapolated from the per-head run, each patch costing the same) over attribution.
-# Usage: scripts/bench_patching.sh [WORK_DIR] [THREADS]   (PAIRS, default 4)
+# Usage: scripts/bench_patching.sh [WORK_DIR] [THREADS]   (PAIRS, default 2)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-DIR=${1:-/tmp/headscope-bench-patching}; THREADS=${2:-$(nproc)}; PAIRS=${PAIRS:-4}
+DIR=${1:-/tmp/headscope-bench-patching}; THREADS=${2:-$(nproc)}; PAIRS=${PAIRS:-2}
 PY=$(bash scripts/find_python.sh torch numpy)
 HS=${HEADSCOPE_BIN:-build/headscope}
 [ -x "$HS" ] || { echo "build first: bash scripts/build.sh" >&2; exit 1; }
