@@ -600,6 +600,12 @@ at::Tensor Ablator::gated_metric(const at::Tensor& xi) const {
     return total / static_cast<double>(data_.rows());
 }
 
+std::vector<Ablator::ScoredRows> Ablator::scored_rows() const {
+    std::vector<ScoredRows> out;
+    for (const auto& ch : impl_->chunks) out.push_back({ch.tokens, ch.prow, ch.ppos});
+    return out;
+}
+
 at::Tensor Ablator::evaluate_gates(const at::Tensor& xi) const {
     torch::NoGradGuard ng;
     const auto& I = *impl_;

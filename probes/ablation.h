@@ -98,6 +98,13 @@ public:
     at::Tensor gate_gradient_importance(const at::Tensor& pruned) const;
     // Resample mode: the reference row that feeds dataset row i.
     int64_t resample_source(int64_t i) const;
+    // The data's rows in the chunks the engine forwards them in, with each chunk's scored positions
+    // (the metric's): tokens [b, T] on the model's device, row and pos [P] int64 (row within the chunk).
+    // Learned-gate probes that distil hidden states there (probes/duo_gates.h) read them.
+    struct ScoredRows {
+        at::Tensor tokens, row, pos;
+    };
+    std::vector<ScoredRows> scored_rows() const;
     int64_t forwards() const { return forwards_; }  // forward passes run so far (for benchmarks)
     c10::Device device() const { return m_.options.device; }
 

@@ -34,7 +34,8 @@ const NameTable<SweepKind>& sweep_names() {
     static const NameTable<SweepKind> t = {{SweepKind::kSingle, "single"}, {SweepKind::kLayer, "layer"},
                                            {SweepKind::kSet, "set"},       {SweepKind::kCumulative, "cumulative"},
                                            {SweepKind::kPrune, "prune"},   {SweepKind::kScaleGrid, "scale-grid"},
-                                           {SweepKind::kGating, "gating"}};
+                                           {SweepKind::kGating, "gating"},
+                                           {SweepKind::kDuoGates, "duo-gates"}};
     return t;
 }
 
@@ -409,16 +410,28 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     } else if (n["factors"]) {
         r.fail(n["factors"], "'factors' belongs to sweep: scale-grid");
     }
-    if (s.sweep == SweepKind::kGating) {
-        if (n["controls"]) r.fail(n["controls"], "controls: not defined for a gating sweep");
-        if (n["heads"]) r.fail(n["heads"], "gating fits a gate on every head; it takes no 'heads'");
-        if (s.mode.kind != Intervention::kZero)
+    const bool learned = s.sweep == SweepKind::kGating || s.sweep == SweepKind::kDuoGates;
+    if (s.sweep == SweepKind::kDuoGates) {
+        // The reference's run script (scripts/run_train.sh): lr 0.02, reg_weight 0.05.
+        s.lambda = 0.05, s.lr = 0.02;
+        if (n["heads"]) r.fail(n["heads"], "duo-gates fits a gate on every head; it takes no 'heads'");
+        if (!n["mode"] || s.mode.kind != Intervention::kStream)
+            r.fail(n["mode"] ? n["mode"] : n, fmt::format("study '{}': duo-gates mixes full attention with a window: it needs "
+                                                          "mode: {{kind: stream, sink: S, recent: R}}", s.name));
+        if (n["starts"]) r.fail(n["starts"], "'starts' belongs to sweep: gating");
+    }
+    if (learned) {
+        if (s.sweep == SweepKind::kGating && n["controls"]) r.fail(n["controls"], "controls: not defined for a gating sweep");
+        if (s.sweep == SweepKind::kGating && n["heads"]) r.fail(n["heads"], "gating fits a gate on every head; it takes no 'heads'");
+        if (s.sweep == SweepKind::kGating && s.mode.kind != Intervention::kZero)
             r.fail(n["mode"], "gating: the gates multiply z and its configurations zero heads, so mode must be zero");
         if (n["starts"]) s.starts = r.positive(n["starts"], "starts");
         if (n["fit_steps"]) s.fit_steps = r.positive(n["fit_steps"], "fit_steps");
         if (n["lambda"]) {
             s.lambda = r.number(n["lambda"], "lambda");
-            if (!(s.lambda > 0) || !std::isfinite(s.lambda)) r.fail(n["lambda"], "lambda: expected a number > 0 (the G+ fit uses +lambda, G- -lambda)");
+            if (!(s.lambda > 0) || !std::isfinite(s.lambda))
+                r.fail(n["lambda"], s.sweep == SweepKind::kGating ? "lambda: expected a number > 0 (the G+ fit uses +lambda, G- -lambda)"
+                                                                  : "lambda: expected a number > 0 (the weight of mean |alpha|)");
         }
         if (n["lr"]) {
             s.lr = r.number(n["lr"], "lr");
@@ -426,7 +439,7 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
         }
     } else {
         for (const char* key : {"starts", "fit_steps", "lambda", "lr"})
-            if (n[key]) r.fail(n[key], fmt::format("'{}' belongs to sweep: gating", key));
+            if (n[key]) r.fail(n[key], fmt::format("'{}' belongs to sweep: gating{}", key, std::string(key) == "starts" ? "" : " or duo-gates"));
     }
     return s;
 }

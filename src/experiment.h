@@ -24,11 +24,11 @@ std::string mark_str(const std::string& file, const YamlMark& m);
 
 // The spec's vocabularies: one enum and one name table each (the YAML's words, in its order).
 enum class DataKind { kRepeated, kText, kTokens, kPrompts, kConflicts };
-enum class SweepKind { kSingle, kLayer, kSet, kCumulative, kPrune, kScaleGrid, kGating };
+enum class SweepKind { kSingle, kLayer, kSet, kCumulative, kPrune, kScaleGrid, kGating, kDuoGates };
 enum class MetricKind { kLoss, kAccuracy, kLogitDiff, kKl, kProb };
 enum class Positions { kAll, kRepeatedHalf, kAnswer };  // where loss / kl are read
 const NameTable<DataKind>& data_kind_names();    // repeated, text, tokens, prompts, conflicts
-const NameTable<SweepKind>& sweep_names();       // single, layer, set, cumulative, prune, scale-grid, gating
+const NameTable<SweepKind>& sweep_names();       // single, layer, set, cumulative, prune, scale-grid, gating, duo-gates
 const NameTable<MetricKind>& metric_names();     // loss, accuracy, logit-diff, kl, prob
 const NameTable<Positions>& positions_names();   // all, repeated-half, answer
 inline const char* name_of(DataKind k) { return name_in(data_kind_names(), k); }
@@ -107,7 +107,8 @@ struct StudySpec {
     int64_t controls = 0;  // random control sets per configuration
     std::vector<double> steps;  // prune: cumulative fractions of all heads, increasing
     std::vector<double> factors;  // scale-grid: z *= factor, each head alone at each factor
-    // gating (causal head gating, probes/gating.h): random starts, Adam steps per fit, |lambda|, lr
+    // gating (causal head gating, probes/gating.h): random starts, Adam steps per fit, |lambda|, lr.
+    // duo-gates (DuoAttention, probes/duo_gates.h): fit_steps, lambda (default 0.05), lr (0.02).
     int64_t starts = 5, fit_steps = 200;
     double lambda = 0.1, lr = 1.0;
     bool recompute = false;     // prune: recompute importance after each step

@@ -555,6 +555,14 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
         std::sort(p.pts.begin(), p.pts.end(), [](const ChartPoint& a, const ChartPoint& b) { return a.x < b.x; });
         out += "<h3>pruning curve</h3>" + render_chart({p}, "fraction of heads pruned", metric_name);
     }
+    if (r.exists(g + "/duo/alpha")) {  // duo-gates: the learned gates
+        Dataset al = r.read_numbers(g + "/duo/alpha");
+        if (al.shape == std::vector<int64_t>{L, H}) {
+            Heatmap hm{g + "/duo/alpha", name + ":alpha", al.values, L, H};
+            hm.fixed_lo = 0, hm.fixed_hi = 1;
+            out += "<h3>DuoAttention's gates: alpha (1 = needs full attention, 0 = streams)</h3>" + render_heatmap(hm);
+        }
+    }
     // Every configuration that is not a single-head one, as a table.
     std::string t = "<table class=\"top\"><tr><th>#</th><th>kind</th><th>k</th><th>heads</th><th>" + esc(metric_name) +
                     "</th><th>change</th></tr>";

@@ -338,6 +338,8 @@ sed '0,/mode: zero/s//mode: {kind: stream, sink: -1, recent: 4}/' "$E" >"$T/e.ya
 bad run "experiment YAML" "stream window: negative sink" 3 "e.yaml:[0-9]+:[0-9]+: 'sink': expected an integer >= 0, got -1" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 sed '0,/mode: zero/s//mode: {kind: stream, sink: 4}/' "$E" >"$T/e.yaml"
 bad run "experiment YAML" "stream window: no recent" 3 "e.yaml:[0-9]+:[0-9]+: mode stream: needs 'recent'" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+sed '0,/sweep: single/s//sweep: duo-gates/' "$E" >"$T/e.yaml"
+bad run "experiment YAML" "duo-gates without a stream window" 3 "e.yaml:[0-9]+:[0-9]+: study 'single': duo-gates mixes full attention with a window: it needs mode: \\{kind: stream" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 printf 'model: m\xff\xfe\ndata: {}\n' >"$T/e.yaml"
 bad run "experiment YAML" "non-UTF-8 bytes" 3 "e.yaml" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 bad run "experiment YAML" "a directory" 5 "dir.txt: is a directory" "$O" -- run "$T/dir.txt" --model "$M" --out "$O"

@@ -8,6 +8,7 @@
 #include "common.h"
 #include "errors.h"
 #include "experiment.h"
+#include "duo_gates.h"
 #include "gating.h"
 #include "heads.h"
 #include "juice.h"
@@ -132,6 +133,7 @@ struct StudyState {
     StudyConfigs cfg;
     PrunePlan prune;  // prune sweeps
     GatingResult gating;  // gating sweeps
+    DuoGateResult duo;    // duo-gates sweeps
     AblationSetup setup;
     std::unique_ptr<Ablator> ab;
     at::Tensor rows;            // [S, N] float32, NaN where not done
@@ -300,6 +302,29 @@ void write_all(const std::string& path, const Experiment& e, const Model& m, con
             a["lambda"] = s.lambda;
             a["lr"] = s.lr;
         }
+        if (s.sweep == SweepKind::kDuoGates) {
+            const auto& d = st.duo;
+            const std::string gd = g + "/duo";
+            const int64_t K = d.alpha_kv.size(1), steps = d.history.size(0);
+            w.write(gd + "/alpha", host_floats(d.alpha), {L, H});
+            w.write(gd + "/alpha_kv", host_floats(d.alpha_kv), {L, K});
+            w.write(gd + "/history", host_floats(d.history), {steps, 2});
+            w.set_attrs(gd, {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
+                                                  "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
+                             {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
+                             {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
+                                                       "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
+                             {"lambda", s.lambda},
+                             {"sink", s.mode.window.sink},
+                             {"recent", s.mode.window.recent},
+                             {"distill_full", d.distill_full},
+                             {"distill_stream", d.distill_stream},
+                             {"distill_final", d.distill_final},
+                             {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}});
+            a["fit_steps"] = s.fit_steps;
+            a["lambda"] = s.lambda;
+            a["lr"] = s.lr;
+        }
         w.set_attrs(g, a);
     }
     w.commit();
@@ -408,6 +433,32 @@ void print_summary(const StudyState& st) {
         }
         return;
     }
+    if (st.spec->sweep == SweepKind::kDuoGates) {
+        // The learned order (highest alpha first), the distillation losses, then the configurations.
+        const auto& d = st.duo;
+        const int64_t L = d.alpha.size(0), H = d.alpha.size(1);
+        std::printf("%s\n", line.c_str());
+        auto order = d.alpha.reshape(-1).argsort(0, true);
+        std::string heads;
+        for (int64_t i = 0; i < std::min<int64_t>(8, L * H); ++i) {
+            const int64_t j = order[i].item<int64_t>();
+            heads += fmt::format(" {}={:.2f}", format_head(static_cast<int>(j / H), static_cast<int>(j % H)), d.alpha.view(-1)[j].item<double>());
+        }
+        std::printf("  alpha (highest):%s\n", heads.c_str());
+        std::printf("  distillation loss: all full %.3g, all streaming %.3g, fitted %.3g\n", d.distill_full, d.distill_stream,
+                    d.distill_final);
+        double csum = 0;
+        int cn = 0;
+        for (int64_t i = 1; i < S; ++i) {
+            if (c.kinds[i] == "control") {
+                if (!std::isnan(metric[i].item<double>())) csum += metric[i].item<double>(), ++cn;
+                continue;
+            }
+            std::printf("  %-40s %.4f\n", c.labels[i].c_str(), metric[i].item<double>());
+        }
+        if (cn) std::printf("  %-40s %.4f (mean over %d)\n", "random controls of the same size", csum / cn, cn);
+        return;
+    }
     // The most harmful non-control configurations first.
     std::vector<int64_t> idx;
     for (int64_t i = 1; i < S; ++i)
@@ -497,6 +548,15 @@ StudyState make_study(const RunOptions& o, const Experiment& e, size_t si, const
         });
         prog.finish();
         st.cfg = gating_configs(st.gating);
+    } else if (s.sweep == SweepKind::kDuoGates) {
+        DuoGateOptions dg;
+        dg.window = s.mode.window, dg.steps = s.fit_steps, dg.lr = s.lr, dg.lambda = s.lambda;
+        Progress prog(fmt::format("duo-gates '{}' ({} steps)", s.name, s.fit_steps), s.fit_steps);
+        st.duo = fit_duo_gates(m, *st.ab, dg, [&](int64_t step, double loss) {
+            prog.update(step + 1, fmt::format("loss {:.4g}", loss));
+        });
+        prog.finish();
+        st.cfg = duo_configs(st.duo, s.controls, e.seed * 1000003 + static_cast<int64_t>(si));
     } else {
         st.cfg = build_study(e, s, computed, L, H);
     }
@@ -605,13 +665,14 @@ void setup_run(CLI::App& app) {
     auto* sub = app.add_subcommand(
         "run",
         "run a masking/ablation experiment described in YAML (docs/experiments.md): datasets, probe scores,\n"
-        "and studies (sweeps single, layer, set, cumulative, prune, scale-grid; modes zero, mean, resample,\n"
-        "scale, zero-query, mean-query, stream; metrics loss, accuracy, logit-diff, kl, prob), written to HDF5 under\n"
+        "and studies (sweeps single, layer, set, cumulative, prune, scale-grid, gating, duo-gates; modes zero,\n"
+        "mean, resample, scale, zero-query, mean-query, stream; metrics loss, accuracy, logit-diff, kl, prob), written to HDF5 under\n"
         "/ablation/<study>. The file is rewritten atomically after every batch of configurations: a killed\n"
         "run leaves the last complete file, and --resume continues it. --shard I/N runs the batches k of\n"
         "configurations one unsharded run forms with k % N == I; `headscope merge` joins the shards.\n"
         "A scale-grid study with metric prob on a conflicts dataset is JUICE's head selection\n"
-        "(/ablation/<study>/juice/{enhance,suppress}).\n"
+        "(/ablation/<study>/juice/{enhance,suppress}); gating and duo-gates fit learned head gates first\n"
+        "(/ablation/<study>/gates, /ablation/<study>/duo/alpha: a head order for retrieval --stream-sweep).\n"
         "Example: headscope run datasets/experiments/toy-induction.yaml");
     sub->add_option("experiment", o->file, "the experiment's YAML file")->required();
     sub->add_option("--model", o->model, "use this model instead of the file's model:");
