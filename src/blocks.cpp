@@ -1,6 +1,7 @@
 #include "blocks.h"
 
 #include "errors.h"
+#include "torch_compat.h"
 
 #include <cmath>
 #include <limits>
@@ -219,10 +220,20 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
     return z.to(q.scalar_type());
 }
 
+static at::Tensor attention_output(const Model& m, int layer, at::Tensor z, const Hooks* hooks, bool per_row);
+
+bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool per_row) {
+    const auto kernel = m.options.attention;
+    if (kernel == AttentionKernel::kBlocked || !compat::has_fused_attention()) return false;
+    if (kernel == AttentionKernel::kAuto && !m.options.device.is_cuda()) return false;
+    if (m.config.attn_softcap > 0 || per_row) return false;
+    return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer) ||
+                       hooks->has_windows(layer)));
+}
+
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache, int64_t attn_block, bool per_row) {
     const ModelConfig& cfg = m.config;
-    const LayerWeights& lw = m.weights.layers[layer];
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
     int64_t past = 0;
     if (cache) {
@@ -243,6 +254,25 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
+
+    if (uses_fused_attention(m, layer, hooks, per_row)) {
+        // libtorch's fused kernel: [B, H, T, d] against the kv heads repeated to H (GQA), the causal
+        // mask as a flag when there is no cache, else as [T, S] with the sliding window folded in.
+        const int64_t past = S - T, window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+        auto q4 = q.permute({0, 2, 1, 3});
+        auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});
+        if (H != K) k4 = k4.repeat_interleave(H / K, 1), v4 = v4.repeat_interleave(H / K, 1);
+        at::Tensor mask;
+        if (past > 0 || window > 0) {
+            auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
+            auto qp = torch::arange(past, S, opts).unsqueeze(1), kp = torch::arange(S, opts).unsqueeze(0);
+            mask = kp <= qp;
+            if (window > 0) mask = mask & (kp > qp - window);
+        }
+        const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+        auto z = compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});  // [B, T, H, d]
+        return attention_output(m, layer, z, hooks, per_row);
+    }
 
     // Query head h reads kv head h / g (grouped-query attention). The g query heads of a kv head
     // are stacked into one product against that kv head's keys, [g*n, d] x [d, S], so k and v
@@ -463,6 +493,15 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
                  .permute({0, 2, 1, 3});  // [B, T, H, d]
     zs.clear();
+    return attention_output(m, layer, z, hooks, per_row);
+}
+
+// z [B, T, H, d] -> attn_out [B, T, D]: z interventions, attn.z, W_O (per head where attn.head_out is
+// observed), attn_out.
+static at::Tensor attention_output(const Model& m, int layer, at::Tensor z, const Hooks* hooks, bool per_row) {
+    const ModelConfig& cfg = m.config;
+    const LayerWeights& lw = m.weights.layers[layer];
+    const int64_t B = z.size(0), T = z.size(1), H = cfg.n_heads, d = cfg.d_head;
     if (hooks && hooks->has_z_interventions(layer)) z = hooks->apply_z(layer, z);
     z = hook(hooks, Point::kAttnZ, layer, z);
 

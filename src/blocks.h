@@ -76,6 +76,11 @@ at::Tensor query_pre_rope(const Hooks* hooks, int layer, at::Tensor q);
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache, int64_t attn_block, bool per_row);
 
+// Whether attention() hands this layer's product to libtorch's fused kernel (LoadOptions::attention,
+// AttentionKernel): not where a hook observes or edits scores or pattern, a window acts, the family
+// soft-caps scores, or rows run per-row GEMMs for exactness.
+bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool per_row);
+
 // The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
 // no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the
 // queries see (S - T of them from before: `past`), -> z [B, T, H, d] before W_O. attention() must

@@ -476,7 +476,7 @@ Experiment parse_experiment_text(const std::string& text, const std::string& fil
         e.model = r.str(root["model"], "model");
         e.model_mark = mark_of(root["model"]);
         if (root["tokenizer"]) e.tokenizer = r.str(root["tokenizer"], "tokenizer");
-        if (root["dtype"]) e.dtype = r.choice(root["dtype"], "dtype", {"float32", "float16", "bfloat16"});
+        if (root["dtype"]) e.dtype = r.choice(root["dtype"], "dtype", {"auto", "float32", "float16", "bfloat16"});
         if (root["device"]) e.device = r.str(root["device"], "device");
         if (root["threads"]) e.threads = static_cast<int>(r.integer(root["threads"], "threads"));
         if (root["seed"]) e.seed = r.integer(root["seed"], "seed");

@@ -118,7 +118,7 @@ struct StudySpec {
 struct Experiment {
     std::string file;       // as given
     std::string text;       // the YAML text (stored in the output, hashed for --resume / merge)
-    std::string model, tokenizer, dtype = "float32", device = "cpu", output;
+    std::string model, tokenizer, dtype = "auto", device = "cpu", output;  // dtype auto: bfloat16 on CUDA, float32 on the CPU
     int threads = 0;
     int64_t seed = 0;
     int64_t batch_rows = 64;  // rows per forward pass (configurations x dataset rows)

@@ -38,9 +38,19 @@ struct ModelWeights {
     std::vector<LayerWeights> layers;
 };
 
+// Which attention kernel computes z where no hook needs the scores or the pattern (docs/forward.md,
+// "Attention kernels"). Wherever a hook observes or edits scores or pattern, a window or a soft-cap
+// acts, or rows need per-row exactness, the blocked attention runs whatever is chosen here.
+enum class AttentionKernel {
+    kAuto,     // fused on CUDA (where libtorch has it), blocked on the CPU
+    kBlocked,  // headscope's query-blocked attention (blocks::attention) everywhere
+    kFused,    // libtorch's fused scaled-dot-product attention (libtorch >= 2.1) on any device
+};
+
 struct LoadOptions {
     c10::ScalarType dtype = c10::kFloat;
     c10::Device device = c10::Device(c10::kCPU);
+    AttentionKernel attention = AttentionKernel::kAuto;
 };
 
 // Keys and values of earlier positions, per layer: k, v [B, S, K, d].

@@ -2,6 +2,7 @@
 
 #include <ATen/Version.h>
 #include <dlfcn.h>
+#include <fmt/format.h>
 #include <link.h>
 #include <malloc.h>
 #include <torch/torch.h>
@@ -85,6 +86,68 @@ SystemInfo system_info() {
         s.blas_kind = "unknown";
     }
     return s;
+}
+
+std::vector<CudaDevice> cuda_devices(std::string* why) {
+    // The driver API's C functions have kept these signatures since CUDA 3.2 (the _v2 memory query).
+    using InitFn = int (*)(unsigned);
+    using CountFn = int (*)(int*);
+    using GetFn = int (*)(int*, int);
+    using NameFn = int (*)(char*, int, int);
+    using MemFn = int (*)(size_t*, int);
+    using AttrFn = int (*)(int*, int, int);
+    std::vector<CudaDevice> out;
+    void* lib = dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+    if (!lib) {
+        if (why) *why = "no NVIDIA driver (libcuda.so.1 not found)";
+        return out;
+    }
+    auto init = reinterpret_cast<InitFn>(dlsym(lib, "cuInit"));
+    auto count = reinterpret_cast<CountFn>(dlsym(lib, "cuDeviceGetCount"));
+    auto get = reinterpret_cast<GetFn>(dlsym(lib, "cuDeviceGet"));
+    auto name = reinterpret_cast<NameFn>(dlsym(lib, "cuDeviceGetName"));
+    auto mem = reinterpret_cast<MemFn>(dlsym(lib, "cuDeviceTotalMem_v2"));
+    auto attr = reinterpret_cast<AttrFn>(dlsym(lib, "cuDeviceGetAttribute"));
+    int n = 0;
+    if (!init || !count || !get || !name || !mem || !attr) {
+        if (why) *why = "libcuda.so.1 lacks the driver API functions headscope reads";
+    } else if (int rc = init(0); rc != 0) {
+        if (why) *why = fmt::format("the NVIDIA driver did not initialise (cuInit error {})", rc);
+    } else if (count(&n) == 0) {
+        for (int i = 0; i < n; ++i) {
+            int dev = 0;
+            if (get(&dev, i) != 0) continue;
+            CudaDevice d;
+            d.index = i;
+            char buf[256] = {0};
+            if (name(buf, sizeof buf - 1, dev) == 0) d.name = buf;
+            size_t bytes = 0;
+            if (mem(&bytes, dev) == 0) d.total_bytes = static_cast<int64_t>(bytes);
+            attr(&d.cc_major, 75, dev);  // CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR
+            attr(&d.cc_minor, 76, dev);  // ..._MINOR
+            out.push_back(std::move(d));
+        }
+        if (out.empty() && why) *why = "the driver reports no CUDA device";
+    }
+    dlclose(lib);
+    return out;
+}
+
+double measure_cuda_gemm_tflops(int index, int n, int reps) {
+    if (!torch::cuda::is_available() || index >= static_cast<int>(torch::cuda::device_count())) return -1;
+    torch::NoGradGuard ng;
+    const auto opts = torch::TensorOptions().dtype(torch::kBFloat16).device(torch::Device(torch::kCUDA, index));
+    auto a = torch::randn({n, n}, opts), b = torch::randn({n, n}, opts);
+    auto c = torch::matmul(a, b);
+    torch::cuda::synchronize(index);
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        for (int k = 0; k < 5; ++k) at::mm_out(c, a, b);
+        torch::cuda::synchronize(index);
+        best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 5);
+    }
+    return 2.0 * n * n * static_cast<double>(n) / best / 1e12;
 }
 
 bool cpu_gemm_supported(c10::ScalarType dtype) {

@@ -3,7 +3,9 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hs {
 
@@ -16,6 +18,20 @@ struct SystemInfo {
     int cores = 1;             // hardware threads available
     bool cuda_available = false;
 };
+
+// A CUDA device as the driver reports it (libcuda.so.1, loaded at run time: any build can list the
+// GPUs, whether or not its libtorch has CUDA).
+struct CudaDevice {
+    int index = 0;
+    std::string name;
+    int64_t total_bytes = 0;
+    int cc_major = 0, cc_minor = 0;  // compute capability
+};
+// The devices, or empty with `why` set ("no NVIDIA driver (libcuda.so.1 not found)", "cuInit failed: ...").
+std::vector<CudaDevice> cuda_devices(std::string* why = nullptr);
+// Measured bf16 GEMM rate (TFLOP/s) on CUDA device `index` through libtorch, n x n, best of `reps`;
+// a negative value when this build's libtorch has no CUDA.
+double measure_cuda_gemm_tflops(int index, int n = 8192, int reps = 10);
 
 // Sets libtorch's intra-op threads (n <= 0: every available core) and returns the count set.
 int set_threads(int n);

@@ -38,6 +38,21 @@ if [ -n "$TD" ]; then
   "$HS" logits "$M" --tokens 1,2 --dtype bfloat16 --out "$TMP/bf16.h5" 2>"$TMP/err" >/dev/null
   check "bfloat16 runs" -- test -f "$TMP/bf16.h5"
   check "bfloat16: at most one warning line" -- test "$(grep -c warning "$TMP/err")" -le 1
+  # --attention fused: refused in one line where this libtorch has no fused kernel (1.13); where it
+  # has one (2.x) the greedy text equals the blocked attention's. --device cuda without CUDA: one line.
+  if "$HS" info --system | grep -q "^libtorch *1\."; then
+    expect "fused attention refused on libtorch 1.x" 2 "--attention fused: this build's libtorch 1\..* has no fused attention" -- \
+      "$HS" logits "$M" --tokens 1,2 --attention fused --out "$TMP/fused.h5"
+    no_file "$TMP/fused.h5"
+  else
+    ok "generate --attention fused" -- "$HS" generate "$M" --steps 200 --attention fused
+    cmp -s "$TMP/out" "$TD/stories260K/expected_greedy_200.txt" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL fused greedy 200 differs from expected_greedy_200.txt"; }
+  fi
+  if ! "$HS" info --system | grep -q "libtorch uses CUDA"; then
+    expect "no CUDA" 2 "--device cuda: this libtorch build or machine has no CUDA" -- "$HS" logits "$M" --tokens 1,2 --device cuda --out "$TMP/cuda.h5"
+    no_file "$TMP/cuda.h5"
+  fi
+  expect "bad device" 2 "--device 'gpu0': expected cpu, cuda or cuda:N" -- "$HS" logits "$M" --tokens 1,2 --device gpu0 --out "$TMP/cuda.h5"
   head -c 1000 "$M" >"$TMP/trunc.bin"
   expect "truncated bin" 4 "trunc.bin: truncated" -- "$HS" info "$TMP/trunc.bin"
   expect "token out of range" 5 "token id 9999 out of range" -- "$HS" logits "$M" --tokens 1,9999 --out "$TMP/x.h5"

@@ -8,6 +8,8 @@
 #include "blocks.h"
 #include "model.h"
 #include "patterns.h"
+#include "system.h"
+#include "torch_compat.h"
 
 #include <torch/torch.h>
 
@@ -236,4 +238,69 @@ TEST_CASE("row-block reductions: hand-made pattern, ranges that straddle blocks"
     CHECK(total([](const at::Tensor& r, int64_t q0) {
               return pick_rows(r, q0, torch::tensor({5}, torch::kLong), torch::tensor({2}, torch::kLong));
           }) == 502);
+}
+
+TEST_CASE("fused attention (libtorch >= 2.1) equals the blocked attention on every family fixture") {
+    if (!compat::has_fused_attention()) {
+        MESSAGE("skipped: this libtorch (" << TORCH_VERSION << ") has no fused attention; the torch-2 build runs it");
+        return;
+    }
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 2, 23, 11);
+        torch::NoGradGuard ng;
+        m->options.attention = AttentionKernel::kBlocked;
+        const auto blocked = m->forward(tokens);
+        KVCache cb;
+        m->forward(tokens.narrow(1, 0, 9), nullptr, &cb);
+        const auto blocked_rest = m->forward(tokens.narrow(1, 9, 14), nullptr, &cb);
+        m->options.attention = AttentionKernel::kFused;
+        // Gemma 2 soft-caps its scores: the fused kernel cannot, so that family stays blocked.
+        CHECK(blocks::uses_fused_attention(*m, 0, nullptr, false) == (m->config.attn_softcap <= 0));
+        const auto fused = m->forward(tokens);
+        CHECK(rel_diff(fused, blocked) < kCarriedTol);
+        // With a KV cache (the mask path: queries 9..22 against 23 keys, sliding windows folded in).
+        KVCache cf;
+        m->forward(tokens.narrow(1, 0, 9), nullptr, &cf);
+        CHECK(rel_diff(m->forward(tokens.narrow(1, 9, 14), nullptr, &cf), blocked_rest) < kCarriedTol);
+        // Whoever observes the pattern, or streams a head, gets the blocked attention.
+        Hooks h;
+        h.capture_rows(Point::kAttnPattern, [](int, int64_t, const at::Tensor&) {}, 0);
+        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, &h, false));
+        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, nullptr, true));
+        Hooks w;
+        w.window({0, 0, -1, 1, 2, false, {}});
+        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, &w, false));
+        CHECK(rel_diff(m->forward(tokens, &w), [&] {
+                  m->options.attention = AttentionKernel::kBlocked;
+                  auto r = m->forward(tokens, &w);
+                  m->options.attention = AttentionKernel::kFused;
+                  return r;
+              }()) < kCarriedTol);
+    }
+}
+
+TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked attention in bfloat16") {
+    if (!compat::has_fused_attention() || !cpu_gemm_supported(c10::kBFloat16)) {
+        MESSAGE("skipped: no fused attention or no bfloat16 products in this libtorch");
+        return;
+    }
+    for (const auto& name : {"llama3_rope", "mistral_window", "gpt2"}) {
+        CAPTURE(name);
+        auto ref = load_model(fixture(name));
+        LoadOptions lo;
+        lo.dtype = c10::kBFloat16;
+        auto m = load_model(fixture(name), lo);
+        auto tokens = tokens_for(*ref, 2, 23, 11);
+        torch::NoGradGuard ng;
+        const auto want = ref->forward(tokens);
+        m->options.attention = AttentionKernel::kBlocked;
+        const double blocked = rel_diff(m->forward(tokens).to(torch::kFloat), want);
+        m->options.attention = AttentionKernel::kFused;
+        const double fused = rel_diff(m->forward(tokens).to(torch::kFloat), want);
+        MESSAGE(name << ": bf16 vs fp32, relative to the largest logit: blocked " << blocked << ", fused " << fused);
+        CHECK(fused <= 2 * blocked + 1e-3);
+        CHECK(fused < 5e-2);
+    }
 }

@@ -22,7 +22,16 @@ static void print_system() {
     fmt::print("threads       {} (of {} cores)\n", s.threads, s.cores);
     fmt::print("BLAS          {}{}\n", s.blas_kind, s.blas_library.empty() ? "" : " (" + s.blas_library + ")");
     fmt::print("fp32 GEMM     {:.1f} GFLOP/s (512x512, best of 5)\n", gf);
-    fmt::print("CUDA          {}\n", s.cuda_available ? "available" : "not available");
+    std::string why;
+    const auto devs = cuda_devices(&why);
+    fmt::print("CUDA          {}; libtorch {}\n", devs.empty() ? why : fmt::format("{} device(s)", devs.size()),
+               s.cuda_available ? "uses CUDA" : "cannot use CUDA here (a CPU build, or no usable GPU)");
+    for (const auto& d : devs) {
+        const double tf = s.cuda_available ? measure_cuda_gemm_tflops(d.index) : -1;
+        fmt::print("  cuda:{}      {} (compute {}.{}), {:.1f} GiB{}\n", d.index, d.name, d.cc_major, d.cc_minor,
+                   static_cast<double>(d.total_bytes) / (1 << 30),
+                   tf > 0 ? fmt::format(", bf16 GEMM {:.0f} TFLOP/s (8192x8192, best of 10)", tf) : "");
+    }
 }
 
 void run_info(const InfoOptions& o) {
@@ -67,9 +76,10 @@ void setup_info(CLI::App& app) {
                                            "Example: headscope info ../shared/testdata/stories260K/stories260K.bin");
     sub->add_option("model", opts->model.model, "checkpoint folder or llama2.c .bin (omit with --system)");
     sub->add_option("--tokenizer", opts->model.tokenizer, "tokenizer path (default: found next to the model)");
-    sub->add_option("--dtype", opts->model.dtype, "compute dtype")->check(CLI::IsMember({"float32", "bfloat16", "float16"}));
+    sub->add_option("--dtype", opts->model.dtype, "compute dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
+        ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
     sub->add_option("--threads", opts->model.threads, "intra-op threads (default: every core)");
-    sub->add_flag("--system", opts->system, "print threads, BLAS library and measured fp32 GEMM rate");
+    sub->add_flag("--system", opts->system, "print threads, BLAS library, measured fp32 GEMM rate, and the CUDA devices with their memory and measured bf16 GEMM rate");
     sub->add_flag("--json", opts->json, "print the model description as JSON");
     sub->callback([opts, sub] {
         if (opts->model.model.empty() && !opts->system) throw CLI::RequiredError("MODEL (or --system)");

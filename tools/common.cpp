@@ -2,6 +2,7 @@
 
 #include "errors.h"
 #include "progress.h"
+#include "torch_compat.h"
 #include "system.h"
 #include "util.h"
 
@@ -52,10 +53,15 @@ void add_model_args(CLI::App* app, ModelArgs& a) {
     app->add_option("model", a.model, "checkpoint folder (config.json + safetensors) or llama2.c .bin")->required();
     app->add_option("--tokenizer", a.tokenizer, "tokenizer.json, vocab.json+merges.txt folder or llama2.c tok.bin "
                                                 "(default: found next to the model)");
-    app->add_option("--dtype", a.dtype, "compute dtype")
-        ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+    app->add_option("--dtype", a.dtype, "compute dtype: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16")
+        ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}))
         ->capture_default_str();
     app->add_option("--device", a.device, "cpu, cuda or cuda:N")->capture_default_str();
+    app->add_option("--attention", a.attention,
+                    "attention kernel where no pattern is observed: auto (libtorch's fused kernel on CUDA, blocked on "
+                    "the CPU), blocked, fused (libtorch >= 2.1); docs/forward.md")
+        ->check(CLI::IsMember({"auto", "blocked", "fused"}))
+        ->capture_default_str();
     app->add_option("--threads", a.threads, "intra-op threads (default: every core)");
 }
 
@@ -68,7 +74,6 @@ void add_output_args(CLI::App* app, OutputArgs& o, bool required, const std::str
 
 LoadOptions load_options(const ModelArgs& a) {
     LoadOptions o;
-    o.dtype = a.dtype == "bfloat16" ? c10::kBFloat16 : a.dtype == "float16" ? c10::kHalf : c10::kFloat;
     try {
         o.device = c10::Device(a.device);
     } catch (const std::exception&) {
@@ -76,6 +81,16 @@ LoadOptions load_options(const ModelArgs& a) {
     }
     if (o.device.is_cuda() && !torch::cuda::is_available())
         throw UsageError(fmt::format("--device {}: this libtorch build or machine has no CUDA", a.device));
+    if (o.device.is_cuda() && o.device.has_index() && o.device.index() >= static_cast<int>(torch::cuda::device_count()))
+        throw UsageError(fmt::format("--device {}: this machine has {} CUDA device(s) (cuda:0..cuda:{})", a.device,
+                                     torch::cuda::device_count(), static_cast<int>(torch::cuda::device_count()) - 1));
+    if (a.dtype == "auto") o.dtype = o.device.is_cuda() ? c10::kBFloat16 : c10::kFloat;
+    else o.dtype = a.dtype == "bfloat16" ? c10::kBFloat16 : a.dtype == "float16" ? c10::kHalf : c10::kFloat;
+    o.attention = a.attention == "fused" ? AttentionKernel::kFused : a.attention == "blocked" ? AttentionKernel::kBlocked
+                                                                                               : AttentionKernel::kAuto;
+    if (o.attention == AttentionKernel::kFused && !compat::has_fused_attention())
+        throw UsageError(fmt::format("--attention fused: this build's libtorch {} has no fused attention (2.1 or later; "
+                                     "README, \"Building for a GPU\")", TORCH_VERSION));
     if (o.device.is_cpu() && o.dtype != c10::kFloat && !cpu_gemm_supported(o.dtype))
         throw UsageError(fmt::format("--dtype {}: this libtorch build ({}) cannot multiply {} matrices on the CPU; use "
                                      "float32{}", a.dtype, TORCH_VERSION, a.dtype,
@@ -141,6 +156,10 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["vocab_size"] = static_cast<int64_t>(c.vocab_size);
     a["dtype"] = std::string(c10::toString(m.options.dtype));
     a["device"] = m.options.device.str();
+    // The attention kernel where nothing observes the pattern (docs/forward.md, "Attention kernels").
+    const bool fused = compat::has_fused_attention() && (m.options.attention == AttentionKernel::kFused ||
+                                                         (m.options.attention == AttentionKernel::kAuto && m.options.device.is_cuda()));
+    a["attention"] = std::string(fused ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
     a["threads"] = static_cast<int64_t>(torch::get_num_threads());
     a["seed"] = seed;
     w.set_attrs("/meta", a);

@@ -53,8 +53,9 @@ std::vector<float> host_floats(const at::Tensor& t);
 struct ModelArgs {
     std::string model;
     std::string tokenizer;
-    std::string dtype = "float32";
+    std::string dtype = "auto";      // auto: bfloat16 on CUDA, float32 on the CPU
     std::string device = "cpu";
+    std::string attention = "auto";  // auto | blocked | fused (AttentionKernel)
     int threads = 0;
 };
 
@@ -64,7 +65,7 @@ struct OutputArgs {
     bool append = false;
 };
 
-// MODEL positional plus --tokenizer, --dtype, --device, --threads.
+// MODEL positional plus --tokenizer, --dtype, --device, --attention, --threads.
 void add_model_args(CLI::App* app, ModelArgs& a);
 void add_output_args(CLI::App* app, OutputArgs& o, bool required, const std::string& what = "HDF5 result file");
 
