@@ -283,6 +283,8 @@ else
 fi
 
 # --- 4. CPU against CUDA ------------------------------------------------------------------------------
+# What headscope sees of the machine: libtorch, threads, BLAS, the CUDA devices and their bf16 GEMM rate.
+step gpu-info-system "$HS" info --system
 TD=""; for c in ../shared/testdata shared/testdata .device/testdata; do [ -z "$TD" ] && [ -d "$c" ] && TD="$c"; done
 [ -n "$TD" ] || echo "   no test data (../shared/testdata, shared/testdata or .device/testdata): the shared-checkpoint checks are skipped" | tee -a "$LOG"
 mkdir -p "$WORK"
@@ -290,16 +292,21 @@ CMP="$REPO/scripts/device_compare.py"
 if [ -n "$TD" ]; then
   for m in "$TD/stories260K/stories260K.bin" "$TD/tinystories-656k"; do
     n=$(basename "$m" .bin)
+    # fp32 on both (--dtype auto would give bfloat16 on CUDA); on CUDA the default attention is the
+    # fused kernel, so the blocked one runs too and both are held to the CPU's logits.
     for d in cpu cuda; do
-      step "gpu-logits-$n-$d" "$HS" -q bench "$m" --device "$d" --batch 2 --seq 64 --reps 1 --json
-      step "gpu-detect-$n-$d" bash -c "'$HS' -q detect '$m' --probe induction,previous-token,duplicate-token --seq-len 50 --batch 8 --device $d --out '$WORK/detect-$n-$d.h5' --force && '$HS' export '$WORK/detect-$n-$d.h5' --format json --out '$WORK/detect-$n-$d.json'"
+      step "gpu-logits-$n-$d" "$HS" -q bench "$m" --device "$d" --dtype float32 --batch 2 --seq 64 --reps 1 --json
+      step "gpu-detect-$n-$d" bash -c "'$HS' -q detect '$m' --probe induction,previous-token,duplicate-token --seq-len 50 --batch 8 --device $d --dtype float32 --out '$WORK/detect-$n-$d.h5' --force && '$HS' export '$WORK/detect-$n-$d.h5' --format json --out '$WORK/detect-$n-$d.json'"
     done
+    step "gpu-logits-$n-cuda-blocked" "$HS" -q bench "$m" --device cuda --dtype float32 --attention blocked --batch 2 --seq 64 --reps 1 --json
     [ $DRY = 1 ] || step "cmp-cpu-cuda-$n" "$PEERS_PY" "$CMP" cpu-cuda --name "$n" --bench "$OUTDIR/gpu-logits-$n-cpu.out" "$OUTDIR/gpu-logits-$n-cuda.out" \
       --scores "$WORK/detect-$n-cpu.json" "$WORK/detect-$n-cuda.json" --rows "$ROWS_JSONL"
+    [ $DRY = 1 ] || step "cmp-cpu-cuda-blocked-$n" "$PEERS_PY" "$CMP" cpu-cuda --name "$n" --what "CPU vs CUDA blocked attention (fp32)" \
+      --bench "$OUTDIR/gpu-logits-$n-cpu.out" "$OUTDIR/gpu-logits-$n-cuda-blocked.out" --rows "$ROWS_JSONL"
   done
   m="$TD/tinystories-656k"
   for d in cpu cuda; do
-    step "gpu-retrieval-tiny-$d" bash -c "'$HS' -q retrieval '$m' --haystack datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --device $d --out '$WORK/retr-$d.h5' --force && '$HS' export '$WORK/retr-$d.h5' --format json --out '$WORK/retr-$d.json'"
+    step "gpu-retrieval-tiny-$d" bash -c "'$HS' -q retrieval '$m' --dtype float32 --haystack datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --device $d --out '$WORK/retr-$d.h5' --force && '$HS' export '$WORK/retr-$d.h5' --format json --out '$WORK/retr-$d.json'"
   done
   [ $DRY = 1 ] || step cmp-retrieval "$PEERS_PY" "$CMP" retrieval --h5py "$HAVE_H5PY" "$WORK/retr-cpu.h5" "$WORK/retr-cuda.h5" \
     --json "$WORK/retr-cpu.json" "$WORK/retr-cuda.json" --rows "$ROWS_JSONL"
@@ -308,7 +315,7 @@ fi
 # tied embeddings; 40960 positions for the 32k needle (fp32 on disk: 4.9 GB).
 M1B="$WORK/llama-1b"
 step gpu-make-1b bash -c "[ -f '$M1B/config.json' ] || '$PEERS_PY' scripts/make_bench_model.py '$M1B' --layers 16 --heads 32 --kv-heads 8 --d-model 2048 --d-ff 8192 --vocab 128256 --ctx 40960"
-for d in cpu cuda; do step "gpu-logits-1b-$d" "$HS" -q bench "$M1B" --device "$d" --batch 1 --seq 128 --reps 1 --json; done
+for d in cpu cuda; do step "gpu-logits-1b-$d" "$HS" -q bench "$M1B" --device "$d" --dtype float32 --batch 1 --seq 128 --reps 1 --json; done
 [ $DRY = 1 ] || step cmp-1b "$PEERS_PY" "$CMP" cpu-cuda --name llama-1b --bench "$OUTDIR/gpu-logits-1b-cpu.out" "$OUTDIR/gpu-logits-1b-cuda.out" --rows "$ROWS_JSONL"
 
 # --- 5. against transformers on the GPU (bf16) ----------------------------------------------------------

@@ -42,7 +42,7 @@ def cpu_cuda(a):
     c, g = last_json(a.bench[0]), last_json(a.bench[1])
     d = maxdiff(c["logits_probe"], g["logits_probe"])
     scale = max(1.0, max(abs(x) for x in c["logits_probe"]))
-    add(a.rows, f"{a.name}: logits CPU vs CUDA (fp32, 16 values)", "", "", f"max diff {d:.2e} ({'ok' if d <= 1e-3 * scale else 'DIFFERENT'})")
+    add(a.rows, f"{a.name}: logits {a.what} (16 values)", "", "", f"max diff {d:.2e} ({'ok' if d <= 1e-3 * scale else 'DIFFERENT'})")
     if a.scores:
         sc, sg = json.load(open(a.scores[0])), json.load(open(a.scores[1]))
         key = lambda r: (r.get("probe"), r.get("layer"), r.get("head"))  # noqa: E731
@@ -126,6 +126,7 @@ def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("cpu-cuda"); p.add_argument("--name", required=True); p.add_argument("--bench", nargs=2, required=True)
+    p.add_argument("--what", default="CPU vs CUDA (fp32)")
     p.add_argument("--scores", nargs=2)
     p = sub.add_parser("retrieval"); p.add_argument("--h5py", default="0"); p.add_argument("files", nargs=2); p.add_argument("--json", nargs=2)
     p = sub.add_parser("gemm")
