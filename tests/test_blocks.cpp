@@ -286,7 +286,7 @@ TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked att
         MESSAGE("skipped: no fused attention or no bfloat16 products in this libtorch");
         return;
     }
-    for (const auto& name : {"llama3_rope", "mistral_window", "gpt2"}) {
+    for (const std::string name : {"llama3_rope", "mistral_window", "gpt2"}) {
         CAPTURE(name);
         auto ref = load_model(fixture(name));
         LoadOptions lo;
