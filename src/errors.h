@@ -16,6 +16,7 @@ enum class ExitCode : int {
     kModelLoad = 4,    // checkpoint unreadable, truncated, inconsistent, missing tensors
     kData = 5,         // bad input data: tokenizer files, token ids, relation files, text files
     kStorage = 6,      // cannot write or read a result file
+    kOutOfMemory = 7,  // the work does not fit in the host's or the device's memory
 };
 
 // Messages quote what they found in a file (a token, a key, a line); one_line() escapes the

@@ -72,8 +72,15 @@ int main(int argc, char** argv) {
     } catch (const std::bad_alloc&) {
         // Sizes from files and options are checked against the memory before allocating
         // (docs/reliability.md), so this is either a machine short of memory or a missed check.
-        std::fprintf(stderr, "headscope: error: out of memory\n");
-        return static_cast<int>(ExitCode::kFailure);
+        std::fprintf(stderr, "headscope: error: out of memory (host)\n");
+        return static_cast<int>(ExitCode::kOutOfMemory);
+    } catch (const c10::OutOfMemoryError& e) {
+        // libtorch's allocator (CUDA) ran out: its message's first line says how much was asked for.
+        std::string msg = e.what_without_backtrace();
+        msg = msg.substr(0, msg.find('\n'));
+        std::fprintf(stderr, "headscope: error: out of memory on the device: %s (try a smaller --batch or --lengths, or "
+                             "--dtype bfloat16)\n", hs::one_line(msg).c_str());
+        return static_cast<int>(ExitCode::kOutOfMemory);
     } catch (const c10::Error& e) {
         std::fprintf(stderr, "headscope: error: %s\n", e.what_without_backtrace());
         return static_cast<int>(ExitCode::kFailure);
