@@ -338,7 +338,7 @@ else
   echo "   no gpt2-tokenizer in the test data: the needle scan is skipped" | tee -a "$LOG"
 fi
 ABL="$WORK/ablation"
-step gpu-ablation-make bash -c "[ -f '$ABL/model.safetensors' ] || '$PEERS_PY' scripts/bench_ablation.py make '$ABL' && sed 's/^seed: 0/seed: 0\ndevice: cuda/' '$ABL/single.yaml' > '$ABL/single-cuda.yaml'"
+step gpu-ablation-make bash -c "[ -f '$ABL/model.safetensors' ] || '$PEERS_PY' scripts/bench_ablation.py make '$ABL' && sed 's/^seed: 0/seed: 0\ndevice: cuda\ndtype: float32/' '$ABL/single.yaml' > '$ABL/single-cuda.yaml'"
 step gpu-ablation-headscope "$HS" -v run "$ABL/single-cuda.yaml" --out "$ABL/batched.h5" --force
 step gpu-ablation-hf "$PEERS_PY" scripts/bench_ablation.py hf "$ABL" --device cuda --layers 0,11
 [ $DRY = 1 ] || step cmp-ablation-hf "$PEERS_PY" "$CMP" ablation --peer "transformers, pre-hook on c_proj" "$OUTDIR/gpu-ablation-headscope.out" "$OUTDIR/gpu-ablation-hf.out" --rows "$ROWS_JSONL"
