@@ -470,14 +470,15 @@ Experiment parse_experiment_text(const std::string& text, const std::string& fil
     Reader r{e};
     if (!root.IsMap()) e.fail({1, 1}, "expected a mapping with model, data and studies at the top");
     try {
-        r.keys(root, "the experiment", {"model", "tokenizer", "dtype", "device", "threads", "seed", "output", "batch_rows",
-                                        "data", "probes", "studies"});
+        r.keys(root, "the experiment", {"model", "tokenizer", "dtype", "device", "attention", "threads", "seed", "output",
+                                        "batch_rows", "data", "probes", "studies"});
         if (!root["model"]) e.fail({1, 1}, "missing 'model' (a checkpoint folder or file)");
         e.model = r.str(root["model"], "model");
         e.model_mark = mark_of(root["model"]);
         if (root["tokenizer"]) e.tokenizer = r.str(root["tokenizer"], "tokenizer");
         if (root["dtype"]) e.dtype = r.choice(root["dtype"], "dtype", {"auto", "float32", "float16", "bfloat16"});
         if (root["device"]) e.device = r.str(root["device"], "device");
+        if (root["attention"]) e.attention = r.choice(root["attention"], "attention", {"auto", "blocked", "fused"});
         if (root["threads"]) e.threads = static_cast<int>(r.integer(root["threads"], "threads"));
         if (root["seed"]) e.seed = r.integer(root["seed"], "seed");
         if (root["batch_rows"]) e.batch_rows = r.positive(root["batch_rows"], "batch_rows");

@@ -119,6 +119,7 @@ struct Experiment {
     std::string file;       // as given
     std::string text;       // the YAML text (stored in the output, hashed for --resume / merge)
     std::string model, tokenizer, dtype = "auto", device = "cpu", output;  // dtype auto: bfloat16 on CUDA, float32 on the CPU
+    std::string attention = "auto";  // auto | blocked | fused (docs/forward.md, "Attention kernels")
     int threads = 0;
     int64_t seed = 0;
     int64_t batch_rows = 64;  // rows per forward pass (configurations x dataset rows)

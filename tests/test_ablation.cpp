@@ -413,6 +413,8 @@ TEST_CASE("ablation YAML: schema errors name the file, line and column") {
     const std::string study = "studies:\n  - name: s\n    sweep: single\n    metric: {kind: loss, data: r}\n";
     CHECK(cfg_error(head + study) == "(no error)");
     CHECK(cfg_error("model: m\nmodle: x\n").find("exp.yaml:2:1: unknown key 'modle'") != std::string::npos);
+    CHECK(cfg_error("model: m\nattention: fused\ndtype: auto\n" + head.substr(9) + study) == "(no error)");
+    CHECK(cfg_error("model: m\nattention: sdpa\n" + head.substr(9) + study).find("exp.yaml:2:12: 'attention': unknown value 'sdpa'") != std::string::npos);
     CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: singel\n    metric: {kind: loss, data: r}\n")
               .find("exp.yaml:6:12: 'sweep': unknown value 'singel'") != std::string::npos);
     CHECK(cfg_error("model: m\ndata:\n  r: {kind: repeated, length: five, count: 2}\n" + study)

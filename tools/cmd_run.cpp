@@ -579,6 +579,7 @@ void run_run(const RunOptions& o) {
 
     ModelArgs ma;
     ma.model = e.model, ma.tokenizer = e.tokenizer, ma.dtype = e.dtype, ma.device = e.device, ma.threads = e.threads;
+    ma.attention = e.attention;
     Loaded l;
     try {
         l = open_model(ma, false);
