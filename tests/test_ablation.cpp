@@ -12,6 +12,7 @@
 #include "yaml_errors.h"
 #include "model.h"
 #include "store.h"
+#include "test_util.h"
 #include "tmpdir.h"
 #include "util.h"
 
@@ -47,11 +48,6 @@ std::pair<int, int> head_of(const std::string& name) {
 at::Tensor direct_rows(const Model& m, const at::Tensor& tokens, int64_t n, const Hooks& hooks) {
     torch::NoGradGuard ng;
     return induction_loss_rows(m.forward(tokens, &hooks), tokens, n);
-}
-
-int run_cli(const std::string& args) {
-    const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
 }
 
 }  // namespace

@@ -10,6 +10,8 @@
 #include "heads.h"
 #include "model.h"
 #include "store.h"
+#include "test_util.h"
+#include "toy_recall_data.h"
 #include "tmpdir.h"
 #include "toy_tasks.h"
 #include "util.h"
@@ -22,33 +24,6 @@
 
 using namespace hs;
 using nlohmann::json;
-
-namespace {
-
-AblationData recall_prompts(int64_t rows, int64_t T, uint64_t seed) {
-    toy::Rng rng(seed);
-    auto rb = toy::recall_batch(rng, rows, T, true);
-    std::vector<std::vector<int64_t>> seqs;
-    std::vector<int64_t> answers, cf;
-    auto tok = rb.batch.tokens.contiguous();
-    for (int64_t i = 0; i < rows; ++i) {
-        seqs.emplace_back(tok[i].data_ptr<int64_t>(), tok[i].data_ptr<int64_t>() + T);
-        answers.push_back(rb.batch.targets[i][T - 1].item<int64_t>());
-        cf.push_back(-1);
-    }
-    auto s = sequence_data("recall", seqs);
-    s.kind = DataKind::kPrompts;
-    s.answers = answers;
-    s.counterfactuals = cf;
-    return s;
-}
-
-int run_cli(const std::string& args) {
-    const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
-}
-
-}  // namespace
 
 TEST_CASE("duo-gates: alpha = 1 reproduces the model; the gradient equals central differences") {
     auto m = load_model(ci_toy_model("induction"));
@@ -92,7 +67,7 @@ TEST_CASE("duo-gates on the toy recall model: the retrieval heads keep full atte
         causal.push_back({l, h});
     }
     REQUIRE(causal.size() == 3);
-    auto data = recall_prompts(48, 64, 21);
+    auto data = toy_recall_prompts(48, 64, 21);
     AblationSetup s;
     s.mode = Intervention::kStream;
     s.window = {1, 4, false};

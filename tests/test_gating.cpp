@@ -11,6 +11,8 @@
 #include "heads.h"
 #include "model.h"
 #include "store.h"
+#include "test_util.h"
+#include "toy_recall_data.h"
 #include "tmpdir.h"
 #include "toy_tasks.h"
 #include "util.h"
@@ -32,29 +34,6 @@ Head head_of(const std::string& name) {
     return {l, h};
 }
 
-// Recall evaluation rows ("... ? k" -> V) as prompts: the metric reads the last position.
-AblationData recall_data(int64_t rows, int64_t T, uint64_t seed) {
-    toy::Rng rng(seed);
-    auto rb = toy::recall_batch(rng, rows, T, true);
-    std::vector<std::vector<int64_t>> seqs;
-    AblationData d;
-    auto tok = rb.batch.tokens.contiguous();
-    for (int64_t i = 0; i < rows; ++i) {
-        seqs.emplace_back(tok[i].data_ptr<int64_t>(), tok[i].data_ptr<int64_t>() + T);
-        d.answers.push_back(rb.batch.targets[i][T - 1].item<int64_t>());
-        d.counterfactuals.push_back(-1);
-    }
-    auto s = sequence_data("recall", seqs);
-    s.kind = DataKind::kPrompts;
-    s.answers = d.answers;
-    s.counterfactuals = d.counterfactuals;
-    return s;
-}
-
-int run_cli(const std::string& args) {
-    const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
-}
 
 }  // namespace
 
@@ -129,7 +108,7 @@ TEST_CASE("gating on the toy recall model: a planted interfering head is found, 
         lw.wo.narrow(1, ph * d, d).copy_(-0.8 * lw.wo.narrow(1, rh * d, d));
     }
     (void)D;
-    auto data = recall_data(48, 48, 11);
+    auto data = toy_recall_prompts(48, 48, 11);
     AblationSetup s;
     s.metric = MetricKind::kLoss;
     s.positions = Positions::kAnswer;

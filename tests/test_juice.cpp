@@ -14,6 +14,7 @@
 #include "juice.h"
 #include "model.h"
 #include "store.h"
+#include "test_util.h"
 #include "tmpdir.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -44,11 +45,6 @@ void write_text(const std::string& path, const std::string& text) {
     std::ofstream f(path, std::ios::binary);
     f << text;
     REQUIRE(f.good());
-}
-
-int run_cli(const std::string& args) {
-    const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
 }
 
 // The toy induction prompts (datasets/experiments/toy-induction-prompts.jsonl) as conflicts lines:

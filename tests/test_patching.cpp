@@ -13,6 +13,7 @@
 #include "planted_model.h"
 #include "report.h"
 #include "store.h"
+#include "test_util.h"
 #include "tmpdir.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -80,11 +81,6 @@ PatchPairs random_pairs(int64_t N, int64_t T, int64_t V, uint64_t seed) {
     p.lengths.assign(N, T);
     for (int64_t i = 0; i < N; ++i) p.answer.push_back((7 * i + 3) % V), p.wrong.push_back((5 * i + 11) % V);
     return p;
-}
-
-int run_cli(const std::string& args) {
-    const std::string cmd = std::string("'") + HS_BINARY + "' -q " + args + " >/dev/null 2>&1";
-    return WEXITSTATUS(std::system(cmd.c_str()));
 }
 
 }  // namespace
