@@ -52,7 +52,9 @@ echo "torch $("$py" -c 'import torch; print(torch.__version__)' 2>/dev/null) at 
 done_ pip
 
 start "build build-torch2/"
-bash scripts/build.sh --torch "$prefix"
+# The suites are always built here, whatever an earlier configure of build-torch2/ chose
+# (device_check.sh --dry-run configures it with HS_BUILD_TESTS=OFF).
+HEADSCOPE_CMAKE_ARGS="-DHS_BUILD_TESTS=ON ${HEADSCOPE_CMAKE_ARGS:-}" bash scripts/build.sh --torch "$prefix"
 done_ build
 
 start "ctest in build-torch2/"
