@@ -50,6 +50,7 @@ const char* code_name(hs::ExitCode c) {
         case hs::ExitCode::kModelLoad: return "4 (model load)";
         case hs::ExitCode::kData: return "5 (data)";
         case hs::ExitCode::kStorage: return "6 (storage)";
+        case hs::ExitCode::kOutOfMemory: return "7 (out of memory)";
     }
     return "?";
 }
