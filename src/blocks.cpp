@@ -223,10 +223,7 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
 static at::Tensor attention_output(const Model& m, int layer, at::Tensor z, const Hooks* hooks, bool per_row);
 
 bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool per_row) {
-    const auto kernel = m.options.attention;
-    if (kernel == AttentionKernel::kBlocked || !compat::has_fused_attention()) return false;
-    if (kernel == AttentionKernel::kAuto && !m.options.device.is_cuda()) return false;
-    if (m.config.attn_softcap > 0 || per_row) return false;
+    if (!fused_attention_enabled(m.options) || m.config.attn_softcap > 0 || per_row) return false;
     return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer) ||
                        hooks->has_windows(layer)));
 }
@@ -258,17 +255,11 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     if (uses_fused_attention(m, layer, hooks, per_row)) {
         // libtorch's fused kernel: [B, H, T, d] against the kv heads repeated to H (GQA), the causal
         // mask as a flag when there is no cache, else as [T, S] with the sliding window folded in.
-        const int64_t past = S - T, window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+        const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
         auto q4 = q.permute({0, 2, 1, 3});
         auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});
         if (H != K) k4 = k4.repeat_interleave(H / K, 1), v4 = v4.repeat_interleave(H / K, 1);
-        at::Tensor mask;
-        if (past > 0 || window > 0) {
-            auto opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-            auto qp = torch::arange(past, S, opts).unsqueeze(1), kp = torch::arange(S, opts).unsqueeze(0);
-            mask = kp <= qp;
-            if (window > 0) mask = mask & (kp > qp - window);
-        }
+        const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
         const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
         auto z = compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});  // [B, T, H, d]
         return attention_output(m, layer, z, hooks, per_row);
@@ -523,3 +514,12 @@ static at::Tensor attention_output(const Model& m, int layer, at::Tensor z, cons
 }
 
 }  // namespace hs::blocks
+
+namespace hs {
+
+bool fused_attention_enabled(const LoadOptions& o) {
+    if (!compat::has_fused_attention()) return false;
+    return o.attention == AttentionKernel::kFused || (o.attention == AttentionKernel::kAuto && o.device.is_cuda());
+}
+
+}  // namespace hs

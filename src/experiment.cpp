@@ -420,11 +420,13 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
                                                           "mode: {{kind: stream, sink: S, recent: R}}", s.name));
         if (n["starts"]) r.fail(n["starts"], "'starts' belongs to sweep: gating");
     }
-    if (learned) {
-        if (s.sweep == SweepKind::kGating && n["controls"]) r.fail(n["controls"], "controls: not defined for a gating sweep");
-        if (s.sweep == SweepKind::kGating && n["heads"]) r.fail(n["heads"], "gating fits a gate on every head; it takes no 'heads'");
-        if (s.sweep == SweepKind::kGating && s.mode.kind != Intervention::kZero)
+    if (s.sweep == SweepKind::kGating) {
+        if (n["controls"]) r.fail(n["controls"], "controls: not defined for a gating sweep");
+        if (n["heads"]) r.fail(n["heads"], "gating fits a gate on every head; it takes no 'heads'");
+        if (s.mode.kind != Intervention::kZero)
             r.fail(n["mode"], "gating: the gates multiply z and its configurations zero heads, so mode must be zero");
+    }
+    if (learned) {  // the fit's keys, shared by gating and duo-gates
         if (n["starts"]) s.starts = r.positive(n["starts"], "starts");
         if (n["fit_steps"]) s.fit_steps = r.positive(n["fit_steps"], "fit_steps");
         if (n["lambda"]) {

@@ -52,6 +52,9 @@ struct LoadOptions {
     c10::Device device = c10::Device(c10::kCPU);
     AttentionKernel attention = AttentionKernel::kAuto;
 };
+// Whether `o` lets the forward hand attention to libtorch's fused kernel at all (this libtorch has
+// one, and kFused, or kAuto on CUDA); blocks::uses_fused_attention then decides per layer.
+bool fused_attention_enabled(const LoadOptions& o);
 
 // Keys and values of earlier positions, per layer: k, v [B, S, K, d].
 struct KVCache {

@@ -157,9 +157,7 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["dtype"] = std::string(c10::toString(m.options.dtype));
     a["device"] = m.options.device.str();
     // The attention kernel where nothing observes the pattern (docs/forward.md, "Attention kernels").
-    const bool fused = compat::has_fused_attention() && (m.options.attention == AttentionKernel::kFused ||
-                                                         (m.options.attention == AttentionKernel::kAuto && m.options.device.is_cuda()));
-    a["attention"] = std::string(fused ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
+    a["attention"] = std::string(fused_attention_enabled(m.options) ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
     a["threads"] = static_cast<int64_t>(torch::get_num_threads());
     a["seed"] = seed;
     w.set_attrs("/meta", a);
