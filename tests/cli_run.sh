@@ -14,11 +14,14 @@ for cmd in run ablate merge; do
 done
 TOY="$(ci_toy induction)" || { echo "FAIL: no CI toy model"; exit 1; }
 
-# Every example: the toy ones on the CI toy model, the test-data ones when the test data is here.
+# Every example: the toy ones on the CI toy models (induction, recall), the test-data ones when the test data is here.
 for y in datasets/experiments/*.yaml; do
   name=$(basename "$y" .yaml)
   if grep -q '^model: models/toy-induction' "$y"; then
     ok "example $name" -- "$HS" run "$y" --model "$TOY" --out "$TMP/$name.h5"
+  elif grep -q '^model: models/toy-recall' "$y"; then
+    RTOY="$(ci_toy recall)" || { fail=$((fail+1)); echo "FAIL example $name: no CI toy recall model"; continue; }
+    ok "example $name" -- "$HS" run "$y" --model "$RTOY" --out "$TMP/$name.h5"
   elif [ -n "$TD" ]; then
     ok "example $name" -- "$HS" run "$y" --out "$TMP/$name.h5"
   else
