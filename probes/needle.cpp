@@ -205,16 +205,16 @@ const NameTable<AblationScope>& ablation_scope_names() {
     return t;
 }
 
-void HeadSet::apply(Hooks& hooks) const {
+void HeadSet::apply(Hooks& hooks, int64_t row) const {
     for (auto [l, h] : heads) {
         switch (mode) {
-            case Intervention::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Intervention::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, row, HeadOp::kZero, 0.0, {}}); break;
             case Intervention::kMeanQuery:
-                hooks.intervene_q_pre_rope(HeadIntervention{l, h, -1, HeadOp::kReplace, 0.0, q_mean[l][h]});
+                hooks.intervene_q_pre_rope(HeadIntervention{l, h, row, HeadOp::kReplace, 0.0, q_mean[l][h]});
                 break;
-            case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}}); break;
+            case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, row, HeadOp::kZero, 0.0, {}}); break;
             case Intervention::kStream:
-                hooks.window(HeadWindow{l, h, -1, window.sink, window.recent, window.compensate, {}});
+                hooks.window(HeadWindow{l, h, row, window.sink, window.recent, window.compensate, {}});
                 break;
             case Intervention::kNone: break;
             default:
@@ -285,8 +285,10 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
     return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
 }
 
-std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate) {
+// decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
+static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
+                                               const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
+                                               const HeadSet* ablate, const std::vector<const HeadSet*>* per_row) {
     torch::NoGradGuard ng;
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
@@ -306,6 +308,16 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
         if (s.scope == AblationScope::kAll) ablate->apply(prefill);
         ablate->apply(step);
     }
+    ForwardOptions fold;  // rows with their own head sets still share each GEMM (decode steps are weight-bound)
+    if (per_row) {
+        HS_REQUIRE(static_cast<int64_t>(per_row->size()) == B, "decode_batch_sets: one head set (or none) per row");
+        for (int64_t b = 0; b < B; ++b)
+            if (const HeadSet* hs = (*per_row)[static_cast<size_t>(b)]) {
+                if (s.scope == AblationScope::kAll) hs->apply(prefill, b);
+                hs->apply(step, b);
+            }
+        fold.gemm = GemmMode::kFolded;
+    }
     std::vector<at::Tensor> rows(L), vals(L);
     if (s.score) {
         step.capture(Point::kAttnPattern, [&rows](int l, const at::Tensor& a) { rows[l] = a.select(2, 0); });  // [B, H, S]
@@ -313,11 +325,33 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
     }
 
     KVCache cache;
-    ForwardOptions no_logits;
+    ForwardOptions no_logits = fold;
     no_logits.compute_logits = false;
     const int64_t chunk = std::max<int64_t>(1, s.prefill_chunk);
-    for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
-        m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
+    // An unablated prefill (scope decode) with rows sharing a trial: each distinct trial is prefilled
+    // once and its cache copied to its rows.
+    std::vector<int64_t> row_of;  // row -> index of its trial among the distinct ones
+    std::vector<int64_t> firsts;  // distinct trials' first rows
+    if (per_row && s.scope == AblationScope::kDecode) {
+        std::map<const Trial*, int64_t> seen;
+        for (int64_t b = 0; b < B; ++b) {
+            auto [it, fresh] = seen.emplace(trials[static_cast<size_t>(b)], static_cast<int64_t>(firsts.size()));
+            if (fresh) firsts.push_back(b);
+            row_of.push_back(it->second);
+        }
+    }
+    if (!firsts.empty() && static_cast<int64_t>(firsts.size()) < B) {
+        auto uids = ids.index_select(0, torch::tensor(firsts, torch::kLong).to(dev));
+        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
+            m.forward(uids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), nullptr, &cache, no_logits);
+        auto expand = torch::tensor(row_of, torch::kLong).to(dev);
+        for (size_t l = 0; l < cache.k.size(); ++l)
+            if (cache.k[l].defined())
+                cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
+    } else {
+        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
+            m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
+    }
 
     std::vector<DecodeOut> out(B);
     std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);
@@ -327,7 +361,7 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
     int64_t active = B;
     for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
         auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
-        auto logits = m.forward(in, &step, &cache);  // [B, 1, V]
+        auto logits = m.forward(in, &step, &cache, fold);  // [B, 1, V]
         auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
         const int64_t keys = cache.length();
         for (int64_t b = 0; b < B; ++b) {
@@ -360,6 +394,17 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
     };
     for (int64_t b = 0; b < B; ++b) out[b].credit = stack(credit[b]), out[b].lplus = stack(lplus[b]), out[b].lminus = stack(lminus[b]);
     return out;
+}
+
+std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate) {
+    return decode_rows_impl(m, trials, s, stop, ablate, nullptr);
+}
+
+std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
+                                         const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
+                                         const std::function<bool(int64_t)>& stop) {
+    return decode_rows_impl(m, trials, s, stop, nullptr, &sets);
 }
 
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
@@ -531,6 +576,34 @@ std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const st
         out[i] = judge(i, d.generated);
         if (tick) tick();
     });
+    return out;
+}
+
+std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets(const std::vector<HeadSet>& sets, int64_t max_rows,
+                                                                   const std::function<void()>& tick) const {
+    const int64_t S = static_cast<int64_t>(sets.size());
+    std::vector<std::vector<TrialResult>> out(static_cast<size_t>(S), std::vector<TrialResult>(trials_.size()));
+    DecodeSettings s = c_.decode;
+    s.score = false;
+    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
+    for (const auto& g : groups_) {
+        const int64_t n = static_cast<int64_t>(g.size());
+        const int64_t per = std::max<int64_t>(1, max_rows / n);  // sets per forward
+        for (int64_t s0 = 0; s0 < S; s0 += per) {
+            const int64_t s1 = std::min(S, s0 + per);
+            std::vector<const Trial*> ptrs;
+            std::vector<const HeadSet*> hs;
+            for (int64_t j = s0; j < s1; ++j)
+                for (auto i : g) ptrs.push_back(&trials_[static_cast<size_t>(i)]), hs.push_back(&sets[static_cast<size_t>(j)]);
+            const auto outs = decode_batch_sets(m_, ptrs, hs, s, stop);
+            for (int64_t j = s0; j < s1; ++j)
+                for (int64_t k = 0; k < n; ++k) {
+                    const int64_t i = g[static_cast<size_t>(k)];
+                    out[static_cast<size_t>(j)][static_cast<size_t>(i)] = judge(i, outs[static_cast<size_t>((j - s0) * n + k)].generated);
+                    if (tick) tick();
+                }
+        }
+    }
     return out;
 }
 

@@ -101,7 +101,7 @@ struct HeadSet {
     Intervention mode = Intervention::kNone;
     at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
     StreamWindow window;  // kStream
-    void apply(Hooks& hooks) const;
+    void apply(Hooks& hooks, int64_t row = -1) const;  // row >= 0: that batch row only
 };
 
 // Which forwards an ablation acts in: kAll = the prefill and every decode step (LOCOS,
@@ -143,6 +143,15 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
 // token until every row stops; its outputs are not extended.
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
                                     const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
+
+// Rows with their own head sets: row b decodes *trials[b] (unscored when s.score is false) under
+// *sets[b] (nullptr: unablated); one trial may fill several rows. The rows share each GEMM
+// (GemmMode::kFolded: a row equals its run alone up to fp rounding, docs/forward.md "Batch rows and
+// GEMMs"). With AblationScope::kDecode the prefill is unablated, so each distinct trial is prefilled
+// once and its KV cache copied to its rows.
+std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
+                                         const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
+                                         const std::function<bool(int64_t)>& stop);
 
 // The spans one step is scored on (prompt positions, [start, end)) and the first key the layer's
 // heads can see (0, or the sliding window's start).
@@ -212,6 +221,11 @@ public:
     std::vector<TrialResult> run_baseline(const std::function<void()>& tick = {}) const;
     // Every trial decoded with `ablate` (unscored): ROUGE and the pass flag only.
     std::vector<TrialResult> run_ablated(const HeadSet& ablate, const std::function<void()>& tick = {}) const;
+    // Every trial decoded under each of `sets` (unscored), the sets as rows of shared forwards
+    // (decode_batch_sets): each batch of trials (batches()) with as many sets as keep the rows of one
+    // forward <= max_rows (at least one set). [set][trial]; tick() per (set, trial).
+    std::vector<std::vector<TrialResult>> run_ablated_sets(const std::vector<HeadSet>& sets, int64_t max_rows,
+                                                           const std::function<void()>& tick = {}) const;
     // LOCOS's calibration (nolima_ablation.py): n trials drawn from the whole grid by
     // std::mt19937_64(seed) (partial Fisher-Yates; their indices into trials() in *chosen), each
     // rebuilt at min(length, max_tokens) context tokens and cut to max_tokens prompt tokens, then

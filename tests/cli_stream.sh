@@ -2,7 +2,8 @@
 # Streaming heads (issue 23) on the command line, on the CI toy recall model (its training log proves
 # L1H0, L1H1, L1H2 carry recall and L0H1 is the previous-token head): bad window flags get one clear
 # line and exit 2; streaming every head but the retrieval set (sink 1, recent 4) keeps accuracy >= 0.95
-# at lengths 24-96 (0.9 at 120), streaming only the retrieval set drops it to <= 0.3 from 48 on; streaming
+# at lengths 24-96 (0.9 at 120, where L0H0 needs the long range too), streaming only the retrieval set
+# drops it to <= 0.2 from 48 on (recent 2; <= 0.3 with recent 4); streaming
 # L0H1 with recent 2 keeps >= 0.95 while zeroing it costs most trials (streaming is not ablation);
 # the LOCOS-ordered sweep reaches the baseline at the fraction holding the three causal heads and the
 # random orders' mean stays below it there. Prints the figures it gets.
@@ -39,23 +40,32 @@ abl_acc() { sed -n 's/^ablation heads .* accuracy \([0-9.]*\) (baseline \([0-9.]
 ge() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a >= b) }'; }
 le() { awk -v a="$1" -v b="$2" 'BEGIN { exit !(a <= b) }'; }
 
-# Measured on the CI model (3000 steps; its own accuracy falls at its longest contexts): streaming
-# every other head keeps >= 0.95 up to 96 tokens and 0.900 at 112-120; streaming the retrieval set
-# leaves 0.300 at 48-64 and 120 and 0.200 at 80-112 (the depth-100 trials, whose needle lies in
-# the recent window, always pass: 0.2 of the grid). The issue asked >= 0.95 up to 128 and <= 0.2
-# from 48: checked where it holds, with the measured margin elsewhere.
+# Measured on the CI model (3000 steps): streaming every other head (sink 1, recent 4) keeps >= 0.95
+# up to 96 tokens and 0.900 at 112-120 (the issue asked >= 0.95 up to 128): the layer-0 head L0H0
+# (ablating it costs 0.107 in the training log) needs the long range there: streaming it alone
+# gives 0.925 at 112 and 120, and streaming every head but L1H0-2 and L0H0 keeps >= 0.95 (checked
+# at 120 below). Streaming the retrieval set with recent 4 leaves 0.300 at 48-64 and 120 (the
+# depth-100 trials keep their needle inside a 4-key window and always pass: 0.2 of the grid); with
+# recent 2 it leaves 0.000-0.050, the issue's <= 0.2.
 for len in 24 48 80 96 120; do
   ok "stream all but the retrieval set, length $len" -- "$HS" -q retrieval "${A[@]}" --lengths "$len" --ablate "$others" --ablation stream --sink 1 --recent 4 --out "$TMP/a$len.h5"
   read -r acc base < <(abl_acc)
   echo "length $len: baseline $base; every head but L1H0-2 streaming (sink 1, recent 4): $acc"
   want=0.95; [ "$len" -gt 96 ] && want=0.85
   check "length $len: streaming the other heads keeps >= $want ($acc)" -- ge "$acc" "$want"
-  ok "stream the retrieval set, length $len" -- "$HS" -q retrieval "${A[@]}" --lengths "$len" --ablate L1H0,L1H1,L1H2 --ablation stream --sink 1 --recent 4 --out "$TMP/b$len.h5"
-  read -r acc base < <(abl_acc)
-  echo "length $len: L1H0-2 streaming (sink 1, recent 4): $acc"
-  want=0.3; [ "$len" -ge 80 ] && [ "$len" -le 96 ] && want=0.2
-  [ "$len" -ge 48 ] && check "length $len: streaming the retrieval set drops to <= $want ($acc)" -- le "$acc" "$want"
+  for rec in 4 2; do
+    ok "stream the retrieval set, length $len, recent $rec" -- "$HS" -q retrieval "${A[@]}" --lengths "$len" --ablate L1H0,L1H1,L1H2 --ablation stream --sink 1 --recent "$rec" --out "$TMP/b$len-$rec.h5"
+    read -r acc base < <(abl_acc)
+    echo "length $len: L1H0-2 streaming (sink 1, recent $rec): $acc"
+    want=0.2; [ "$rec" = 4 ] && { want=0.3; [ "$len" -ge 80 ] && [ "$len" -le 96 ] && want=0.2; }
+    [ "$len" -ge 48 ] && check "length $len: streaming the retrieval set (recent $rec) drops to <= $want ($acc)" -- le "$acc" "$want"
+  done
 done
+others4="${others/L0H0,/}"
+ok "stream all but L1H0-2 and L0H0, length 120" -- "$HS" -q retrieval "${A[@]}" --lengths 120 --ablate "$others4" --ablation stream --sink 1 --recent 4 --out "$TMP/c.h5"
+read -r acc base < <(abl_acc)
+echo "length 120: every head but L1H0-2 and L0H0 streaming (sink 1, recent 4): $acc (baseline $base)"
+check "length 120: streaming all but L1H0-2 and L0H0 keeps >= 0.95 ($acc)" -- ge "$acc" 0.95
 
 ok "stream L0H1" -- "$HS" -q retrieval "${A[@]}" --lengths 24,48,80,120 --ablate L0H1 --ablation stream --sink 0 --recent 2 --out "$TMP/p.h5"
 read -r acc_s base < <(abl_acc)
@@ -69,6 +79,7 @@ check "zeroing L0H1 costs most trials ($acc_z <= 0.5)" -- le "$acc_z" 0.5
 f3=$(awk -v n="$((L * H))" 'BEGIN { printf "%.6f", 3 / n }')
 ok "LOCOS-ordered sweep" -- "$HS" -q retrieval "${A[@]}" --lengths 48,96 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions "0,$f3,1" --random-orders 3 --seed 2 --out "$O"
 cat "$TMP/out"
+cp "$TMP/out" "$TMP/out.batched"
 row=$(awk -v f="$f3" '$1 != "" && $1 + 0 == f + 0 && NF >= 6 { print; exit }' < <(sed -n '/^    full/,$p' "$TMP/out"))
 base=$(sed -n 's/^baseline accuracy \([0-9.]*\).*/\1/p' "$TMP/out")
 read -r _ heads _ acc _ rnd <<<"$row"
@@ -78,6 +89,10 @@ check "the LOCOS order reaches the baseline with the three causal heads full ($a
 # A random order whose first three heads hold L1H0 or L1H1 keeps the task too (each alone keeps 0.95
 # in the training log), so the random orders' mean, not each of them, must stay below.
 check "random orders need more: their mean stays below the LOCOS order's ($rmean < $acc)" -- awk -v a="$rmean" -v b="$acc" 'BEGIN { exit !(a < b - 0.05) }'
+# The distinct head sets decode as rows of shared forwards (--sweep-rows, default 8); one row a forward
+# prints the same curve.
+ok "the same sweep, one row a forward" -- "$HS" -q retrieval "${A[@]}" --lengths 48,96 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions "0,$f3,1" --random-orders 3 --seed 2 --sweep-rows 1 --out "$TMP/s1.h5"
+check "--sweep-rows 1 prints the same curve as the batched sweep" -- diff <(sed -n '/^streaming sweep/,$p' "$TMP/out") <(sed -n '/^streaming sweep/,$p' "$TMP/out.batched")
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws the streaming curve" -- grep -q "Retrieval: streaming heads" "$TMP/r.html"
 

@@ -508,6 +508,43 @@ TEST_CASE("needle: bad needles files name the line") {
     CHECK(tp.suffix("x") == ">Q: x (x)");
 }
 
+TEST_CASE("needle: rows with their own head sets equal each set decoded alone, in both ablation scopes (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    Trial t2 = t;
+    std::swap(t2.prompt[9], t2.prompt[3]);  // kTarget moved to position 3, outside the needle
+    t2.prompt[9] = 60;
+    auto never = [](int64_t) { return false; };
+    HeadSet zq{{{0, 0}}, Intervention::kZeroQuery, {}};
+    HeadSet own{{{0, 0}, {1, 1}}, Intervention::kStream, {}, StreamWindow{0, 1, false}};  // each head its own value
+    HeadSet win{{{0, 0}, {0, 2}}, Intervention::kStream, {}, StreamWindow{1, 3, true}};    // sink + recent + compensation
+    // Rows: t under each set and unablated, t2 under two; trials repeat (the scope-decode prefill is
+    // shared by the rows of one trial).
+    const std::vector<const Trial*> trials = {&t, &t, &t2, &t, &t2, &t};
+    const std::vector<const HeadSet*> sets = {&zq, nullptr, &own, &win, &win, &own};
+    for (auto scope : {AblationScope::kAll, AblationScope::kDecode}) {
+        CAPTURE(ablation_scope_name(scope));
+        DecodeSettings s;
+        s.max_new_tokens = 4, s.prefill_chunk = 5, s.scope = scope;
+        const auto rows = decode_batch_sets(*m, trials, sets, s, never);
+        REQUIRE(rows.size() == trials.size());
+        for (size_t b = 0; b < rows.size(); ++b) {
+            CAPTURE(b);
+            const DecodeOut alone = decode_trial(*m, *trials[b], s, never, sets[b]);
+            CHECK(rows[b].generated == alone.generated);
+            CHECK(torch::equal(rows[b].credit, alone.credit));
+            REQUIRE(rows[b].lplus.sizes() == alone.lplus.sizes());
+            const double scale = std::max({1e-3, alone.lplus.abs().max().item<double>(), alone.lminus.abs().max().item<double>()});
+            CHECK((rows[b].lplus - alone.lplus).abs().max().item<double>() <= kBatchRelTol * scale);
+            CHECK((rows[b].lminus - alone.lminus).abs().max().item<double>() <= kBatchRelTol * scale);
+        }
+        // The sets act: zero-query on the planted head loses the copy the unablated row makes.
+        CHECK(rows[1].generated[0] == kTarget);
+        CHECK(rows[0].generated[0] != kTarget);
+    }
+    CHECK_THROWS(decode_batch_sets(*m, {&t, &t}, {&zq}, DecodeSettings{}, never));  // one set (or none) per row
+}
+
 TEST_CASE("needle: the toy recall model's own task as a needle test finds its retrieval set (CI model)") {
     const std::string dir = ci_toy_model("recall");
     const auto log = nlohmann::json::parse(read_text_file(path_join(dir, "training_log.json")));

@@ -66,6 +66,7 @@ struct RetrievalOptions {
     std::string order = "locos";
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
+    int64_t sweep_rows = 8;
 };
 
 // LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
@@ -302,26 +303,36 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
         }
         distinct = static_cast<int64_t>(sets.size());
     }
+    // The distinct sets decode as rows of shared forwards (--sweep-rows rows a forward).
+    std::vector<std::vector<int64_t>> keys;
+    std::vector<HeadSet> sets;
+    for (int64_t f = 0; f < F; ++f)
+        for (int64_t r = 0; r < R; ++r) {
+            std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
+            std::sort(st.begin(), st.end());
+            if (std::find(keys.begin(), keys.end(), st) != keys.end()) continue;
+            HeadSet hs;
+            hs.mode = Intervention::kStream;
+            hs.window = o.window;
+            for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
+            keys.push_back(st), sets.push_back(std::move(hs));
+        }
     Progress prog("streaming sweep trials", distinct * N);
+    const auto res = test.run_ablated_sets(sets, o.sweep_rows, [&prog] { prog.tick(); });
+    prog.finish();
+    for (size_t j = 0; j < sets.size(); ++j) {
+        double acc = 0, rl = 0;
+        for (const auto& t : res[j]) acc += t.passed, rl += t.rougeL_f;
+        done.emplace(keys[j], std::make_pair(static_cast<float>(acc / N), static_cast<float>(rl / N)));
+    }
     std::vector<float> accuracy(R * F), rouge(R * F);
     for (int64_t f = 0; f < F; ++f)
         for (int64_t r = 0; r < R; ++r) {
             std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
             std::sort(st.begin(), st.end());
-            auto it = done.find(st);
-            if (it == done.end()) {
-                HeadSet hs;
-                hs.mode = Intervention::kStream;
-                hs.window = o.window;
-                for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
-                const auto res = test.run_ablated(hs, [&prog] { prog.tick(); });
-                double acc = 0, rl = 0;
-                for (const auto& t : res) acc += t.passed, rl += t.rougeL_f;
-                it = done.emplace(st, std::make_pair(static_cast<float>(acc / N), static_cast<float>(rl / N))).first;
-            }
-            accuracy[r * F + f] = it->second.first, rouge[r * F + f] = it->second.second;
+            const auto& ar = done.at(st);
+            accuracy[r * F + f] = ar.first, rouge[r * F + f] = ar.second;
         }
-    prog.finish();
     // The real KV fraction kept: rho + (1 - rho) min(1, W / N) per trial, averaged (W = sink + recent,
     // + 1 with the compensation token; N = the trial's prompt tokens, the keys at the first decode step).
     const double W = static_cast<double>(o.window.sink + o.window.recent + (o.window.compensate ? 1 : 0));
@@ -349,6 +360,7 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
                     {"compensate", std::string(o.window.compensate ? "true" : "false")},
                     {"order_source", source},
                     {"random_orders", o.random_orders},
+                    {"sweep_rows", o.sweep_rows},
                     {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", o.seed)},
                     {"baseline_accuracy", sum.accuracy},
                     {"baseline_rougeL_f", sum.rougeL},
@@ -972,6 +984,11 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--full-fractions", o->full_fractions, "stream sweep: fractions of heads kept full")->capture_default_str();
     sub->add_option("--random-orders", o->random_orders, "stream sweep: random head orders (controls, seeded by --seed)")
         ->capture_default_str();
+    sub->add_option("--sweep-rows", o->sweep_rows,
+                    "stream sweep: batch rows of one forward, (head set, trial) pairs: the head sets of a batch of "
+                    "--batch trials decode together (memory: KV cache x rows)")
+        ->capture_default_str()
+        ->check(at_least(1));
     sub->add_option("--decoding", o->decoding,
                     "greedy, or also decode every trial under DeCoRe (decore: --contrast HEADS --alpha entropy|F "
                     "[--alpha-max X], with --random-controls N random contrast sets) or JUICE (juice: --enhance/--suppress "
