@@ -144,6 +144,7 @@ DecodingOut decode_rows(const Model& m, const std::vector<int64_t>& prompt, cons
     // and the masked model); the other rules prefill every row with its interventions (JUICE adds
     // to every token).
     KVCache cache;
+    cache.reserve(P - 1 + spec.max_new_tokens);
     ForwardOptions no_logits, step_opts;
     no_logits.compute_logits = false;
     no_logits.gemm = step_opts.gemm = spec.exact_rows ? GemmMode::kPerRow : GemmMode::kFolded;
@@ -156,8 +157,8 @@ DecodingOut decode_rows(const Model& m, const std::vector<int64_t>& prompt, cons
     if (shared_prefill)
         for (size_t l = 0; l < cache.k.size(); ++l)
             if (cache.k[l].defined()) {
-                cache.k[l] = cache.k[l].expand({R, -1, -1, -1}).contiguous();
-                cache.v[l] = cache.v[l].expand({R, -1, -1, -1}).contiguous();
+                cache.k[l] = cache.k[l].expand({R, -1, -1, -1});  // the next append copies it into R rows
+                cache.v[l] = cache.v[l].expand({R, -1, -1, -1});
             }
 
     DecodingOut out;

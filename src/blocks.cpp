@@ -4,6 +4,7 @@
 #include "torch_compat.h"
 
 #include <cmath>
+#include <tuple>
 #include <limits>
 
 namespace hs::blocks {
@@ -232,21 +233,14 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
                      KVCache* cache, int64_t attn_block, bool per_row) {
     const ModelConfig& cfg = m.config;
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
-    int64_t past = 0;
     if (cache) {
         if (static_cast<int>(cache->k.size()) < cfg.n_layers) {
             cache->k.resize(cfg.n_layers);
             cache->v.resize(cfg.n_layers);
         }
-        if (cache->k[layer].defined()) {
-            past = cache->k[layer].size(1);
-            k = torch::cat({cache->k[layer], k}, 1);  // [B, S, K, d]
-            v = torch::cat({cache->v[layer], v}, 1);
-        }
-        cache->k[layer] = k;
-        cache->v[layer] = v;
+        std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
     }
-    const int64_t S = k.size(1);
+    const int64_t S = k.size(1), past = S - T;
     if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
@@ -273,10 +267,15 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     // k3, v3 [B*K, S, d] are made on first use: a block whose groups all stream (below) reads its
     // few keys straight from k and v, and a decode step of such a layer never copies the cache.
     at::Tensor k3, v3;
+    // A KV cache's views are already [B*K] matrices of [S, d] rows (KVCache: [B, K, capacity, d]
+    // buffers): the reshape is then a view and nothing is copied; a fresh k is copied once.
+    auto as_kv3 = [&](const at::Tensor& x) {
+        auto r = x.permute({0, 2, 1, 3}).reshape({B * K, S, d});
+        return r.stride(2) == 1 && r.stride(1) == d ? r : r.contiguous();
+    };
     auto need_kv3 = [&] {
         if (k3.defined()) return;
-        k3 = k.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
-        v3 = v.permute({0, 2, 1, 3}).reshape({B * K, S, d}).contiguous();
+        k3 = as_kv3(k), v3 = as_kv3(v);
     };
     auto q3 = q.permute({0, 2, 1, 3}).reshape({B * K, g, T, d}).contiguous();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));

@@ -13,6 +13,55 @@ int64_t KVCache::length() const {
     return 0;
 }
 
+KVCache::KVCache(const KVCache& o) : k(o.k), v(o.v), reserved_(o.reserved_) {}
+
+KVCache& KVCache::operator=(const KVCache& o) {
+    if (this != &o) {
+        k = o.k, v = o.v, reserved_ = o.reserved_;
+        kbuf_.clear(), vbuf_.clear(), owned_.clear();
+    }
+    return *this;
+}
+
+void KVCache::clear() {
+    k.clear(), v.clear(), kbuf_.clear(), vbuf_.clear(), owned_.clear();
+}
+
+void KVCache::truncate(int64_t positions) {
+    for (size_t l = 0; l < k.size(); ++l) {
+        if (!k[l].defined() || k[l].size(1) <= positions) continue;
+        const bool own = l < owned_.size() && owned_[l] == k[l].unsafeGetTensorImpl();
+        k[l] = k[l].narrow(1, 0, positions), v[l] = v[l].narrow(1, 0, positions);
+        if (own) owned_[l] = k[l].unsafeGetTensorImpl();
+    }
+}
+
+std::pair<at::Tensor, at::Tensor> KVCache::append(int layer, const at::Tensor& k_new, const at::Tensor& v_new) {
+    const auto l = static_cast<size_t>(layer);
+    if (k.size() <= l) k.resize(l + 1), v.resize(l + 1);
+    if (kbuf_.size() <= l) kbuf_.resize(l + 1), vbuf_.resize(l + 1), owned_.resize(l + 1, nullptr);
+    const int64_t B = k_new.size(0), T = k_new.size(1), K = k_new.size(2), d = k_new.size(3);
+    const int64_t past = k[l].defined() ? k[l].size(1) : 0, need = past + T;
+    const bool own = kbuf_[l].defined() && k[l].defined() && owned_[l] == k[l].unsafeGetTensorImpl();
+    if (!own || kbuf_[l].size(2) < need || kbuf_[l].size(0) != B || kbuf_[l].scalar_type() != k_new.scalar_type() ||
+        kbuf_[l].device() != k_new.device()) {
+        int64_t cap = reserved_ >= need ? reserved_ : need;
+        if (own && cap == need) cap = std::max(need, 2 * kbuf_[l].size(2));  // growing without a hint: double
+        auto kb = at::empty({B, K, cap, d}, k_new.options()), vb = at::empty({B, K, cap, d}, v_new.options());
+        if (past > 0) {
+            kb.narrow(2, 0, past).copy_(k[l].permute({0, 2, 1, 3}));
+            vb.narrow(2, 0, past).copy_(v[l].permute({0, 2, 1, 3}));
+        }
+        kbuf_[l] = kb, vbuf_[l] = vb;
+    }
+    kbuf_[l].narrow(2, past, T).copy_(k_new.permute({0, 2, 1, 3}));
+    vbuf_[l].narrow(2, past, T).copy_(v_new.permute({0, 2, 1, 3}));
+    k[l] = kbuf_[l].narrow(2, 0, need).permute({0, 2, 1, 3});
+    v[l] = vbuf_[l].narrow(2, 0, need).permute({0, 2, 1, 3});
+    owned_[l] = k[l].unsafeGetTensorImpl();
+    return {k[l], v[l]};
+}
+
 at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCache* cache,
                           const ForwardOptions& opts) const {
     auto tokens = tokens_in.dim() == 1 ? tokens_in.unsqueeze(0) : tokens_in;

@@ -10,6 +10,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace hs {
@@ -56,11 +57,33 @@ struct LoadOptions {
 // one, and kFused, or kAuto on CUDA); blocks::uses_fused_attention then decides per layer.
 bool fused_attention_enabled(const LoadOptions& o);
 
-// Keys and values of earlier positions, per layer: k, v [B, S, K, d].
+// Keys and values of earlier positions, per layer: k, v [B, S, K, d]. The forward appends through
+// append(): the positions go into per-layer buffers laid out [B, K, capacity, d] and k[l], v[l]
+// become [B, S, K, d] views of them, so a decode step writes its one position in place instead of
+// copying the whole cache, and each kv head's keys are one [S, d] matrix the attention reads
+// without a copy. Capacity grows to reserve()'s hint, else doubles. Code may replace k[l], v[l] by
+// any [B, S, K, d] tensors (a slice, a row expanded to a batch): the next append copies them into a
+// fresh buffer. A copy of a cache shares the views, never the buffers (its appends go to its own).
 struct KVCache {
     std::vector<at::Tensor> k, v;
+    KVCache() = default;
+    KVCache(const KVCache& o);
+    KVCache& operator=(const KVCache& o);
+    KVCache(KVCache&&) = default;
+    KVCache& operator=(KVCache&&) = default;
     int64_t length() const;
-    void clear() { k.clear(); v.clear(); }
+    void clear();
+    // The positions the cache will hold (e.g. prompt + new tokens): buffers are made that large at once.
+    void reserve(int64_t positions) { reserved_ = positions; }
+    // Keep the first `positions`; later appends overwrite the rest of this cache's own buffers.
+    void truncate(int64_t positions);
+    // Appends k_new, v_new [B, T, K, d] at `layer`; returns the layer's whole keys and values [B, S, K, d].
+    std::pair<at::Tensor, at::Tensor> append(int layer, const at::Tensor& k_new, const at::Tensor& v_new);
+
+private:
+    std::vector<at::Tensor> kbuf_, vbuf_;  // [B, K, capacity, d]
+    std::vector<const void*> owned_;       // the views of k[l] this cache handed out (else k[l] is foreign)
+    int64_t reserved_ = 0;
 };
 
 // How linear layers treat the batch (docs/forward.md, "Batch rows and GEMMs").

@@ -131,6 +131,7 @@ void run_generate(const GenerateOptions& o) {
     c10::InferenceMode im;
     auto gen = at::detail::createCPUGenerator(static_cast<uint64_t>(o.seed));
     KVCache cache;
+    cache.reserve(static_cast<int64_t>(ids.size()) + o.steps);
     std::vector<int64_t> seq = ids;
     auto emit = [&](int64_t prev, int64_t id) {
         if (l.tokenizer) {
