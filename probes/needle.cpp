@@ -286,9 +286,17 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 }
 
 // decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
+static int64_t common_prefix(const std::vector<int64_t>& a, const std::vector<int64_t>& b, int64_t limit) {
+    int64_t n = 0;
+    const int64_t end = std::min({limit, static_cast<int64_t>(a.size()), static_cast<int64_t>(b.size())});
+    while (n < end && a[static_cast<size_t>(n)] == b[static_cast<size_t>(n)]) ++n;
+    return n;
+}
+
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
-                                               const HeadSet* ablate, const std::vector<const HeadSet*>* per_row) {
+                                               const HeadSet* ablate, const std::vector<const HeadSet*>* per_row,
+                                               PrefixCache* prefix) {
     torch::NoGradGuard ng;
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
@@ -325,6 +333,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     }
 
     KVCache cache;
+    cache.reserve(P - 1 + s.max_new_tokens);
     ForwardOptions no_logits = fold;
     no_logits.compute_logits = false;
     const int64_t chunk = std::max<int64_t>(1, s.prefill_chunk);
@@ -348,6 +357,40 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         for (size_t l = 0; l < cache.k.size(); ++l)
             if (cache.k[l].defined())
                 cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
+    } else if (prefix && !per_row) {
+        // The whole prefill chunks [0, shared) that every row shares are computed in row 0 alone, as a
+        // batch-1 prefill from position 0 computes them: those already in the kept cache (same
+        // tokens) are taken from it, the rest computed and kept for the next decode. The keys and
+        // values of a chunk depend only on the tokens up to its end, so a kept chunk holds the bits
+        // this prefill would compute. Then the cache is copied to every row and the rows prefill
+        // from `shared` on, in chunks as before.
+        const auto& p0v = trials[0]->prompt;
+        int64_t c = P - 1;
+        for (int64_t b = 1; b < B; ++b) c = common_prefix(p0v, trials[static_cast<size_t>(b)]->prompt, c);
+        const int64_t shared = c / chunk * chunk;
+        const int64_t u = common_prefix(prefix->tokens, p0v, shared) / chunk * chunk;
+        if (u > 0) {
+            cache.k.assign(prefix->cache.k.size(), at::Tensor());
+            cache.v.assign(prefix->cache.v.size(), at::Tensor());
+            for (size_t l = 0; l < prefix->cache.k.size(); ++l)
+                if (prefix->cache.k[l].defined())
+                    cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
+        }
+        auto row0 = ids.narrow(0, 0, 1);
+        for (int64_t q0 = u; q0 < shared; q0 += chunk)
+            m.forward(row0.index({Slice(), Slice(q0, q0 + chunk)}), &prefill, &cache, no_logits);
+        if (shared > u) {
+            prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
+            prefix->cache = cache;  // the forwards below replace the cache's tensors, they do not write into them
+        }
+        if (B > 1)
+            for (size_t l = 0; l < cache.k.size(); ++l)
+                if (cache.k[l].defined())
+                    cache.k[l] = cache.k[l].expand({B, -1, -1, -1}), cache.v[l] = cache.v[l].expand({B, -1, -1, -1});
+        for (int64_t q0 = shared; q0 < P - 1; q0 += chunk)
+            m.forward(ids.index({Slice(), Slice(q0, std::min(P - 1, q0 + chunk))}), &prefill, &cache, no_logits);
+        prefix->reused += u + (B - 1) * shared;
+        prefix->computed += (shared - u) + B * (P - 1 - shared);
     } else {
         for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
             m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
@@ -397,14 +440,14 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
 }
 
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate) {
-    return decode_rows_impl(m, trials, s, stop, ablate, nullptr);
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate, PrefixCache* prefix) {
+    return decode_rows_impl(m, trials, s, stop, ablate, nullptr, prefix);
 }
 
 std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
                                          const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
                                          const std::function<bool(int64_t)>& stop) {
-    return decode_rows_impl(m, trials, s, stop, nullptr, &sets);
+    return decode_rows_impl(m, trials, s, stop, nullptr, &sets, nullptr);
 }
 
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
@@ -500,13 +543,35 @@ Trial NeedleTest::make_trial(int64_t length, double depth, size_t ni) const {
                        static_cast<int>(ni), answer_spans_[ni]);
 }
 
+PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate) const {
+    if (!c_.decode.reuse_prefix) return nullptr;
+    // What the prefill runs under: nothing (the baseline, or any pass with scope decode), or the set.
+    std::string key = "none";
+    if (ablate && c_.decode.scope == AblationScope::kAll) {
+        key = fmt::format("{} {} {} {} {} {}", intervention_name(ablate->mode), ablate->window.sink, ablate->window.recent,
+                          ablate->window.compensate, ablate->q_mean.defined() ? ablate->q_mean.data_ptr() : nullptr,
+                          ablate->heads.size());
+        for (auto [l, h] : ablate->heads) key += fmt::format(" {}.{}", l, h);
+    }
+    if (key != prefix_key_) {
+        prefix_reused_ += prefix_.reused, prefix_computed_ += prefix_.computed;
+        prefix_ = PrefixCache{};
+        prefix_key_ = key;
+    }
+    return &prefix_;
+}
+
+std::pair<int64_t, int64_t> NeedleTest::prefix_stats() const {
+    return {prefix_reused_ + prefix_.reused, prefix_computed_ + prefix_.computed};
+}
+
 void NeedleTest::run(const DecodeSettings& s, const HeadSet* ablate,
                      const std::function<void(int64_t, const DecodeOut&)>& f) const {
     const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
     for (const auto& g : groups_) {
         std::vector<const Trial*> ptrs;
         for (auto i : g) ptrs.push_back(&trials_[i]);
-        auto outs = decode_batch(m_, ptrs, s, stop, ablate);
+        auto outs = decode_batch(m_, ptrs, s, stop, ablate, prefix_for(ablate));
         for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
     }
 }
@@ -550,7 +615,7 @@ std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
     for (auto i : g) ptrs.push_back(&trials_[i]);
     DecodeSettings s = c_.decode;
     s.score = true;
-    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); });
+    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, nullptr, prefix_for(nullptr));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(scored(g[k], outs[k]));
     return res;
@@ -562,7 +627,7 @@ std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, in
     for (auto i : g) ptrs.push_back(&trials_[i]);
     DecodeSettings s = c_.decode;
     s.score = false;
-    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, &ablate);
+    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, &ablate, prefix_for(&ablate));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(judge(g[k], outs[k].generated));
     return res;

@@ -116,6 +116,25 @@ struct DecodeSettings {
     int64_t prefill_chunk = 512;
     bool score = true;  // capture rows and compute per-step scores
     AblationScope scope = AblationScope::kAll;
+    // NeedleTest: keep the last prompt's KV cache and prefill only past the prefix the next batch
+    // shares with it (PrefixCache). Off: every trial prefilled whole.
+    bool reuse_prefix = true;
+};
+
+// Whole prefill chunks kept between decodes of one pass. The trials of a grid share the haystack
+// before the needle (every needle at one depth; the next depth up to the earlier insertion point).
+// A decode computes the whole chunks [0, shared) that all its rows share in row 0 alone, as a batch-1
+// prefill from position 0 does; those chunks whose tokens equal the kept ones are taken from here,
+// the rest computed and kept. A chunk's keys and values depend only on the tokens up to its end, so
+// a kept chunk holds exactly the bits the decode would compute: at batch 1 the results equal a whole
+// prefill's bit for bit, and at any batch a decode's bits depend only on its own rows (not on which
+// decodes ran before: shards and resumed runs agree with the uninterrupted run). Valid only between
+// forwards with the same prefill interventions (the caller keys it; NeedleTest per pass).
+struct PrefixCache {
+    std::vector<int64_t> tokens;  // the positions `cache` holds (whole chunks)
+    KVCache cache;                // batch 1
+    int64_t reused = 0;           // prompt positions (summed over rows) taken from here or shared across rows
+    int64_t computed = 0;         // prompt positions (summed over rows) prefilled
 };
 
 // LOCOS's mean-query calibration (nolima_ablation.py calibrate_mean_activations): one prefill
@@ -141,8 +160,10 @@ DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings&
 // Several trials of the same prompt length decoded as rows of one batch (each row equals its
 // trial decoded alone: the forward is batch-independent). A finished row keeps feeding its last
 // token until every row stops; its outputs are not extended.
+// With `prefix`, the prefill reuses and then replaces it (PrefixCache); s.reuse_prefix is not read here.
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
+                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
+                                    PrefixCache* prefix = nullptr);
 
 // Rows with their own head sets: row b decodes *trials[b] (unscored when s.score is false) under
 // *sets[b] (nullptr: unablated); one trial may fill several rows. The rows share each GEMM
@@ -248,6 +269,9 @@ public:
     std::vector<Decoded> run_decoding(DecodingSpec spec, const std::function<void()>& tick = {}) const;
 
     const std::vector<std::vector<int64_t>>& batches() const { return groups_; }
+    // Prompt positions taken from the prefix cache (or shared by a batch's rows) and prefilled, over
+    // every decode of this test so far (config.decode.reuse_prefix).
+    std::pair<int64_t, int64_t> prefix_stats() const;
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
 
@@ -267,6 +291,11 @@ private:
     std::vector<std::pair<int64_t, int64_t>> answer_spans_;  // per needle, inside its tokens
     std::vector<Trial> trials_;
     std::vector<std::vector<int64_t>> groups_;  // trial indices decoded together
+    // The prefix cache of the pass that ran last, keyed by its prefill interventions (prefill_key).
+    PrefixCache* prefix_for(const HeadSet* ablate) const;
+    mutable std::string prefix_key_;
+    mutable PrefixCache prefix_;
+    mutable int64_t prefix_reused_ = 0, prefix_computed_ = 0;
 };
 
 // Bootstrap over trials: `resamples` draws of N trial indices with replacement (std::mt19937_64

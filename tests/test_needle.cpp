@@ -545,6 +545,68 @@ TEST_CASE("needle: rows with their own head sets equal each set decoded alone, i
     CHECK_THROWS(decode_batch_sets(*m, {&t, &t}, {&zq}, DecodeSettings{}, never));  // one set (or none) per row
 }
 
+TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, and count what they saved (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();  // 24 prompt tokens: 23 prefilled, chunks of 5 -> [0, 20) whole
+    Trial t3 = t, t4 = t, t5 = t;     // share 14, 14 and 5 tokens with t; t3 and t4 share 14 and 20 with each other
+    t3.prompt[14] = 55, t4.prompt[14] = 55, t4.prompt[20] = 57;
+    t5.prompt[5] = 58;
+    auto never = [](int64_t) { return false; };
+    HeadSet zq{{{0, 0}}, Intervention::kZeroQuery, {}};
+    for (const HeadSet* ablate : std::vector<const HeadSet*>{nullptr, &zq}) {
+        CAPTURE(ablate != nullptr);
+        DecodeSettings s;
+        s.max_new_tokens = 4, s.prefill_chunk = 5;
+        PrefixCache pc;
+        // One row: bit for bit the whole prefill's decode. Several: the rows' shared chunks run in one
+        // row (a batch-1 GEMM instead of the batch's), equal up to fp rounding.
+        auto same = [&](const std::vector<DecodeOut>& got, const std::vector<const Trial*>& rows) {
+            const auto fresh = decode_batch(*m, rows, s, never, ablate);
+            REQUIRE(got.size() == fresh.size());
+            for (size_t b = 0; b < got.size(); ++b) {
+                CAPTURE(b);
+                CHECK(got[b].generated == fresh[b].generated);
+                CHECK(torch::equal(got[b].credit, fresh[b].credit));
+                if (rows.size() == 1) {
+                    CHECK(torch::equal(got[b].lplus, fresh[b].lplus));
+                    CHECK(torch::equal(got[b].lminus, fresh[b].lminus));
+                    continue;
+                }
+                const double scale = std::max({1e-3, fresh[b].lplus.abs().max().item<double>(), fresh[b].lminus.abs().max().item<double>()});
+                CHECK((got[b].lplus - fresh[b].lplus).abs().max().item<double>() <= kBatchRelTol * scale);
+                CHECK((got[b].lminus - fresh[b].lminus).abs().max().item<double>() <= kBatchRelTol * scale);
+            }
+        };
+        same(decode_batch(*m, {&t}, s, never, ablate, &pc), {&t});  // nothing kept yet: chunks [0, 20) kept
+        CHECK(pc.reused == 0);
+        CHECK(pc.computed == 23);
+        CHECK(pc.tokens == std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + 20));
+        same(decode_batch(*m, {&t3}, s, never, ablate, &pc), {&t3});  // shares 14 with t: chunks [0, 10) reused
+        CHECK(pc.reused == 10);
+        CHECK(pc.computed == 23 + 13);
+        // Two rows sharing 20 positions (chunks [0, 20)), all kept from t3: the second row's 20 count too.
+        same(decode_batch(*m, {&t4, &t3}, s, never, ablate, &pc), {&t4, &t3});
+        CHECK(pc.reused == 10 + 20 + 20);
+        CHECK(pc.computed == 23 + 13 + 2 * 3);
+        same(decode_batch(*m, {&t5}, s, never, ablate, &pc), {&t5});  // shares 5 with t3's kept chunks
+        CHECK(pc.reused == 10 + 20 + 20 + 5);
+        // A fresh cache and two rows: their shared chunks [0, 20) computed once, in one row, then copied.
+        PrefixCache fresh;
+        same(decode_batch(*m, {&t3, &t4}, s, never, ablate, &fresh), {&t3, &t4});
+        CHECK(fresh.reused == 20);
+        CHECK(fresh.computed == 20 + 2 * 3);
+        // A decode's bits do not depend on what was kept before it (shards and resumed runs).
+        PrefixCache other;
+        decode_batch(*m, {&t5}, s, never, ablate, &other);
+        const auto a = decode_batch(*m, {&t4, &t3}, s, never, ablate, &fresh), b = decode_batch(*m, {&t4, &t3}, s, never, ablate, &other);
+        for (size_t r = 0; r < 2; ++r) {
+            CHECK(a[r].generated == b[r].generated);
+            CHECK(torch::equal(a[r].lplus, b[r].lplus));
+            CHECK(torch::equal(a[r].lminus, b[r].lminus));
+        }
+    }
+}
+
 TEST_CASE("needle: the toy recall model's own task as a needle test finds its retrieval set (CI model)") {
     const std::string dir = ci_toy_model("recall");
     const auto log = nlohmann::json::parse(read_text_file(path_join(dir, "training_log.json")));
@@ -599,16 +661,20 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
         const int64_t key = static_cast<int64_t>(pt.values[i * Tm + static_cast<int64_t>(span.values[2 * i])]);
         CHECK((key >= toy::kLower0 && key < toy::kUpper0));
     }
-    // Batched decoding (rows of equal prompt length) writes the same numbers.
-    const std::string cmd7 = cmd.substr(0, cmd.find(" --out '")) + " --batch 7 --out '" + tmp.file("b7.h5") + "'";
-    REQUIRE(std::system(cmd7.c_str()) == 0);
-    ResultReader r7(tmp.file("b7.h5"));
-    for (const char* ds : {"/scores/retrieval/score", "/scores/locos/score", "/retrieval/trials/generated",
-                           "/retrieval/trials/rouge1_recall", "/retrieval/ablation/rouge1_recall"}) {
-        CAPTURE(ds);
-        const auto a = r.read(ds).values, b = r7.read(ds).values;
-        REQUIRE(a.size() == b.size());
-        for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+    // Batched decoding (rows of equal prompt length) and whole prefills (no prefix kept between
+    // trials) write the same numbers.
+    for (const char* variant : {" --batch 7", " --no-prefix-reuse", " --batch 7 --no-prefix-reuse"}) {
+        CAPTURE(variant);
+        const std::string cmd7 = cmd.substr(0, cmd.find(" --out '")) + variant + " --out '" + tmp.file("b7.h5") + "' --force";
+        REQUIRE(std::system(cmd7.c_str()) == 0);
+        ResultReader r7(tmp.file("b7.h5"));
+        for (const char* ds : {"/scores/retrieval/score", "/scores/locos/score", "/retrieval/trials/generated",
+                               "/retrieval/trials/rouge1_recall", "/retrieval/ablation/rouge1_recall"}) {
+            CAPTURE(ds);
+            const auto a = r.read(ds).values, b = r7.read(ds).values;
+            REQUIRE(a.size() == b.size());
+            for (size_t i = 0; i < a.size(); ++i) CHECK(b[i] == doctest::Approx(a[i]).epsilon(1e-5));
+        }
     }
     // Mean-query (LOCOS's pre-RoPE mean) is not zero-query on this model: per-trial recall differs.
     std::string cmdm = cmd.substr(0, cmd.find(" --out '")) + " --calibration-trials 20 --out '" + tmp.file("mq.h5") + "' > /dev/null";

@@ -53,6 +53,7 @@ struct RetrievalOptions {
     std::string ablation_scope = "all";
     std::string stop = "newline";
     int64_t batch = 1;
+    bool no_prefix_reuse = false;
     std::string shard;
     bool resume = false;
     double checkpoint_seconds = 60;
@@ -416,6 +417,7 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
     c.depths = parse_depths(o.depths);
     c.pass_threshold = o.pass_threshold, c.batch = o.batch;
     c.decode.max_new_tokens = o.max_new_tokens, c.decode.prefill_chunk = o.prefill_chunk;
+    c.decode.reuse_prefix = !o.no_prefix_reuse;
     c.decode.scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
     p.stop_rule = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
@@ -488,6 +490,7 @@ static Attrs needle_params(const RetrievalOptions& o, const RetrievalPlan& p, co
             {"ablation_scope", std::string(ablation_scope_name(p.cfg.decode.scope))},
             {"prefill_chunk", o.prefill_chunk},
             {"batch", o.batch},
+            {"prefix_reuse", std::string(o.no_prefix_reuse ? "false" : "true")},
             {"scores", o.scores},
             {"flag_threshold", o.flag_threshold},
             {"bootstrap_resamples", o.bootstrap},
@@ -877,6 +880,10 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     }
     if (p.decoding != CombineRule::kIndependent) run_decoding_pass(o, p, m, test, scan, tick);
     prog.finish();
+    if (const auto [reused, computed] = test.prefix_stats(); reused > 0)
+        log_info(fmt::format("prefill: {} of {} prompt positions ({:.0f}%) taken from the trial before's chunks or shared "
+                             "by a batch's rows (--no-prefix-reuse prefills every trial whole)",
+                             reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
     scan.write(n_sets_planned);
     sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
@@ -935,6 +942,10 @@ void setup_retrieval(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
     sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
+    sub->add_flag("--no-prefix-reuse", o->no_prefix_reuse,
+                  "prefill every trial whole; by default a trial takes the whole --prefill-chunk chunks it shares with "
+                  "the trial before from a kept cache (bit for bit what it would compute), and a batch's rows compute "
+                  "their shared chunks once");
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
         ->check(at_least(1))
         ->capture_default_str();
