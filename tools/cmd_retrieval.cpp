@@ -24,7 +24,6 @@
 #include <map>
 #include <memory>
 #include <optional>
-#include <set>
 #include <thread>
 
 namespace hs::cli {
@@ -265,7 +264,7 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
 // For each fraction rho of --full-fractions, the top round(rho x L x H) heads of the order keep full
 // attention and every other head streams (sink + recent window); the same for --random-orders seeded
 // random orders (heads.h random_subset, seeds seed + 3 + r). Each configuration decodes every trial
-// (NeedleTest::run_ablated with a stream HeadSet); identical head sets run once. Appends
+// (NeedleTest::run_ablated_sets with stream HeadSets); identical head sets run once. Appends
 // /retrieval/streaming to `out` (docs/hdf5-schema.md) and prints the curve. `score`: the order's
 // score (stream_order_score), or undefined for this run's locos / retrieval in `sum`.
 static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
@@ -286,54 +285,39 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
     const auto& trials = test.trials();
     const int64_t N = static_cast<int64_t>(trials.size());
 
-    // Configurations: the streaming heads of (order, fraction); identical sets decode once.
+    // Configurations: the streaming heads of (order, fraction); identical sets decode once, the
+    // distinct sets as rows of shared forwards (--sweep-rows rows a forward).
     std::vector<int64_t> full_heads(F);
     std::vector<uint8_t> masks(R * F * LH, 0);
-    std::map<std::vector<int64_t>, std::pair<float, float>> done;  // sorted streaming heads -> accuracy, ROUGE-L F
-    int64_t distinct = 0;
-    {
-        std::set<std::vector<int64_t>> sets;
-        for (int64_t f = 0; f < F; ++f) {
-            full_heads[f] = std::min<int64_t>(LH, std::llround(fractions[f] * static_cast<double>(LH)));
-            for (int64_t r = 0; r < R; ++r) {
-                std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
-                std::sort(st.begin(), st.end());
-                sets.insert(st);
-                for (auto i : st) masks[(r * F + f) * LH + i] = 1;
-            }
-        }
-        distinct = static_cast<int64_t>(sets.size());
-    }
-    // The distinct sets decode as rows of shared forwards (--sweep-rows rows a forward).
-    std::vector<std::vector<int64_t>> keys;
+    std::map<std::vector<int64_t>, size_t> index;  // sorted streaming heads -> its set in `sets`
     std::vector<HeadSet> sets;
-    for (int64_t f = 0; f < F; ++f)
+    std::vector<size_t> set_of(R * F);  // configuration (r, f) -> its set
+    for (int64_t f = 0; f < F; ++f) {
+        full_heads[f] = std::min<int64_t>(LH, std::llround(fractions[f] * static_cast<double>(LH)));
         for (int64_t r = 0; r < R; ++r) {
             std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
             std::sort(st.begin(), st.end());
-            if (std::find(keys.begin(), keys.end(), st) != keys.end()) continue;
-            HeadSet hs;
-            hs.mode = Intervention::kStream;
-            hs.window = o.window;
-            for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
-            keys.push_back(st), sets.push_back(std::move(hs));
+            for (auto i : st) masks[(r * F + f) * LH + i] = 1;
+            auto [it, fresh] = index.emplace(st, sets.size());
+            if (fresh) {
+                HeadSet hs;
+                hs.mode = Intervention::kStream;
+                hs.window = o.window;
+                for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
+                sets.push_back(std::move(hs));
+            }
+            set_of[r * F + f] = it->second;
         }
-    Progress prog("streaming sweep trials", distinct * N);
+    }
+    Progress prog("streaming sweep trials", static_cast<int64_t>(sets.size()) * N);
     const auto res = test.run_ablated_sets(sets, o.sweep_rows, [&prog] { prog.tick(); });
     prog.finish();
-    for (size_t j = 0; j < sets.size(); ++j) {
-        double acc = 0, rl = 0;
-        for (const auto& t : res[j]) acc += t.passed, rl += t.rougeL_f;
-        done.emplace(keys[j], std::make_pair(static_cast<float>(acc / N), static_cast<float>(rl / N)));
-    }
     std::vector<float> accuracy(R * F), rouge(R * F);
-    for (int64_t f = 0; f < F; ++f)
-        for (int64_t r = 0; r < R; ++r) {
-            std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
-            std::sort(st.begin(), st.end());
-            const auto& ar = done.at(st);
-            accuracy[r * F + f] = ar.first, rouge[r * F + f] = ar.second;
-        }
+    for (int64_t c = 0; c < R * F; ++c) {
+        double acc = 0, rl = 0;
+        for (const auto& t : res[set_of[c]]) acc += t.passed, rl += t.rougeL_f;
+        accuracy[c] = static_cast<float>(acc / N), rouge[c] = static_cast<float>(rl / N);
+    }
     // The real KV fraction kept: rho + (1 - rho) min(1, W / N) per trial, averaged (W = sink + recent,
     // + 1 with the compensation token; N = the trial's prompt tokens, the keys at the first decode step).
     const double W = static_cast<double>(o.window.sink + o.window.recent + (o.window.compensate ? 1 : 0));
