@@ -75,6 +75,41 @@ TEST_CASE("KV-cached decoding equals the full forward") {
     CHECK(cache.length() == 24);
 }
 
+TEST_CASE("KV cache: appends in place, copies never share buffers, replaced or cut tensors are respected") {
+    torch::manual_seed(3);
+    auto kv = [](int64_t T) { return torch::randn({2, T, 3, 4}); };  // [B, T, K, d]
+    const auto a = kv(3), b = kv(2), c = kv(1), e = kv(2), a0 = a.clone();
+    KVCache cache;  // no reserve: the buffer grows (doubles) on the second append
+    cache.append(0, a, a * 2);
+    auto [k, v] = cache.append(0, b, b * 2);
+    CHECK(torch::equal(k, torch::cat({a, b}, 1)));
+    CHECK(torch::equal(v, torch::cat({a, b}, 1) * 2));
+    CHECK(cache.length() == 5);
+    // A copy appends into its own buffer: neither sees the other's positions.
+    KVCache copy = cache;
+    copy.append(0, c, c);
+    cache.append(0, e, e * 2);
+    CHECK(torch::equal(copy.k[0], torch::cat({a, b, c}, 1)));
+    CHECK(torch::equal(cache.k[0], torch::cat({a, b, e}, 1)));
+    // A tensor put in by hand (a kept prefix) is copied into a fresh buffer by the next append.
+    cache.k[0] = a.narrow(1, 0, 2), cache.v[0] = a.narrow(1, 0, 2) * 2;
+    cache.append(0, c, c * 2);
+    CHECK(torch::equal(cache.k[0], torch::cat({a.narrow(1, 0, 2), c}, 1)));
+    CHECK(torch::equal(a, a0));  // the hand-made tensor itself is untouched
+    // truncate keeps the first positions; the next append writes after them.
+    cache.truncate(1);
+    cache.append(0, e, e * 2);
+    CHECK(torch::equal(cache.k[0], torch::cat({a.narrow(1, 0, 1), e}, 1)));
+    CHECK(torch::equal(cache.v[0], torch::cat({a.narrow(1, 0, 1), e}, 1) * 2));
+    // A row expanded to a batch (stride 0) becomes real rows on the next append.
+    KVCache one;
+    one.reserve(8);
+    one.append(0, a.narrow(0, 0, 1), a.narrow(0, 0, 1));
+    one.k[0] = one.k[0].expand({2, -1, -1, -1}), one.v[0] = one.v[0].expand({2, -1, -1, -1});
+    one.append(0, b, b);
+    CHECK(torch::equal(one.k[0], torch::cat({a.narrow(0, 0, 1).expand({2, -1, -1, -1}), b}, 1)));
+}
+
 TEST_CASE("capture points: causal patterns, rows sum to one, head outputs sum to attn_out") {
     HS_REQUIRE_TESTDATA(td);
     auto m = load_model(td + "/tinystories-656k");
