@@ -4,8 +4,8 @@
 #include "torch_compat.h"
 
 #include <cmath>
-#include <tuple>
 #include <limits>
+#include <tuple>
 
 namespace hs::blocks {
 
@@ -233,13 +233,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
                      KVCache* cache, int64_t attn_block, bool per_row) {
     const ModelConfig& cfg = m.config;
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
-    if (cache) {
-        if (static_cast<int>(cache->k.size()) < cfg.n_layers) {
-            cache->k.resize(cfg.n_layers);
-            cache->v.resize(cfg.n_layers);
-        }
-        std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
-    }
+    if (cache) std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
     const int64_t S = k.size(1), past = S - T;
     if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
