@@ -344,6 +344,10 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
                                          t.length, t.prompt.size(), steps, positions, c_.max_positions));
     };
     for (auto len : c_.lengths)
+        if (c_.max_positions > 0 && len - p.buffer > c_.max_positions)
+            throw UsageError(fmt::format("length {}: {} context tokens are beyond the model's context of {}", len,
+                                         len - p.buffer, c_.max_positions));
+    for (auto len : c_.lengths)
         for (auto dep : c_.depths)
             for (size_t ni = 0; ni < needles().size(); ++ni) {
                 trials_.push_back(builder_.build(len, dep, static_cast<int>(ni), p.assembly, c_.tmpl));

@@ -18,6 +18,13 @@ TransformerLens; no hub access: HF_HUB_OFFLINE=1). Each subcommand prints one JS
       over the whole prompt, credit 1/|answer| when it lies in the answer span and equals the
       generated token. Runs exactly as many steps as headscope generated (`--stop none`). Prints
       seconds per trial and whether the greedy tokens and per-trial scores equal headscope's.
+  bench_peers.py study MODEL RESULT.h5 --tokenizer DIR [--threads N]
+      The whole needle study as the reference scripts run it, in one warm process, on the prompts of a
+      `headscope retrieval --ablate-top K --random-controls R` result: the detection loop above over
+      every trial, then needle_in_haystack_with_mask.py's masked loop once per head set of the result
+      (the named heads, then each control): the prefill unmasked, each decode step with the sets' queries
+      zeroed (block_list: query_states[:, h] = 0; zeroing q_proj's head slice is the same, RoPE of 0 being
+      0). Prints the seconds of each part and whether every greedy token and score equals headscope's.
 """
 import argparse, json, os, sys, time, warnings
 
@@ -169,6 +176,106 @@ def cmd_needle(a):
                       "device": DEVICE, "dtype": str(DTYPE)}))
 
 
+def detect_trial(m, ids, span, steps, L, H):
+    """retrieval_head_detection.py's evaluate_and_log + decode + retrieval_calculate on one prompt."""
+    s, e = span
+    m.set_attn_implementation("sdpa")
+    q = m(input_ids=ids[:, :-1], use_cache=True, return_dict=True, logits_to_keep=1)
+    m.set_attn_implementation("eager")  # output_attentions needs the materialized pattern
+    past, inp = q.past_key_values, ids[:, -1]
+    output, score = [], [[0.0] * H for _ in range(L)]
+    for _ in range(steps):
+        inp = inp.view(1, 1)
+        o = m(input_ids=inp, past_key_values=past, use_cache=True, output_attentions=True)
+        past = o.past_key_values
+        inp = o.logits[0, -1].argmax()
+        output.append(inp.item())
+        for l in range(L):
+            for h in range(H):
+                values, idx = o.attentions[l][0][h][-1].topk(1)
+                for v, j in zip(values, idx):
+                    if s <= j < e and inp.item() == ids[0, j].item():
+                        score[l][h] += 1 / (e - s)
+                        break
+    return output, score
+
+
+def masked_trial(m, ids, steps, block, hooks_on):
+    """needle_in_haystack_with_mask.py: an unmasked prefill, then decode steps with block_list."""
+    m.set_attn_implementation("sdpa")
+    hooks_on[0] = False
+    q = m(input_ids=ids[:, :-1], use_cache=True, return_dict=True, logits_to_keep=1)
+    past, inp = q.past_key_values, ids[:, -1]
+    output = []
+    hooks_on[0] = True
+    for _ in range(steps):
+        inp = inp.view(1, 1)
+        o = m(input_ids=inp, past_key_values=past, use_cache=True)
+        past = o.past_key_values
+        inp = o.logits[0, -1].argmax()
+        output.append(inp.item())
+    hooks_on[0] = False
+    return output
+
+
+def cmd_study(a):
+    import h5py
+    import numpy as np
+    torch.set_num_threads(a.threads)
+    f = h5py.File(a.result, "r")
+    t = f["retrieval/trials"]
+    spans, prompts, gen = t["answer_span"][()], t["prompt_tokens"][()], t["generated"][()]
+    score_hs = t["retrieval"][()]
+    ab = f["retrieval/ablation"]
+    masks, abl_gen = ab["masks"][()], ab["generated"][()]
+    m = load_hf(a.model, "sdpa")
+    L, H = m.config.num_hidden_layers, m.config.num_attention_heads
+    d = m.config.hidden_size // H
+    # One hook per layer on q_proj zeroes the current set's heads while hooks_on[0].
+    block, hooks_on = {"set": set()}, [False]
+    for li, layer in enumerate(m.model.layers):
+        def hook(mod, args, out, li=li):
+            if not hooks_on[0]:
+                return None
+            heads = [h for (l, h) in block["set"] if l == li]
+            if not heads:
+                return None
+            out = out.clone()
+            for h in heads:
+                out[..., h * d:(h + 1) * d] = 0
+            return out
+        layer.self_attn.q_proj.register_forward_hook(hook)
+    N = prompts.shape[0]
+    rows = []
+    for i in range(N):
+        n = int((prompts[i] >= 0).sum())
+        rows.append(torch.from_numpy(prompts[i, :n]).long()[None].to(DEVICE))
+    same_tokens, same_abl, max_diff = True, True, 0.0
+    with torch.no_grad():
+        sync()
+        t0 = time.perf_counter()
+        for i in range(N):
+            steps = int((gen[i] >= 0).sum())
+            out, score = detect_trial(m, rows[i], (int(spans[i, 0]), int(spans[i, 1])), steps, L, H)
+            same_tokens &= out == [int(x) for x in gen[i, :steps]]
+            max_diff = max(max_diff, float(np.abs(np.array(score) - score_hs[i]).max()))
+        sync()
+        scan_s = time.perf_counter() - t0
+        t1 = time.perf_counter()
+        for si in range(masks.shape[0]):
+            block["set"] = {(l, h) for l in range(L) for h in range(H) if masks[si, l, h]}
+            for i in range(N):
+                steps = int((abl_gen[si, i] >= 0).sum())
+                out = masked_trial(m, rows[i], steps, block, hooks_on)
+                same_abl &= out == [int(x) for x in abl_gen[si, i, :steps]]
+        sync()
+        masked_s = time.perf_counter() - t1
+    print(json.dumps({"trials": N, "sets": int(masks.shape[0]), "scan_s": scan_s, "masked_s": masked_s,
+                      "study_s": scan_s + masked_s, "prompt_tokens": [int(r.shape[1]) for r in rows],
+                      "same_tokens": bool(same_tokens), "same_ablated_tokens": bool(same_abl), "max_score_diff": max_diff,
+                      **versions(), "threads": torch.get_num_threads(), "device": DEVICE, "dtype": str(DTYPE)}))
+
+
 def main():
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -186,6 +293,11 @@ def main():
     p.add_argument("result")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--threads", type=int, default=os.cpu_count())
+    p = sub.add_parser("study")
+    p.add_argument("model")
+    p.add_argument("result")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--threads", type=int, default=os.cpu_count())
     for p in ap._subparsers._group_actions[0].choices.values():
         p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
         p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -194,7 +306,7 @@ def main():
     DEVICE, DTYPE = a.device, getattr(torch, a.dtype)
     if a.cmd == "forward" and a.peer == "tl" and not a.tokenizer:
         sys.exit("bench_peers.py: --peer tl needs --tokenizer")
-    {"forward": cmd_forward, "needle": cmd_needle}[a.cmd](a)
+    {"forward": cmd_forward, "needle": cmd_needle, "study": cmd_study}[a.cmd](a)
 
 
 if __name__ == "__main__":

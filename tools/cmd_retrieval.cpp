@@ -1016,6 +1016,13 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     auto lm = open_model(o.model, true);
     const Model& m = *lm.model;
     const int L = m.config.n_layers, H = m.config.n_heads;
+    // A length whose context alone exceeds the model's positions is refused before any haystack is
+    // lengthened to it or trial built.
+    for (auto len : p.cfg.lengths)
+        if (m.config.max_seq_len > 0 && len - p.proto.buffer > m.config.max_seq_len)
+            throw UsageError(fmt::format("--lengths: length {}: {} context tokens in the prompt are beyond the model's "
+                                         "context of {}",
+                                         len, len - p.proto.buffer, m.config.max_seq_len));
     const NeedleInputs in = read_needle_inputs(o, p, m, *lm.tokenizer);
     std::vector<Head> ablate_heads;
     at::Tensor from_score;
@@ -1128,7 +1135,7 @@ void setup_retrieval(CLI::App& app) {
         "The same trials as Retrieval_Head's retrieval_head_detection.py builds them (buffer 200, text round trips, period "
         "insertion, score then stop on the newline token):\n"
         "Example: headscope retrieval ../shared/testdata/tinystories-656k --protocol wu --haystack "
-        "datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_needles.jsonl --lengths 300,400 "
+        "datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_wu_needles.jsonl --lengths 300,400 "
         "--depths 0,50,100 --max-new-tokens 8 --out needle-wu.h5\n"
         "Shards (a Slurm job array: --shard slurm; scripts/slurm/), joined by `headscope merge` into what one run writes:\n"
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
