@@ -269,7 +269,7 @@ TEST_CASE("headscope patch writes /patching/<name> and refuses bad input before 
         CHECK(html.find(part) != std::string::npos);
     }
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --metric nope --out '{}' --append", toy(), pairs, out)) == 2);
-    CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --path L1H0->L0H0:k --out '{}' --append", toy(), pairs, out)) == 2);
+    CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --path 'L1H0->L0H0:k' --out '{}' --append", toy(), pairs, out)) == 2);
     CHECK(!std::filesystem::exists(dir.file("never.h5")));
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}/none.jsonl' --out '{}'", toy(), dir.path, dir.file("never.h5"))) != 0);
     CHECK(!std::filesystem::exists(dir.file("never.h5")));
