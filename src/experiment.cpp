@@ -270,7 +270,7 @@ HeadSpec parse_heads(const Reader& r, const YAML::Node& n, bool allow_list_k) {
 }
 
 ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
-    const auto& kinds = intervention_names();
+    const auto& kinds = study_intervention_names();
     ModeSpec m;
     m.mark = mark_of(n);
     if (n.IsScalar()) {

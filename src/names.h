@@ -37,6 +37,15 @@ std::vector<std::string> names_in(const NameTable<E>& t) {
     return out;
 }
 
+// The entries of `t` for `values`, in the order of `values`: a caller's subset of a vocabulary, so
+// that its messages and help list only what it accepts, under the table's one name for each.
+template <class E>
+NameTable<E> subset_of(const NameTable<E>& t, const std::vector<E>& values) {
+    NameTable<E> out;
+    for (E v : values) out.emplace_back(v, name_in(t, v));
+    return out;
+}
+
 // "a, b or c" (for messages and help text).
 inline std::string or_list(const std::vector<std::string>& names) {
     std::string s;

@@ -44,8 +44,8 @@ static void print_top(const PatchResult& r, bool kv, int k) {
 }
 
 void run_patch(const PatchCliOptions& o) {
-    const PatchMetric metric = parse_name(patch_metric_names(), o.metric, "--metric");
-    const PatchSite site = parse_name(patch_site_names(), o.what, "--what");
+    const MetricKind metric = parse_name(patch_metric_names(), o.metric, "--metric");
+    const Point site = parse_name(patch_site_names(), o.what, "--what");
     if (o.positions != "all" && o.positions != "each")
         throw UsageError(fmt::format("--positions '{}': expected all or each", o.positions));
     if (o.method != "exact" && o.method != "attribution")
@@ -76,7 +76,7 @@ void run_patch(const PatchCliOptions& o) {
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("metric %s: clean %.6f, corrupted %.6f (%lld pairs)\n", name_of(metric), r.metric_clean, r.metric_corrupt,
                     static_cast<long long>(pairs.rows()));
-        print_top(r, site == PatchSite::kK || site == PatchSite::kV, o.top);
+        print_top(r, site == Point::kAttnK || site == Point::kAttnV, o.top);
         if (w.exists(g)) w.remove(g);
         write_meta(w, m, 0);
         auto shape = r.scores.sizes().vec();
@@ -87,7 +87,7 @@ void run_patch(const PatchCliOptions& o) {
         a["method"] = o.method;
         a["what"] = o.what;
         a["positions"] = o.positions;
-        a["units"] = std::string(site == PatchSite::kK || site == PatchSite::kV ? "key/value heads" : "query heads");
+        a["units"] = std::string(site == Point::kAttnK || site == Point::kAttnV ? "key/value heads" : "query heads");
         a["forwards"] = r.forwards;
         a["seconds"] = secs;
         if (o.method == "attribution")
