@@ -55,8 +55,8 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
             (diff && !j.contains("wrong")))
             throw DataError(fmt::format("{}: {}", where, shape));
         auto need_tok = [&](const char* key) -> const Tokenizer& {
-            if (!tok) throw DataError(fmt::format("{}: \"{}\" is text but no tokenizer was found next to the model (give "
-                                                  "--tokenizer, or token ids)", where, key));
+            if (!tok) throw DataError(fmt::format("{}: \"{}\" is text but no tokenizer was found next to the model (name one, "
+                                                  "or give token ids)", where, key));
             return *tok;
         };
         auto seq = [&](const char* key) {
@@ -207,7 +207,9 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
     const int64_t N = pairs.rows(), T = pairs.clean.size(1), L = m.config.n_layers, U = units(m, o.site);
     if (o.each_position)
         for (auto len : pairs.lengths)
-            if (len != T) throw UsageError("--positions each needs pairs of one length (they differ); use --positions all");
+            if (len != T)
+                throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
+                                 "each_position");
     const auto p = prepare(m, pairs);
     const Point pt = o.site;
     PatchResult r;
@@ -282,7 +284,9 @@ PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const 
     const int64_t T = pairs.clean.size(1), L = m.config.n_layers;
     if (o.each_position)
         for (auto len : pairs.lengths)
-            if (len != T) throw UsageError("--positions each needs pairs of one length (they differ); use --positions all");
+            if (len != T)
+                throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
+                                 "each_position");
     const auto p = prepare(m, pairs);
     const Point pt = o.site;
     PatchResult r;

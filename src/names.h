@@ -58,7 +58,7 @@ inline std::string or_list(const std::vector<std::string>& names) {
 template <class E>
 E parse_name(const NameTable<E>& t, const std::string& s, const std::string& what) {
     if (auto v = find_in(t, s)) return *v;
-    throw UsageError(what + " '" + s + "': expected " + or_list(names_in(t)));
+    throw UsageError((what.empty() ? "" : what + " ") + "'" + s + "': expected " + or_list(names_in(t)));
 }
 
 }  // namespace hs

@@ -563,7 +563,7 @@ StagedFolder::StagedFolder(const std::string& out, bool force) : out_(strip_slas
     if (fs::exists(out_, ec)) {
         if (!fs::is_directory(out_, ec)) throw StorageError(fmt::format("{}: exists and is not a folder", out_));
         if (!force && !fs::is_empty(out_, ec))
-            throw StorageError(fmt::format("{}: folder exists and is not empty (use --force to replace it)", out_));
+            throw StorageError(fmt::format("{}: folder exists and is not empty", out_), "overwrite");
     }
     tmp_ = temp_path_for(out_);
     const fs::path parent = fs::path(out_).parent_path();

@@ -304,7 +304,7 @@ bad patch "--pairs" "identical clean and corrupt runs" 5 "same metric" "$O" -- p
 printf '{"clean": "abcab", "corrupt": "abdab", "answer": "c"}\n' >"$T/pairs.jsonl"
 bad patch "--path" "receiver before sender" 2 "--path: .*later layer" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L1H0->L0H1:k" --out "$O"
 bad patch "--path" "input not q, k or v" 2 "--path: .*must be q, k or v" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L0H0->L1H1:z" --out "$O"
-bad patch "--what" "unknown site" 2 "--what 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
+bad patch "--what" "unknown site" 2 "--what: 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
 
 printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
 bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens

@@ -49,7 +49,7 @@ void run_ablate(const AblateOptions& o) {
     if (o.repeated > 0) {
         d.kind = DataKind::kRepeated, d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
         if (!o.token_range.empty()) {
-            auto r = parse_token_list(o.token_range, "--token-range");
+            auto r = with_flag({{"--token-range", "token_list"}}, [&] { return parse_token_list(o.token_range); });
             if (r.size() != 2) throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
             d.token_lo = r[0], d.token_hi = r[1];
         }

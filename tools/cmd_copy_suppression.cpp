@@ -65,8 +65,8 @@ void run_copy_suppression(const CopySuppressionCliOptions& o) {
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
     std::vector<std::vector<int64_t>> windows;
     if (!o.text_file.empty()) windows = text_windows(o, *l.tokenizer, m.config.max_seq_len);
-    auto s = with_flags({{"n_tokens", "--n-tokens"}}, [&] { return copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed}); });
-    ResultWriter w(o.out.out, mode);
+    auto s = with_flag({{"--n-tokens", "n_tokens"}}, [&] { return copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed}); });
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     const std::string g = "/scores/copy-suppression";
     if (w.exists(g)) w.remove(g);

@@ -145,7 +145,7 @@ static StripeInput stripe_input(const DetectOptions& o) {
 static Attrs common_attrs(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe, int64_t n_seqs) {
     Attrs a = {{"convention", std::string(stripe ? "stripe" : "detector")}};
     if (stripe) {
-        auto [lo, hi] = with_flags({{"token_range", "--token-range"}}, [&] { return token_range(m, in); });
+        auto [lo, hi] = with_flag({{"--token-range", "token_range"}}, [&] { return token_range(m, in); });
         a.insert({{"seq_len", in.seq_len}, {"batch", in.batch}, {"seed", in.seed}, {"token_lo", lo}, {"token_hi", hi}});
     } else {
         a.insert({{"n_sequences", n_seqs}, {"source_file", o.tokens_file.empty() ? o.text_file : o.tokens_file}});
@@ -205,7 +205,7 @@ void run_detect(const DetectOptions& o) {
     std::vector<std::vector<int64_t>> seqs;
     at::Tensor stripe_tokens;  // [B, 1 + 2n]; undefined in the detector convention
     if (stripe) {
-        stripe_tokens = with_flags({{"seq_len", "--seq-len"}, {"batch", "--batch"}, {"token_range", "--token-range"}},
+        stripe_tokens = with_flag({{"--seq-len", "seq_len"}, {"--batch", "batch"}, {"--token-range", "token_range"}},
                                    [&] { return repeated_random_tokens(m, in, l.tokenizer.get()); });
         for (int64_t b = 0; b < in.batch; ++b) {
             auto row = stripe_tokens[b].contiguous();
@@ -214,7 +214,7 @@ void run_detect(const DetectOptions& o) {
     } else {
         seqs = read_sequences(o, l);
     }
-    ResultWriter w(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
+    ResultWriter w = open_result(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
     auto results = compute(o, m, probes, in, stripe_tokens, seqs);
     int64_t T = 0;
     for (const auto& s : seqs) T = std::max<int64_t>(T, s.size());

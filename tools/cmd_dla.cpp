@@ -72,7 +72,7 @@ void run_dla(const DlaCliOptions& o) {
         bar.tick();
     }
     bar.finish();
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) {
         check_same_model(w, *l.model);
         if (w.exists("/scores/dla")) w.remove("/scores/dla");

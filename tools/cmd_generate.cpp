@@ -121,7 +121,7 @@ void run_generate(const GenerateOptions& o) {
     const auto& cfg = l.model->config;
     std::vector<int64_t> ids;
     if (!o.tokens.empty()) {
-        ids = parse_token_list(o.tokens, "--tokens");
+        ids = with_flag({{"--tokens", "token_list"}}, [&] { return parse_token_list(o.tokens); });
     } else {
         for (auto id : l.tokenizer->encode(o.prompt, true)) ids.push_back(id);
     }

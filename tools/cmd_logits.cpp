@@ -22,13 +22,13 @@ void run_logits(const LogitsOptions& o) {
     auto l = open_model(o.model, !o.text.empty());
     std::vector<int64_t> ids;
     if (!o.tokens.empty())
-        ids = parse_token_list(o.tokens, "--tokens");
+        ids = with_flag({{"--tokens", "token_list"}}, [&] { return parse_token_list(o.tokens); });
     else
         for (auto id : l.tokenizer->encode(o.text, !o.no_special)) ids.push_back(id);
     torch::NoGradGuard ng;
     c10::InferenceMode im;
     auto logits = l.model->forward(torch::tensor(ids, torch::kLong).unsqueeze(0))[0].to(torch::kFloat).cpu().contiguous();
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) {
         check_same_model(w, *l.model);
         w.remove("/logits");

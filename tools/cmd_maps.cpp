@@ -92,7 +92,7 @@ void run_maps(const MapsCliOptions& o) {
     const Model& m = *l.model;
     std::vector<std::string> skipped;
     auto rels = usable_relations(o, *l.tokenizer, skipped);
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, 0);
     MapsOptions mo{o.k, o.block_size, o.suppression};

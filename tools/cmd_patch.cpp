@@ -44,8 +44,8 @@ static void print_top(const PatchResult& r, bool kv, int k) {
 }
 
 void run_patch(const PatchCliOptions& o) {
-    const MetricKind metric = parse_name(patch_metric_names(), o.metric, "--metric");
-    const Point site = parse_name(patch_site_names(), o.what, "--what");
+    const MetricKind metric = with_flag("--metric", [&] { return parse_name(patch_metric_names(), o.metric, ""); });
+    const Point site = with_flag("--what", [&] { return parse_name(patch_site_names(), o.what, ""); });
     if (o.positions != "all" && o.positions != "each")
         throw UsageError(fmt::format("--positions '{}': expected all or each", o.positions));
     if (o.method != "exact" && o.method != "attribution")
@@ -61,7 +61,7 @@ void run_patch(const PatchCliOptions& o) {
     for (const auto& s : o.paths) specs.push_back(with_flag("--path", [&] { return parse_path_spec(s, L, H); }));
     const auto pairs = read_patch_pairs(o.pairs, m, l.tokenizer.get(), metric);
     const auto t0 = std::chrono::steady_clock::now();
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     const std::string g = "/patching/" + name;
     Attrs a{{"metric", std::string(name_of(metric))},
@@ -72,7 +72,9 @@ void run_patch(const PatchCliOptions& o) {
     if (specs.empty()) {
         PatchOptions po;
         po.metric = metric, po.site = site, po.each_position = o.positions == "each", po.max_rows = o.batch_rows;
-        const auto r = o.method == "exact" ? exact_patching(m, pairs, po) : attribution_patching(m, pairs, po);
+        const auto r = with_flag({{"--positions", "each_position"}}, [&] {
+            return o.method == "exact" ? exact_patching(m, pairs, po) : attribution_patching(m, pairs, po);
+        });
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("metric %s: clean %.6f, corrupted %.6f (%lld pairs)\n", name_of(metric), r.metric_clean, r.metric_corrupt,
                     static_cast<long long>(pairs.rows()));

@@ -55,7 +55,7 @@ void run_qk_spectrum(const QkSpectrumCliOptions& o) {
     const auto& c = m.config;
     const int64_t L = c.n_layers, H = c.n_heads;
     auto s = qk_spectrum(m);
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     const std::string g = "/scores/qk_rank";
     if (w.exists(g)) w.remove(g);

@@ -115,6 +115,10 @@ WriteMode write_mode(const OutputArgs& o) {
     return o.append ? WriteMode::kAppend : o.force ? WriteMode::kForce : WriteMode::kCreate;
 }
 
+ResultWriter open_result(const std::string& path, WriteMode mode) {
+    return with_overwrite_flags(true, [&] { return ResultWriter(path, mode); });
+}
+
 Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     int n = set_threads(a.threads);
     auto sys = system_info();
