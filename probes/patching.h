@@ -28,7 +28,7 @@
 
 namespace hs {
 
-// The metrics patching reads (src/experiment.h's MetricKind: one vocabulary with the ablation
+// The metrics patching reads (src/experiment/experiment.h's MetricKind: one vocabulary with the ablation
 // studies), at each pair's last position: logit-diff, loss, prob.
 const NameTable<MetricKind>& patch_metric_names();  // logit-diff, loss, prob
 // Where a head's activation is patched: a hooks.h point, under the short name `--what` takes: z,

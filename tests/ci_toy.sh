@@ -16,7 +16,7 @@ src="$(cd "$(dirname "$0")/.." && pwd)"
 root="${HEADSCOPE_CI_TOY_DIR:-$src/build/ci-toy}"
 mkdir -p "$root"
 dir="$root/$task"
-recipe=$(grep -o 'kRecipeVersion = [0-9]*' "$src/src/train.cpp" | grep -o '[0-9]*$')
+recipe=$(grep -o 'kRecipeVersion = [0-9]*' "$src/src/train/train.cpp" | grep -o '[0-9]*$')
 fresh() {
   [ -f "$dir/training_log.json" ] &&
     grep -q "\"recipe_version\": *$recipe[,}]" "$dir/training_log.json" &&

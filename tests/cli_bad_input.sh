@@ -393,7 +393,7 @@ bad detect "--append file" "truncated" 6 "trunc.h5" - -- detect "$M" --probe pre
 # ---- HDF5 files on which libhdf5 itself fails (fuzz/known/hdf5: a hang in H5HG_read, an
 # overlapping memcpy in H5HG_read, a 4 GB allocation in H5T__conv_vlen, all inside Debian's libhdf5
 # 1.10.8, below any check of ours). Every reader first reads the file whole in a child process
-# with a time and memory limit (src/store.cpp check_hdf5_file_isolated), so each command still
+# with a time and memory limit (src/store/store.cpp check_hdf5_file_isolated), so each command still
 # gives one line and exit 6. The time limit is shortened so the hang costs 5 s a case. ----
 export HEADSCOPE_HDF5_CHECK_TIMEOUT=5
 for k in fuzz/known/hdf5/*; do

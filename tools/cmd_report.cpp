@@ -1,5 +1,5 @@
 // headscope report: one self-contained HTML page (inline SVG + CSS, no script, no network) for one or
-// more result files. The HTML is built in src/report.cpp; this file parses options and writes the
+// more result files. The HTML is built in src/report/report.cpp; this file parses options and writes the
 // page atomically (temporary file renamed into place), so a failed run leaves nothing behind.
 #include "commands.h"
 #include "common.h"
