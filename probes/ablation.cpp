@@ -101,6 +101,131 @@ static const Tokenizer& need_tokenizer(const Experiment& e, const DataSpec& d, c
     return *tok;
 }
 
+namespace {
+
+// The rows a data file gives: token sequences, and for prompts and conflicts each row's answer and
+// counterfactual first tokens (conflicts: the row's variant too).
+struct FileRows {
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> answers, cfs, variants;
+};
+
+// One JSON object a line; DataError "FILE:LINE: not a JSON object" otherwise.
+nlohmann::json json_line(const std::string& line, const std::string& where) {
+    try {
+        return nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+        throw DataError(fmt::format("{}: not a JSON object", where));
+    }
+}
+
+// text: the whole file tokenised and cut into rows of seq_len tokens (BOS first when there is one).
+void add_text_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                   const std::string& text) {
+    auto ids32 = t.encode(text, false);
+    std::vector<int64_t> ids(ids32.begin(), ids32.end());
+    const bool bos = t.bos_id().has_value();
+    const int64_t body = d.seq_len - (bos ? 1 : 0);
+    if (body < 1) e.fail(d.mark, fmt::format("data '{}': seq_len {} leaves no room after BOS", d.name, d.seq_len));
+    for (size_t i = 0; i + body <= ids.size(); i += body) {
+        if (d.count > 0 && static_cast<int64_t>(r.seqs.size()) >= d.count) break;
+        std::vector<int64_t> s;
+        if (bos) s.push_back(*t.bos_id());
+        s.insert(s.end(), ids.begin() + i, ids.begin() + i + body);
+        check_ids(e, d, m, s, d.file);
+        r.seqs.push_back(std::move(s));
+    }
+    if (r.seqs.empty())
+        throw DataError(fmt::format("{}: {} tokens, fewer than one sequence of {}", d.file, ids.size(), d.seq_len));
+}
+
+// conflicts: {"question", "context" | "contexts", "parametric_answer", "context_answer"}, one row per
+// prompt variant (the question alone unless clean: false, then each context before it).
+void add_conflicts_line(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                        const nlohmann::json& j, const std::string& where) {
+    const char* shape = "expected {\"question\": TEXT, \"context\": TEXT (or \"contexts\": [TEXT, ...]), "
+                        "\"parametric_answer\": TEXT, \"context_answer\": TEXT}";
+    auto text = [&](const nlohmann::json& o, const char* key) {
+        if (!o.contains(key) || !o[key].is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+        return o[key].get<std::string>();
+    };
+    if (!j.is_object()) throw DataError(fmt::format("{}: {}", where, shape));
+    const std::string q = text(j, "question"), pa = text(j, "parametric_answer"), ca = text(j, "context_answer");
+    std::vector<std::string> contexts;
+    if (j.contains("context") && j.contains("contexts"))
+        throw DataError(fmt::format("{}: give \"context\" or \"contexts\", not both", where));
+    if (j.contains("context")) contexts.push_back(text(j, "context"));
+    if (j.contains("contexts")) {
+        if (!j["contexts"].is_array()) throw DataError(fmt::format("{}: {}", where, shape));
+        for (const auto& c : j["contexts"]) {
+            if (!c.is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+            contexts.push_back(c.get<std::string>());
+        }
+    }
+    std::vector<std::string> prompts;
+    if (d.clean) prompts.push_back(q);
+    for (const auto& c : contexts) prompts.push_back(c + d.separator + q);
+    if (prompts.empty())
+        throw DataError(fmt::format("{}: no rows (no context, and clean: false drops the question alone)", where));
+    for (size_t v = 0; v < prompts.size(); ++v) {
+        auto p32 = t.encode(prompts[v], true);
+        std::vector<int64_t> ids(p32.begin(), p32.end());
+        check_ids(e, d, m, ids, where);
+        r.answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer", d.answer_alone));
+        r.cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer", d.answer_alone));
+        r.variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
+        r.seqs.push_back(std::move(ids));
+    }
+}
+
+// prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}, one row.
+void add_prompt_line(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                     const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") ||
+        !j["answer"].is_string())
+        throw DataError(fmt::format("{}: expected {{\"prompt\": TEXT, \"answer\": TEXT[, \"counterfactual\": TEXT]}}", where));
+    auto p32 = t.encode(j["prompt"].get<std::string>(), true);
+    std::vector<int64_t> ids(p32.begin(), p32.end());
+    check_ids(e, d, m, ids, where);
+    auto first = [&](const std::string& key) -> int64_t {
+        auto a = t.encode(j[key].get<std::string>(), false);
+        if (a.empty()) throw DataError(fmt::format("{}: \"{}\" encodes to no tokens", where, key));
+        return a[0];
+    };
+    r.answers.push_back(first("answer"));
+    r.cfs.push_back(j.contains("counterfactual") && j["counterfactual"].is_string() ? first("counterfactual") : -1);
+    r.seqs.push_back(std::move(ids));
+}
+
+// tokens, conflicts, prompts: one line each (blank lines skipped), `count` lines at most.
+void add_line_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok,
+                   const std::string& text) {
+    int line_no = 0;
+    int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
+    for (const auto& raw : split(text, '\n')) {
+        ++line_no;
+        const auto line = trim(raw);
+        if (line.empty()) continue;
+        if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(r.seqs.size())) >= d.count) break;
+        const std::string where = fmt::format("{}:{}", d.file, line_no);
+        if (d.kind == DataKind::kTokens) {
+            std::vector<int64_t> ids = parse_token_list(line, where);
+            check_ids(e, d, m, ids, where);
+            r.seqs.push_back(std::move(ids));
+        } else if (d.kind == DataKind::kConflicts) {
+            const Tokenizer& t = need_tokenizer(e, d, tok);
+            add_conflicts_line(r, e, d, m, t, json_line(line, where), where);
+            ++lines;
+        } else {
+            const Tokenizer& t = need_tokenizer(e, d, tok);
+            add_prompt_line(r, e, d, m, t, json_line(line, where), where);
+        }
+    }
+    if (r.seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", d.file));
+}
+
+}  // namespace
+
 AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok) {
     if (d.kind == DataKind::kRepeated) {
         AblationData out;
@@ -113,111 +238,13 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
         return out;
     }
     const std::string text = read_utf8_text_file(d.file);
-    std::vector<std::vector<int64_t>> seqs;
-    std::vector<int64_t> answers, cfs, variants;
-    int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
-    if (d.kind == DataKind::kText) {
-        const Tokenizer& t = need_tokenizer(e, d, tok);
-        auto ids32 = t.encode(text, false);
-        std::vector<int64_t> ids(ids32.begin(), ids32.end());
-        const bool bos = t.bos_id().has_value();
-        const int64_t body = d.seq_len - (bos ? 1 : 0);
-        if (body < 1) e.fail(d.mark, fmt::format("data '{}': seq_len {} leaves no room after BOS", d.name, d.seq_len));
-        for (size_t i = 0; i + body <= ids.size(); i += body) {
-            if (d.count > 0 && static_cast<int64_t>(seqs.size()) >= d.count) break;
-            std::vector<int64_t> s;
-            if (bos) s.push_back(*t.bos_id());
-            s.insert(s.end(), ids.begin() + i, ids.begin() + i + body);
-            check_ids(e, d, m, s, d.file);
-            seqs.push_back(std::move(s));
-        }
-        if (seqs.empty())
-            throw DataError(fmt::format("{}: {} tokens, fewer than one sequence of {}", d.file, ids.size(), d.seq_len));
-    } else {
-        int line_no = 0;
-        for (const auto& raw : split(text, '\n')) {
-            ++line_no;
-            const auto line = trim(raw);
-            if (line.empty()) continue;
-            if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(seqs.size())) >= d.count) break;
-            const std::string where = fmt::format("{}:{}", d.file, line_no);
-            if (d.kind == DataKind::kTokens) {
-                std::vector<int64_t> ids = parse_token_list(line, where);
-                check_ids(e, d, m, ids, where);
-                seqs.push_back(std::move(ids));
-            } else if (d.kind == DataKind::kConflicts) {
-                // {"question", "context" | "contexts", "parametric_answer", "context_answer"}
-                const Tokenizer& t = need_tokenizer(e, d, tok);
-                nlohmann::json j;
-                try {
-                    j = nlohmann::json::parse(line);
-                } catch (const std::exception&) {
-                    throw DataError(fmt::format("{}: not a JSON object", where));
-                }
-                const char* shape = "expected {\"question\": TEXT, \"context\": TEXT (or \"contexts\": [TEXT, ...]), "
-                                    "\"parametric_answer\": TEXT, \"context_answer\": TEXT}";
-                auto text = [&](const nlohmann::json& o, const char* key) {
-                    if (!o.contains(key) || !o[key].is_string()) throw DataError(fmt::format("{}: {}", where, shape));
-                    return o[key].get<std::string>();
-                };
-                if (!j.is_object()) throw DataError(fmt::format("{}: {}", where, shape));
-                const std::string q = text(j, "question"), pa = text(j, "parametric_answer"), ca = text(j, "context_answer");
-                std::vector<std::string> contexts;
-                if (j.contains("context") && j.contains("contexts"))
-                    throw DataError(fmt::format("{}: give \"context\" or \"contexts\", not both", where));
-                if (j.contains("context")) contexts.push_back(text(j, "context"));
-                if (j.contains("contexts")) {
-                    if (!j["contexts"].is_array()) throw DataError(fmt::format("{}: {}", where, shape));
-                    for (const auto& c : j["contexts"]) {
-                        if (!c.is_string()) throw DataError(fmt::format("{}: {}", where, shape));
-                        contexts.push_back(c.get<std::string>());
-                    }
-                }
-                std::vector<std::string> prompts;
-                if (d.clean) prompts.push_back(q);
-                for (const auto& c : contexts) prompts.push_back(c + d.separator + q);
-                if (prompts.empty())
-                    throw DataError(fmt::format("{}: no rows (no context, and clean: false drops the question alone)", where));
-                for (size_t v = 0; v < prompts.size(); ++v) {
-                    auto p32 = t.encode(prompts[v], true);
-                    std::vector<int64_t> ids(p32.begin(), p32.end());
-                    check_ids(e, d, m, ids, where);
-                    answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer", d.answer_alone));
-                    cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer", d.answer_alone));
-                    variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
-                    seqs.push_back(std::move(ids));
-                }
-                ++lines;
-            } else {  // prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}
-                const Tokenizer& t = need_tokenizer(e, d, tok);
-                nlohmann::json j;
-                try {
-                    j = nlohmann::json::parse(line);
-                } catch (const std::exception&) {
-                    throw DataError(fmt::format("{}: not a JSON object", where));
-                }
-                if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") ||
-                    !j["answer"].is_string())
-                    throw DataError(fmt::format("{}: expected {{\"prompt\": TEXT, \"answer\": TEXT[, \"counterfactual\": TEXT]}}", where));
-                auto p32 = t.encode(j["prompt"].get<std::string>(), true);
-                std::vector<int64_t> ids(p32.begin(), p32.end());
-                check_ids(e, d, m, ids, where);
-                auto first = [&](const std::string& key) -> int64_t {
-                    auto a = t.encode(j[key].get<std::string>(), false);
-                    if (a.empty()) throw DataError(fmt::format("{}: \"{}\" encodes to no tokens", where, key));
-                    return a[0];
-                };
-                answers.push_back(first("answer"));
-                cfs.push_back(j.contains("counterfactual") && j["counterfactual"].is_string() ? first("counterfactual") : -1);
-                seqs.push_back(std::move(ids));
-            }
-        }
-        if (seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", d.file));
-    }
-    auto out = from_seqs(d.name, d.kind, seqs);
-    out.answers = answers;
-    out.counterfactuals = cfs;
-    out.variants = variants;
+    FileRows r;
+    if (d.kind == DataKind::kText) add_text_rows(r, e, d, m, need_tokenizer(e, d, tok), text);
+    else add_line_rows(r, e, d, m, tok, text);
+    auto out = from_seqs(d.name, d.kind, r.seqs);
+    out.answers = r.answers;
+    out.counterfactuals = r.cfs;
+    out.variants = r.variants;
     return out;
 }
 

@@ -199,17 +199,24 @@ void check_gap(double clean, double corrupt) {
 
 }  // namespace
 
+namespace {
+// Patching each position needs one length: UsageError (param each_position) when the pairs differ.
+void check_each_position(const PatchPairs& pairs, const PatchOptions& o) {
+    if (!o.each_position) return;
+    for (auto len : pairs.lengths)
+        if (len != pairs.clean.size(1))
+            throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
+                             "each_position");
+}
+}  // namespace
+
 // ---------------------------------------------------------------- exact
 
 PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o) {
     torch::NoGradGuard ng;
     check_pairs(m, pairs);
     const int64_t N = pairs.rows(), T = pairs.clean.size(1), L = m.config.n_layers, U = units(m, o.site);
-    if (o.each_position)
-        for (auto len : pairs.lengths)
-            if (len != T)
-                throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
-                                 "each_position");
+    check_each_position(pairs, o);
     const auto p = prepare(m, pairs);
     const Point pt = o.site;
     PatchResult r;
@@ -281,12 +288,8 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
 
 PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o) {
     check_pairs(m, pairs);
-    const int64_t T = pairs.clean.size(1), L = m.config.n_layers;
-    if (o.each_position)
-        for (auto len : pairs.lengths)
-            if (len != T)
-                throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
-                                 "each_position");
+    const int64_t L = m.config.n_layers;
+    check_each_position(pairs, o);
     const auto p = prepare(m, pairs);
     const Point pt = o.site;
     PatchResult r;
