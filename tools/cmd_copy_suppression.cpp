@@ -106,7 +106,7 @@ void run_copy_suppression(const CopySuppressionCliOptions& o) {
     }
     w.set_attrs(g, base);
     w.commit();
-    log_info(fmt::format("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0)));
+    log_info("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0));
 }
 
 void setup_copy_suppression(CLI::App& app) {

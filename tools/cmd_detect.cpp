@@ -198,8 +198,8 @@ void run_detect(const DetectOptions& o) {
     if (stripe && !o.seq_len_given && 2 * in.seq_len + 1 > m.config.max_seq_len) {
         const int64_t n = (m.config.max_seq_len - 1) / 2;
         if (n < 1) throw DataError(fmt::format("{}: context of {} is too short for [BOS, R, R]", o.model.model, m.config.max_seq_len));
-        log_info(fmt::format("--seq-len: the default {} makes {} tokens, more than the model's context of {}; using {} "
-                             "(give --seq-len to choose)", in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len, n));
+        log_info("--seq-len: the default {} makes {} tokens, more than the model's context of {}; using {} "
+                             "(give --seq-len to choose)", in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len, n);
         in.seq_len = n;
     }
     std::vector<std::vector<int64_t>> seqs;
@@ -221,7 +221,7 @@ void run_detect(const DetectOptions& o) {
     const bool ragged = std::any_of(seqs.begin(), seqs.end(), [&](const auto& s) { return int64_t(s.size()) != T; });
     write_results(w, m, o, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
     for (const auto& r : results) print_top(r, 5);
-    log_info(fmt::format("wrote {} ({} probes)", o.out.out, results.size()));
+    log_info("wrote {} ({} probes)", o.out.out, results.size());
 }
 
 void setup_detect(CLI::App& app) {

@@ -80,7 +80,7 @@ void run_dla(const DlaCliOptions& o) {
     write_meta(w, *l.model, 0);
     write_dla(w, *l.model, rs, o);
     w.commit();
-    log_info(fmt::format("wrote {} ({} prompts)", o.out.out, rs.size()));
+    log_info("wrote {} ({} prompts)", o.out.out, rs.size());
 }
 
 void setup_dla(CLI::App& app) {

@@ -112,8 +112,8 @@ static void generate_rows(const GenerateOptions& o, const Loaded& l, const std::
     } else {
         std::printf("%s\n", tok ? text(out.tokens).c_str() : fmt::format("{}", fmt::join(out.tokens, " ")).c_str());
     }
-    log_verbose(fmt::format("{} steps x {} rows in {:.2f} s ({:.1f} steps/s)", out.row_tokens[0].size(), spec.rows.size(), dt,
-                            out.row_tokens[0].size() / std::max(dt, 1e-9)));
+    log_verbose("{} steps x {} rows in {:.2f} s ({:.1f} steps/s)", out.row_tokens[0].size(), spec.rows.size(), dt,
+                            out.row_tokens[0].size() / std::max(dt, 1e-9));
 }
 
 void run_generate(const GenerateOptions& o) {
@@ -165,7 +165,7 @@ void run_generate(const GenerateOptions& o) {
     }
     std::printf("\n");
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log_verbose(fmt::format("{} tokens in {:.2f} s ({:.1f} tok/s)", generated, dt, generated / std::max(dt, 1e-9)));
+    log_verbose("{} tokens in {:.2f} s ({:.1f} tok/s)", generated, dt, generated / std::max(dt, 1e-9));
 }
 
 void setup_generate(CLI::App& app) {

@@ -41,7 +41,7 @@ void run_logits(const LogitsOptions& o) {
     w.write("/tokens", t, {static_cast<int64_t>(t.size())});
     w.set_attrs("/logits", {{"description", std::string("logits[t] predicts tokens[t+1]; float32 [T, V]")}});
     w.commit();
-    log_info(fmt::format("wrote {} ([{}, {}] logits)", o.out.out, logits.size(0), logits.size(1)));
+    log_info("wrote {} ([{}, {}] logits)", o.out.out, logits.size(0), logits.size(1));
 }
 
 void setup_logits(CLI::App& app) {

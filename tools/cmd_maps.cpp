@@ -102,7 +102,7 @@ void run_maps(const MapsCliOptions& o) {
         at::Tensor dyn;
         if (o.dynamic) {
             dyn = maps_dynamic(m, *l.tokenizer, r, s.k);
-            log_info(fmt::format("relation '{}': static/dynamic Pearson r = {:.3f}", r.rel.name, pearson(s.score, dyn)));
+            log_info("relation '{}': static/dynamic Pearson r = {:.3f}", r.rel.name, pearson(s.score, dyn));
         }
         write_relation(w, m, r, s, dyn, o);
         bar.tick();
@@ -116,7 +116,7 @@ void run_maps(const MapsCliOptions& o) {
                                  {"skipped_relations", skipped_names},  // too few single-token pairs
                                  {"min_pairs", static_cast<int64_t>(o.min_pairs)}});
     w.commit();
-    log_info(fmt::format("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size()));
+    log_info("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size());
 }
 
 void setup_maps(CLI::App& app) {

@@ -145,7 +145,7 @@ void run_merge(const MergeOptions& o) {
     }
     rename_into_place(tmp, o.out);
     if (missing) log_warn(fmt::format("{} configurations are in none of the shards (done = 0, metric NaN)", missing));
-    log_info(fmt::format("wrote {} (merged {} shards)", o.out, o.inputs.size()));
+    log_info("wrote {} (merged {} shards)", o.out, o.inputs.size());
 }
 
 void setup_merge(CLI::App& app) {

@@ -125,7 +125,7 @@ void run_patch(const PatchCliOptions& o) {
     }
     w.set_attrs(g, a);
     w.commit();
-    log_info(fmt::format("wrote {} ({})", o.out.out, g));
+    log_info("wrote {} ({})", o.out.out, g);
 }
 
 void setup_patch(CLI::App& app) {

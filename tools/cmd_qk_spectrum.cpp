@@ -78,8 +78,8 @@ void run_qk_spectrum(const QkSpectrumCliOptions& o) {
         print_heads("lowest", s.effective_rank, rank_heads(s.effective_rank, false), o.top);
         print_heads("highest", s.effective_rank, rank_heads(s.effective_rank, true), o.top);
     }
-    log_info(fmt::format("wrote {} (effective QK rank of {} heads, at most {})", o.out.out, L * H,
-                         s.singular_values.size(2)));
+    log_info("wrote {} (effective QK rank of {} heads, at most {})", o.out.out, L * H,
+                         s.singular_values.size(2));
 }
 
 void setup_qk_spectrum(CLI::App& app) {

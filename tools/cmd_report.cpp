@@ -31,7 +31,7 @@ void run_report(const ReportCliOptions& o) {
     AtomicFile out(o.out);
     out.write(html);
     out.commit();
-    log_info(fmt::format("wrote {} ({:.1f} KiB); open it in a browser (it needs no network)", o.out, html.size() / 1024.0));
+    log_info("wrote {} ({:.1f} KiB); open it in a browser (it needs no network)", o.out, html.size() / 1024.0);
 }
 
 void setup_report(CLI::App& app) {

@@ -653,12 +653,12 @@ void run_run(const RunOptions& o) {
         }
         prog.finish();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - flush_s;
-        log_verbose(fmt::format("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
+        log_verbose("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
                                 "{:.3f} s writing the file)", st.spec->name, todo, secs, 1e3 * secs / todo,
-                                st.ab->forwards() - f0, flush_s));
+                                st.ab->forwards() - f0, flush_s);
     }
     for (const auto& st : studies) print_summary(st);
-    log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
+    log_info("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : "");
 }
 
 void setup_run(CLI::App& app) {

@@ -107,7 +107,7 @@ void warn_if_slow_dtype(const LoadOptions& o) {
                              "native {} support): this run will be up to {:.0f}x slower than with --dtype float32",
                              c10::toString(o.dtype), low, f32, c10::toString(o.dtype), f32 / std::max(low, 1e-9)));
     else
-        log_verbose(fmt::format("{} products {:.1f} GFLOP/s, float32 {:.1f}", c10::toString(o.dtype), low, f32));
+        log_verbose("{} products {:.1f} GFLOP/s, float32 {:.1f}", c10::toString(o.dtype), low, f32);
 }
 
 WriteMode write_mode(const OutputArgs& o) {
@@ -123,7 +123,7 @@ Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     int n = set_threads(a.threads);
     auto sys = system_info();
     if (sys.blas_slow) log_warn("libtorch is using the reference BLAS: " + sys.blas_kind);
-    log_verbose(fmt::format("threads {}, BLAS {}", n, sys.blas_kind));
+    log_verbose("threads {}, BLAS {}", n, sys.blas_kind);
     Loaded l;
     const LoadOptions lo = load_options(a);
     warn_if_slow_dtype(lo);
