@@ -3,6 +3,7 @@
 #include "attention_detectors.h"
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "heads.h"
 #include "guard.h"
@@ -106,22 +107,17 @@ static void print_top(const Result& r, int k) {
 
 static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const std::vector<Result>& results,
                           const std::vector<int32_t>& tokens, int64_t N, int64_t T, bool ragged) {
-    if (w.exists("/meta")) check_same_model(w, m);
+    if (w.exists(schema::meta())) check_same_model(w, m);
     write_meta(w, m, o.seed);
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
     for (const auto& r : results) {
-        const std::string g = "/scores/" + r.probe;
-        w.remove(g);
-        w.remove("/inputs/" + r.probe);
-        w.write(g + "/score", host_floats(r.score), {L, H});
-        w.set_attrs(g, r.attrs);
-        if (o.samples) w.write(g + "/samples", host_floats(r.samples), {r.samples.size(0), L, H});
+        schema::ScoreGroup g{r.probe, r.attrs, {{"score", {{L, H}, host_floats(r.score), {}}}}};
+        if (o.samples) g.datasets.push_back({"samples", {{r.samples.size(0), L, H}, host_floats(r.samples), {}}});
         if (r.attrs.count("baseline_loss"))
-            w.write(g + "/baseline", std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {1});
-        w.write("/inputs/" + r.probe + "/tokens", tokens, {N, T});
-        w.set_attrs("/inputs/" + r.probe, {{"padding", std::string(ragged ? "ragged: -1 past each sequence's end"
-                                                                           : "none")},
-                                           {"pad_value", int64_t(-1)}});
+            g.datasets.push_back(
+                {"baseline", {{1}, std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {}}});
+        schema::write_scores(w, g);
+        schema::write_inputs(w, {r.probe, tokens, N, T, ragged});
     }
     w.commit();
 }

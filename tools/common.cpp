@@ -2,6 +2,7 @@
 
 #include "errors.h"
 #include "progress.h"
+#include "schema.h"
 #include "torch_compat.h"
 #include "system.h"
 #include "util.h"
@@ -164,14 +165,14 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["attention"] = std::string(fused_attention_enabled(m.options) ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
     a["threads"] = static_cast<int64_t>(torch::get_num_threads());
     a["seed"] = seed;
-    w.set_attrs("/meta", a);
+    schema::write_meta(w, a);
 }
 
 void check_same_model(ResultWriter& w, const Model& m) {
-    std::string sha = w.read_attr_string("/meta", "weights_sha256");
+    std::string sha = w.read_attr_string(schema::meta(), "weights_sha256");
     if (!sha.empty() && sha != m.weights_sha256())
         throw StorageError(fmt::format("{}: holds results of another model ({}); refusing to mix", w.path(),
-                                       w.read_attr_string("/meta", "model_path")));
+                                       w.read_attr_string(schema::meta(), "model_path")));
 }
 
 }  // namespace hs::cli
