@@ -135,6 +135,11 @@ TEST_CASE("schema: each result type's write and read round-trip") {
         schema::DuoRecord d;
         d.L = 1, d.H = 2, d.K = 1, d.steps = 1, d.alpha = {0.25f, 0.75f}, d.alpha_kv = {0.5f}, d.history = {1.f, 2.f};
         schema::write_duo(w, "single", d);
+        schema::GatesRecord g;
+        g.starts = 1, g.L = 1, g.H = 2, g.g0 = {0.5f, 1.f}, g.g_plus = {1.f, 0.f}, g.g_minus = {0.f, 1.f};
+        g.roles = {1, 2}, g.role = {1, 2}, g.role_counts = {0, 0, 1, 0, 0, 1, 0, 0}, g.objective = {1.f, 2.f, 3.f};
+        g.attrs = {{"starts", int64_t{1}}};
+        schema::write_gates(w, "single", g);
         schema::PatchingRecord p;
         p.name = "path", p.shape = {1}, p.scores = {0.75f}, p.patched = {2.f}, p.paths = {"L0H0->L1H0:k"};
         p.metric_clean = 1.f, p.metric_corrupt = 3.f, p.attrs = {{"method", std::string("path")}};
@@ -158,6 +163,16 @@ TEST_CASE("schema: each result type's write and read round-trip") {
     CHECK(st.kind.strings == std::vector<std::string>{"baseline", "single"});
     CHECK(st.factor.shape.empty());
     CHECK(schema::read_duo_alpha(r, "single").values == std::vector<double>{0.25, 0.75});
+    const auto duo = schema::read_duo(r, "single");
+    CHECK((duo.L == 1 && duo.H == 2 && duo.K == 1 && duo.steps == 1));
+    CHECK(duo.alpha_kv == std::vector<float>{0.5f});
+    CHECK(duo.history == std::vector<float>{1.f, 2.f});
+    const auto gates = schema::read_gates(r, "single");
+    CHECK((gates.starts == 1 && gates.L == 1 && gates.H == 2));
+    CHECK(gates.g_minus == std::vector<float>{0.f, 1.f});
+    CHECK(gates.role_counts == std::vector<int64_t>{0, 0, 1, 0, 0, 1, 0, 0});
+    CHECK(gates.objective == std::vector<float>{1.f, 2.f, 3.f});
+    CHECK(attr_to_string(gates.attrs.at("starts")) == "1");
     CHECK(schema::patching_names(r) == std::vector<std::string>{"path"});
     const auto pr = schema::read_patching(r, "path");
     CHECK(pr.scores.values == std::vector<double>{0.75});

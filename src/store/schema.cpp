@@ -405,6 +405,53 @@ void write_duo(ResultWriter& w, const std::string& study_name, const DuoRecord& 
     attrs(w, study(study_name, "duo"), d.attrs);
 }
 
+namespace {
+// A numeric dataset of exactly `shape`, as float or int64 values (StorageError otherwise).
+Dataset need(const ResultReader& r, const std::string& path, const std::vector<int64_t>& shape) {
+    if (!r.exists(path)) throw StorageError(r.path() + ": no dataset " + path);
+    Dataset d = r.read_numbers(path);
+    if (d.shape != shape) throw StorageError(r.path() + ": " + path + " has another shape than its group's");
+    return d;
+}
+std::vector<float> floats(const Dataset& d) { return {d.values.begin(), d.values.end()}; }
+std::vector<int64_t> longs(const Dataset& d) {
+    std::vector<int64_t> v;
+    for (double x : d.values) v.push_back(static_cast<int64_t>(x));
+    return v;
+}
+}  // namespace
+
+GatesRecord read_gates(const ResultReader& r, const std::string& study_name) {
+    GatesRecord g;
+    const Dataset g0 = r.read_numbers(study(study_name, "gates/g0"));
+    if (g0.shape.size() != 3) throw StorageError(r.path() + ": " + study(study_name, "gates/g0") + " is not [starts, L, H]");
+    g.starts = g0.shape[0], g.L = g0.shape[1], g.H = g0.shape[2];
+    const std::vector<int64_t> slh{g.starts, g.L, g.H};
+    g.g0 = floats(g0);
+    g.g_plus = floats(need(r, study(study_name, "gates/g_plus"), slh));
+    g.g_minus = floats(need(r, study(study_name, "gates/g_minus"), slh));
+    g.roles = longs(need(r, study(study_name, "gates/roles"), slh));
+    g.role = longs(need(r, study(study_name, "gates/role"), {g.L, g.H}));
+    g.role_counts = longs(need(r, study(study_name, "gates/role_counts"), {4, g.L, g.H}));
+    g.objective = floats(need(r, study(study_name, "gates/objective"), {3, g.starts}));
+    g.attrs = r.attrs(study(study_name, "gates"));
+    return g;
+}
+
+DuoRecord read_duo(const ResultReader& r, const std::string& study_name) {
+    DuoRecord d;
+    const Dataset alpha = r.read_numbers(study(study_name, "duo/alpha")), kv = r.read_numbers(study(study_name, "duo/alpha_kv"));
+    if (alpha.shape.size() != 2 || kv.shape.size() != 2 || kv.shape[0] != alpha.shape[0])
+        throw StorageError(r.path() + ": " + study(study_name, "duo") + ": alpha and alpha_kv are not [L, H] and [L, K]");
+    d.L = alpha.shape[0], d.H = alpha.shape[1], d.K = kv.shape[1];
+    d.alpha = floats(alpha), d.alpha_kv = floats(kv);
+    const Dataset h = r.read_numbers(study(study_name, "duo/history"));
+    if (h.shape.size() != 2 || h.shape[1] != 2) throw StorageError(r.path() + ": " + study(study_name, "duo/history") + " is not [steps, 2]");
+    d.steps = h.shape[0], d.history = floats(h);
+    d.attrs = r.attrs(study(study_name, "duo"));
+    return d;
+}
+
 Dataset read_duo_alpha(const ResultReader& r, const std::string& study_name) {
     return read_if(r, study(study_name, "duo/alpha"));
 }

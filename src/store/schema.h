@@ -166,6 +166,8 @@ struct GatesRecord {
     Attrs attrs;
 };
 void write_gates(ResultWriter& w, const std::string& study_name, const GatesRecord& g);
+// StorageError naming the file when a dataset is missing or of another shape.
+GatesRecord read_gates(const ResultReader& r, const std::string& study_name);
 // duo-gates sweeps: /ablation/<study>/duo
 struct DuoRecord {
     int64_t L = 0, H = 0, K = 0, steps = 0;
@@ -175,6 +177,7 @@ struct DuoRecord {
     Attrs attrs;
 };
 void write_duo(ResultWriter& w, const std::string& study_name, const DuoRecord& d);
+DuoRecord read_duo(const ResultReader& r, const std::string& study_name);  // StorageError as read_gates
 Dataset read_duo_alpha(const ResultReader& r, const std::string& study_name);  // empty shape when absent
 // scale-grid sweeps: /ablation/<study>/juice (replaced when present)
 struct JuiceRecord {
