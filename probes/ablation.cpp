@@ -101,6 +101,131 @@ static const Tokenizer& need_tokenizer(const Experiment& e, const DataSpec& d, c
     return *tok;
 }
 
+namespace {
+
+// The rows a data file gives: token sequences, and for prompts and conflicts each row's answer and
+// counterfactual first tokens (conflicts: the row's variant too).
+struct FileRows {
+    std::vector<std::vector<int64_t>> seqs;
+    std::vector<int64_t> answers, cfs, variants;
+};
+
+// One JSON object a line; DataError "FILE:LINE: not a JSON object" otherwise.
+nlohmann::json json_line(const std::string& line, const std::string& where) {
+    try {
+        return nlohmann::json::parse(line);
+    } catch (const std::exception&) {
+        throw DataError(fmt::format("{}: not a JSON object", where));
+    }
+}
+
+// text: the whole file tokenised and cut into rows of seq_len tokens (BOS first when there is one).
+void add_text_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                   const std::string& text) {
+    auto ids32 = t.encode(text, false);
+    std::vector<int64_t> ids(ids32.begin(), ids32.end());
+    const bool bos = t.bos_id().has_value();
+    const int64_t body = d.seq_len - (bos ? 1 : 0);
+    if (body < 1) e.fail(d.mark, fmt::format("data '{}': seq_len {} leaves no room after BOS", d.name, d.seq_len));
+    for (size_t i = 0; i + body <= ids.size(); i += body) {
+        if (d.count > 0 && static_cast<int64_t>(r.seqs.size()) >= d.count) break;
+        std::vector<int64_t> s;
+        if (bos) s.push_back(*t.bos_id());
+        s.insert(s.end(), ids.begin() + i, ids.begin() + i + body);
+        check_ids(e, d, m, s, d.file);
+        r.seqs.push_back(std::move(s));
+    }
+    if (r.seqs.empty())
+        throw DataError(fmt::format("{}: {} tokens, fewer than one sequence of {}", d.file, ids.size(), d.seq_len));
+}
+
+// conflicts: {"question", "context" | "contexts", "parametric_answer", "context_answer"}, one row per
+// prompt variant (the question alone unless clean: false, then each context before it).
+void add_conflicts_line(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                        const nlohmann::json& j, const std::string& where) {
+    const char* shape = "expected {\"question\": TEXT, \"context\": TEXT (or \"contexts\": [TEXT, ...]), "
+                        "\"parametric_answer\": TEXT, \"context_answer\": TEXT}";
+    auto text = [&](const nlohmann::json& o, const char* key) {
+        if (!o.contains(key) || !o[key].is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+        return o[key].get<std::string>();
+    };
+    if (!j.is_object()) throw DataError(fmt::format("{}: {}", where, shape));
+    const std::string q = text(j, "question"), pa = text(j, "parametric_answer"), ca = text(j, "context_answer");
+    std::vector<std::string> contexts;
+    if (j.contains("context") && j.contains("contexts"))
+        throw DataError(fmt::format("{}: give \"context\" or \"contexts\", not both", where));
+    if (j.contains("context")) contexts.push_back(text(j, "context"));
+    if (j.contains("contexts")) {
+        if (!j["contexts"].is_array()) throw DataError(fmt::format("{}: {}", where, shape));
+        for (const auto& c : j["contexts"]) {
+            if (!c.is_string()) throw DataError(fmt::format("{}: {}", where, shape));
+            contexts.push_back(c.get<std::string>());
+        }
+    }
+    std::vector<std::string> prompts;
+    if (d.clean) prompts.push_back(q);
+    for (const auto& c : contexts) prompts.push_back(c + d.separator + q);
+    if (prompts.empty())
+        throw DataError(fmt::format("{}: no rows (no context, and clean: false drops the question alone)", where));
+    for (size_t v = 0; v < prompts.size(); ++v) {
+        auto p32 = t.encode(prompts[v], true);
+        std::vector<int64_t> ids(p32.begin(), p32.end());
+        check_ids(e, d, m, ids, where);
+        r.answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer", d.answer_alone));
+        r.cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer", d.answer_alone));
+        r.variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
+        r.seqs.push_back(std::move(ids));
+    }
+}
+
+// prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}, one row.
+void add_prompt_line(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
+                     const nlohmann::json& j, const std::string& where) {
+    if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") ||
+        !j["answer"].is_string())
+        throw DataError(fmt::format("{}: expected {{\"prompt\": TEXT, \"answer\": TEXT[, \"counterfactual\": TEXT]}}", where));
+    auto p32 = t.encode(j["prompt"].get<std::string>(), true);
+    std::vector<int64_t> ids(p32.begin(), p32.end());
+    check_ids(e, d, m, ids, where);
+    auto first = [&](const std::string& key) -> int64_t {
+        auto a = t.encode(j[key].get<std::string>(), false);
+        if (a.empty()) throw DataError(fmt::format("{}: \"{}\" encodes to no tokens", where, key));
+        return a[0];
+    };
+    r.answers.push_back(first("answer"));
+    r.cfs.push_back(j.contains("counterfactual") && j["counterfactual"].is_string() ? first("counterfactual") : -1);
+    r.seqs.push_back(std::move(ids));
+}
+
+// tokens, conflicts, prompts: one line each (blank lines skipped), `count` lines at most.
+void add_line_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok,
+                   const std::string& text) {
+    int line_no = 0;
+    int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
+    for (const auto& raw : split(text, '\n')) {
+        ++line_no;
+        const auto line = trim(raw);
+        if (line.empty()) continue;
+        if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(r.seqs.size())) >= d.count) break;
+        const std::string where = fmt::format("{}:{}", d.file, line_no);
+        if (d.kind == DataKind::kTokens) {
+            std::vector<int64_t> ids = parse_token_list(line, where);
+            check_ids(e, d, m, ids, where);
+            r.seqs.push_back(std::move(ids));
+        } else if (d.kind == DataKind::kConflicts) {
+            const Tokenizer& t = need_tokenizer(e, d, tok);
+            add_conflicts_line(r, e, d, m, t, json_line(line, where), where);
+            ++lines;
+        } else {
+            const Tokenizer& t = need_tokenizer(e, d, tok);
+            add_prompt_line(r, e, d, m, t, json_line(line, where), where);
+        }
+    }
+    if (r.seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", d.file));
+}
+
+}  // namespace
+
 AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok) {
     if (d.kind == DataKind::kRepeated) {
         AblationData out;
@@ -113,111 +238,13 @@ AblationData make_data(const Experiment& e, const DataSpec& d, const Model& m, c
         return out;
     }
     const std::string text = read_utf8_text_file(d.file);
-    std::vector<std::vector<int64_t>> seqs;
-    std::vector<int64_t> answers, cfs, variants;
-    int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
-    if (d.kind == DataKind::kText) {
-        const Tokenizer& t = need_tokenizer(e, d, tok);
-        auto ids32 = t.encode(text, false);
-        std::vector<int64_t> ids(ids32.begin(), ids32.end());
-        const bool bos = t.bos_id().has_value();
-        const int64_t body = d.seq_len - (bos ? 1 : 0);
-        if (body < 1) e.fail(d.mark, fmt::format("data '{}': seq_len {} leaves no room after BOS", d.name, d.seq_len));
-        for (size_t i = 0; i + body <= ids.size(); i += body) {
-            if (d.count > 0 && static_cast<int64_t>(seqs.size()) >= d.count) break;
-            std::vector<int64_t> s;
-            if (bos) s.push_back(*t.bos_id());
-            s.insert(s.end(), ids.begin() + i, ids.begin() + i + body);
-            check_ids(e, d, m, s, d.file);
-            seqs.push_back(std::move(s));
-        }
-        if (seqs.empty())
-            throw DataError(fmt::format("{}: {} tokens, fewer than one sequence of {}", d.file, ids.size(), d.seq_len));
-    } else {
-        int line_no = 0;
-        for (const auto& raw : split(text, '\n')) {
-            ++line_no;
-            const auto line = trim(raw);
-            if (line.empty()) continue;
-            if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(seqs.size())) >= d.count) break;
-            const std::string where = fmt::format("{}:{}", d.file, line_no);
-            if (d.kind == DataKind::kTokens) {
-                std::vector<int64_t> ids = parse_token_list(line, where);
-                check_ids(e, d, m, ids, where);
-                seqs.push_back(std::move(ids));
-            } else if (d.kind == DataKind::kConflicts) {
-                // {"question", "context" | "contexts", "parametric_answer", "context_answer"}
-                const Tokenizer& t = need_tokenizer(e, d, tok);
-                nlohmann::json j;
-                try {
-                    j = nlohmann::json::parse(line);
-                } catch (const std::exception&) {
-                    throw DataError(fmt::format("{}: not a JSON object", where));
-                }
-                const char* shape = "expected {\"question\": TEXT, \"context\": TEXT (or \"contexts\": [TEXT, ...]), "
-                                    "\"parametric_answer\": TEXT, \"context_answer\": TEXT}";
-                auto text = [&](const nlohmann::json& o, const char* key) {
-                    if (!o.contains(key) || !o[key].is_string()) throw DataError(fmt::format("{}: {}", where, shape));
-                    return o[key].get<std::string>();
-                };
-                if (!j.is_object()) throw DataError(fmt::format("{}: {}", where, shape));
-                const std::string q = text(j, "question"), pa = text(j, "parametric_answer"), ca = text(j, "context_answer");
-                std::vector<std::string> contexts;
-                if (j.contains("context") && j.contains("contexts"))
-                    throw DataError(fmt::format("{}: give \"context\" or \"contexts\", not both", where));
-                if (j.contains("context")) contexts.push_back(text(j, "context"));
-                if (j.contains("contexts")) {
-                    if (!j["contexts"].is_array()) throw DataError(fmt::format("{}: {}", where, shape));
-                    for (const auto& c : j["contexts"]) {
-                        if (!c.is_string()) throw DataError(fmt::format("{}: {}", where, shape));
-                        contexts.push_back(c.get<std::string>());
-                    }
-                }
-                std::vector<std::string> prompts;
-                if (d.clean) prompts.push_back(q);
-                for (const auto& c : contexts) prompts.push_back(c + d.separator + q);
-                if (prompts.empty())
-                    throw DataError(fmt::format("{}: no rows (no context, and clean: false drops the question alone)", where));
-                for (size_t v = 0; v < prompts.size(); ++v) {
-                    auto p32 = t.encode(prompts[v], true);
-                    std::vector<int64_t> ids(p32.begin(), p32.end());
-                    check_ids(e, d, m, ids, where);
-                    answers.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, pa, where, "parametric_answer", d.answer_alone));
-                    cfs.push_back(continuation_token(t, prompts[v], ids, d.answer_prefix, ca, where, "context_answer", d.answer_alone));
-                    variants.push_back(static_cast<int64_t>(v) + (d.clean ? 0 : 1));
-                    seqs.push_back(std::move(ids));
-                }
-                ++lines;
-            } else {  // prompts: {"prompt": ..., "answer": ..., "counterfactual": ...}
-                const Tokenizer& t = need_tokenizer(e, d, tok);
-                nlohmann::json j;
-                try {
-                    j = nlohmann::json::parse(line);
-                } catch (const std::exception&) {
-                    throw DataError(fmt::format("{}: not a JSON object", where));
-                }
-                if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string() || !j.contains("answer") ||
-                    !j["answer"].is_string())
-                    throw DataError(fmt::format("{}: expected {{\"prompt\": TEXT, \"answer\": TEXT[, \"counterfactual\": TEXT]}}", where));
-                auto p32 = t.encode(j["prompt"].get<std::string>(), true);
-                std::vector<int64_t> ids(p32.begin(), p32.end());
-                check_ids(e, d, m, ids, where);
-                auto first = [&](const std::string& key) -> int64_t {
-                    auto a = t.encode(j[key].get<std::string>(), false);
-                    if (a.empty()) throw DataError(fmt::format("{}: \"{}\" encodes to no tokens", where, key));
-                    return a[0];
-                };
-                answers.push_back(first("answer"));
-                cfs.push_back(j.contains("counterfactual") && j["counterfactual"].is_string() ? first("counterfactual") : -1);
-                seqs.push_back(std::move(ids));
-            }
-        }
-        if (seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", d.file));
-    }
-    auto out = from_seqs(d.name, d.kind, seqs);
-    out.answers = answers;
-    out.counterfactuals = cfs;
-    out.variants = variants;
+    FileRows r;
+    if (d.kind == DataKind::kText) add_text_rows(r, e, d, m, need_tokenizer(e, d, tok), text);
+    else add_line_rows(r, e, d, m, tok, text);
+    auto out = from_seqs(d.name, d.kind, r.seqs);
+    out.answers = r.answers;
+    out.counterfactuals = r.cfs;
+    out.variants = r.variants;
     return out;
 }
 
@@ -291,125 +318,153 @@ static at::Tensor metric_rows(const Model& m, const AblationSetup& s, const Chun
     return sum / ch.counts.repeat({g});
 }
 
+namespace {
+
+// The metric reads each row's answer position (prompts and conflicts data).
+bool reads_answer(const AblationSetup& s) {
+    return s.metric == MetricKind::kAccuracy || s.metric == MetricKind::kLogitDiff || s.metric == MetricKind::kProb ||
+           s.positions == Positions::kAnswer;
+}
+
+// The setup against the data: ConfigError or DataError naming the dataset.
+void check_setup(const AblationSetup& s, const AblationData& data) {
+    const int64_t N = data.rows();
+    if (N == 0) throw DataError(fmt::format("data '{}': no rows", data.name));
+    const auto& modes = study_interventions();
+    if (std::find(modes.begin(), modes.end(), s.mode) == modes.end())
+        throw ConfigError(fmt::format("mode {}: an ablation study runs {}", intervention_name(s.mode),
+                                      or_list(intervention_name_list(modes))));
+    if (reads_answer(s) && data.answers.size() != static_cast<size_t>(N))
+        throw ConfigError(fmt::format("data '{}': the metric needs prompt/answer pairs (a prompts or conflicts dataset)", data.name));
+    if (s.counterfactual && s.metric != MetricKind::kProb) throw ConfigError("target counterfactual applies to metric prob only");
+    if (s.counterfactual)
+        for (int64_t i = 0; i < N; ++i)
+            if (data.counterfactuals[i] < 0)
+                throw DataError(fmt::format("data '{}': row {} has no counterfactual answer (prob of the counterfactual needs one)", data.name, i));
+    if (s.positions == Positions::kRepeatedHalf && data.n < 2)
+        throw ConfigError(fmt::format("data '{}': positions repeated-half needs a repeated dataset", data.name));
+    if (s.metric == MetricKind::kLogitDiff)
+        for (int64_t i = 0; i < N; ++i)
+            if (data.counterfactuals[i] < 0)
+                throw DataError(fmt::format("data '{}': row {} has no counterfactual answer (logit-diff needs one)", data.name, i));
+}
+
+// Rows [r0, r0 + b) of the data: their tokens on the device, the positions the metric scores and,
+// for kl, the clean log-probs there.
+Chunk make_chunk(const Model& m, const AblationSetup& s, const AblationData& data, const at::Tensor& tok_cpu, int64_t r0,
+                 int64_t b) {
+    const auto dev = m.options.device;
+    const auto lopt = torch::TensorOptions().dtype(torch::kLong);
+    const bool answer = reads_answer(s);
+    Chunk ch;
+    ch.r0 = r0, ch.b = b;
+    ch.tokens = tok_cpu.narrow(0, r0, ch.b).to(dev);
+    std::vector<int64_t> pr, pp, pt, pc;
+    std::vector<float> cnt(ch.b, 0.f);
+    auto acc = tok_cpu.accessor<int64_t, 2>();
+    for (int64_t r = 0; r < ch.b; ++r) {
+        const int64_t i = r0 + r, len = data.lengths[i];
+        auto add = [&](int64_t p, int64_t t, int64_t c) {
+            pr.push_back(r), pp.push_back(p), pt.push_back(t), pc.push_back(c), cnt[r] += 1;
+        };
+        if (answer) {
+            const int64_t cf = data.counterfactuals.empty() ? 0 : std::max<int64_t>(0, data.counterfactuals[i]);
+            add(len - 1, s.counterfactual ? cf : data.answers[i], s.counterfactual ? data.answers[i] : cf);
+        } else if (s.positions == Positions::kRepeatedHalf) {
+            for (int64_t p = data.n + 1; p <= 2 * data.n - 1; ++p) add(p, acc[i][p + 1], 0);
+        } else {
+            for (int64_t p = 0; p + 1 < len; ++p) add(p, acc[i][p + 1], 0);
+        }
+        if (cnt[r] == 0) throw DataError(fmt::format("data '{}': row {} has no scored position (length {})", data.name, i, len));
+    }
+    ch.prow = torch::tensor(pr, lopt).to(dev);
+    ch.ppos = torch::tensor(pp, lopt).to(dev);
+    ch.ptgt = torch::tensor(pt, lopt).to(dev);
+    ch.pcf = torch::tensor(pc, lopt).to(dev);
+    ch.counts = torch::tensor(cnt).to(dev);
+    if (s.metric == MetricKind::kKl) {  // clean log-probs at the scored positions
+        Hooks h;
+        auto resid = final_resid(m, ch.tokens, h, {});
+        auto x = resid.index({ch.prow, ch.ppos});
+        std::vector<at::Tensor> lps;
+        for (int64_t i = 0; i < x.size(0); i += kPiece)
+            lps.push_back(torch::log_softmax(m.unembed(x.narrow(0, i, std::min(kPiece, x.size(0) - i))).to(torch::kFloat), -1));
+        ch.clean_lp = torch::cat(lps);
+    }
+    return ch;
+}
+
+// References for mean / resample: z (or q) of the clean model on the reference data, run in
+// chunks of b rows: per layer the mean ([T_ref, H, d] per position or [H, d] pooled, valid
+// positions only) or every row's activation (resample, with each data row's source row).
+void make_references(Ablator::Impl& I, const Model& m, const AblationSetup& s, const AblationData& data, int64_t b) {
+    const auto mode = s.mode;
+    const auto dev = m.options.device;
+    const int64_t N = data.rows(), T = data.tokens.size(1);
+    const AblationData* ref = s.reference ? s.reference : &data;
+    const int64_t Nr = ref->rows(), Tr = ref->tokens.size(1);
+    const int64_t min_len = *std::min_element(ref->lengths.begin(), ref->lengths.end());
+    if (mode == Intervention::kResample && min_len < T)
+        throw ConfigError(fmt::format("mode resample: reference '{}' has rows of {} tokens, shorter than the {} of '{}'",
+                                      ref->name, min_len, T, data.name));
+    if (mode != Intervention::kResample && s.per_position && Tr < T)
+        throw ConfigError(fmt::format("mode {}: per-position means over '{}' ({} positions) cannot cover '{}' ({} positions); "
+                                      "use per_position: false", intervention_name(mode),
+                                      ref->name, Tr, data.name, T));
+    const Point p = intervention_point(mode);
+    std::vector<at::Tensor> sum(I.L), full(I.L);
+    auto valid = torch::zeros({Nr, Tr});
+    for (int64_t i = 0; i < Nr; ++i) valid[i].narrow(0, 0, ref->lengths[i]).fill_(1.0);
+    auto ref_tok = ref->tokens.to(dev);
+    for (int64_t r0 = 0; r0 < Nr; r0 += b) {
+        const int64_t rb = std::min(b, Nr - r0);
+        auto vmask = valid.narrow(0, r0, rb).to(dev).view({rb, Tr, 1, 1});
+        Hooks h;
+        h.capture(p, [&](int l, const at::Tensor& x) {  // x [rb, Tr, H, d]
+            if (mode == Intervention::kResample) {
+                full[l] = full[l].defined() ? torch::cat({full[l], x}) : x.clone();
+            } else {
+                auto xs = (x.to(torch::kFloat) * vmask);
+                auto red = s.per_position ? xs.sum(0) : xs.sum(std::vector<int64_t>{0, 1});
+                sum[l] = sum[l].defined() ? sum[l] + red : red;
+            }
+        });
+        ForwardOptions fo;
+        fo.compute_logits = false;
+        m.forward(ref_tok.narrow(0, r0, rb), &h, nullptr, fo);
+    }
+    I.ref.resize(I.L);
+    for (int64_t l = 0; l < I.L; ++l) {
+        if (mode == Intervention::kResample) {
+            I.ref[l] = full[l];
+        } else {
+            auto count = s.per_position ? valid.sum(0).view({Tr, 1, 1}) : valid.sum().view({1, 1});
+            I.ref[l] = (sum[l] / count.to(dev)).to(m.options.dtype);  // [Tr, H, d] or [H, d]
+        }
+    }
+    if (mode != Intervention::kResample) return;
+    // Row i reads reference row (i + shift) mod N_ref; shift != 0 when the reference is the
+    // data itself, so no row reads its own activations.
+    const bool self = ref == &data || ref->name == data.name;
+    if (self && Nr < 2) throw ConfigError(fmt::format("mode resample: '{}' needs at least 2 rows", ref->name));
+    std::mt19937_64 rng(static_cast<uint64_t>(s.resample_seed));
+    const int64_t shift = self ? 1 + static_cast<int64_t>(rng() % (Nr - 1)) : static_cast<int64_t>(rng() % Nr);
+    I.resample_src = (torch::arange(N, torch::TensorOptions().dtype(torch::kLong)) + shift).remainder(Nr);
+}
+
+}  // namespace
+
 Ablator::Ablator(const Model& m, const AblationData& data, const AblationSetup& setup)
     : m_(m), data_(data), s_(setup), impl_(std::make_unique<Impl>()) {
     torch::NoGradGuard ng;
     auto& I = *impl_;
     I.L = m.config.n_layers, I.H = m.config.n_heads;
-    const int64_t N = data.rows(), T = data.tokens.size(1);
-    if (N == 0) throw DataError(fmt::format("data '{}': no rows", data.name));
-    const auto dev = m.options.device;
-    const auto lopt = torch::TensorOptions().dtype(torch::kLong);
-    const bool answer = s_.metric == MetricKind::kAccuracy || s_.metric == MetricKind::kLogitDiff ||
-                        s_.metric == MetricKind::kProb || s_.positions == Positions::kAnswer;
-    if (answer && data.answers.size() != static_cast<size_t>(N))
-        throw ConfigError(fmt::format("data '{}': the metric needs prompt/answer pairs (a prompts or conflicts dataset)", data.name));
-    if (s_.counterfactual && s_.metric != MetricKind::kProb) throw ConfigError("target counterfactual applies to metric prob only");
-    if (s_.counterfactual)
-        for (int64_t i = 0; i < N; ++i)
-            if (data.counterfactuals[i] < 0)
-                throw DataError(fmt::format("data '{}': row {} has no counterfactual answer (prob of the counterfactual needs one)", data.name, i));
-    if (s_.positions == Positions::kRepeatedHalf && data.n < 2)
-        throw ConfigError(fmt::format("data '{}': positions repeated-half needs a repeated dataset", data.name));
-    if (s_.metric == MetricKind::kLogitDiff)
-        for (int64_t i = 0; i < N; ++i)
-            if (data.counterfactuals[i] < 0)
-                throw DataError(fmt::format("data '{}': row {} has no counterfactual answer (logit-diff needs one)", data.name, i));
+    check_setup(s_, data);
     // Chunks of rows; scored positions per chunk.
-    const int64_t b = std::min<int64_t>(N, std::max<int64_t>(1, s_.max_rows));
+    const int64_t N = data.rows(), b = std::min<int64_t>(N, std::max<int64_t>(1, s_.max_rows));
     auto tok_cpu = data.tokens.to(torch::kCPU);
-    for (int64_t r0 = 0; r0 < N; r0 += b) {
-        Chunk ch;
-        ch.r0 = r0, ch.b = std::min(b, N - r0);
-        ch.tokens = tok_cpu.narrow(0, r0, ch.b).to(dev);
-        std::vector<int64_t> pr, pp, pt, pc;
-        std::vector<float> cnt(ch.b, 0.f);
-        auto acc = tok_cpu.accessor<int64_t, 2>();
-        for (int64_t r = 0; r < ch.b; ++r) {
-            const int64_t i = r0 + r, len = data.lengths[i];
-            auto add = [&](int64_t p, int64_t t, int64_t c) {
-                pr.push_back(r), pp.push_back(p), pt.push_back(t), pc.push_back(c), cnt[r] += 1;
-            };
-            if (answer) {
-                const int64_t cf = data.counterfactuals.empty() ? 0 : std::max<int64_t>(0, data.counterfactuals[i]);
-                add(len - 1, s_.counterfactual ? cf : data.answers[i], s_.counterfactual ? data.answers[i] : cf);
-            } else if (s_.positions == Positions::kRepeatedHalf) {
-                for (int64_t p = data.n + 1; p <= 2 * data.n - 1; ++p) add(p, acc[i][p + 1], 0);
-            } else {
-                for (int64_t p = 0; p + 1 < len; ++p) add(p, acc[i][p + 1], 0);
-            }
-            if (cnt[r] == 0) throw DataError(fmt::format("data '{}': row {} has no scored position (length {})", data.name, i, len));
-        }
-        ch.prow = torch::tensor(pr, lopt).to(dev);
-        ch.ppos = torch::tensor(pp, lopt).to(dev);
-        ch.ptgt = torch::tensor(pt, lopt).to(dev);
-        ch.pcf = torch::tensor(pc, lopt).to(dev);
-        ch.counts = torch::tensor(cnt).to(dev);
-        if (s_.metric == MetricKind::kKl) {  // clean log-probs at the scored positions
-            Hooks h;
-            auto resid = final_resid(m, ch.tokens, h, {});
-            auto x = resid.index({ch.prow, ch.ppos});
-            std::vector<at::Tensor> lps;
-            for (int64_t i = 0; i < x.size(0); i += kPiece)
-                lps.push_back(torch::log_softmax(m.unembed(x.narrow(0, i, std::min(kPiece, x.size(0) - i))).to(torch::kFloat), -1));
-            ch.clean_lp = torch::cat(lps);
-        }
-        I.chunks.push_back(std::move(ch));
-    }
-    // References for mean / resample: z (or q) of the clean model on the reference data.
-    const auto mode = s_.mode;
-    if (needs_reference(mode)) {
-        const AblationData* ref = s_.reference ? s_.reference : &data;
-        const int64_t Nr = ref->rows(), Tr = ref->tokens.size(1);
-        const int64_t min_len = *std::min_element(ref->lengths.begin(), ref->lengths.end());
-        if (mode == Intervention::kResample && min_len < T)
-            throw ConfigError(fmt::format("mode resample: reference '{}' has rows of {} tokens, shorter than the {} of '{}'",
-                                          ref->name, min_len, T, data.name));
-        if (mode != Intervention::kResample && s_.per_position && Tr < T)
-            throw ConfigError(fmt::format("mode {}: per-position means over '{}' ({} positions) cannot cover '{}' ({} positions); "
-                                          "use per_position: false", intervention_name(mode),
-                                          ref->name, Tr, data.name, T));
-        const Point p = on_query(mode) ? Point::kAttnQ : Point::kAttnZ;
-        std::vector<at::Tensor> sum(I.L), full(I.L);
-        auto valid = torch::zeros({Nr, Tr});
-        for (int64_t i = 0; i < Nr; ++i) valid[i].narrow(0, 0, ref->lengths[i]).fill_(1.0);
-        auto ref_tok = ref->tokens.to(dev);
-        for (int64_t r0 = 0; r0 < Nr; r0 += b) {
-            const int64_t rb = std::min(b, Nr - r0);
-            auto vmask = valid.narrow(0, r0, rb).to(dev).view({rb, Tr, 1, 1});
-            Hooks h;
-            h.capture(p, [&](int l, const at::Tensor& x) {  // x [rb, Tr, H, d]
-                if (mode == Intervention::kResample) {
-                    full[l] = full[l].defined() ? torch::cat({full[l], x}) : x.clone();
-                } else {
-                    auto xs = (x.to(torch::kFloat) * vmask);
-                    auto red = s_.per_position ? xs.sum(0) : xs.sum(std::vector<int64_t>{0, 1});
-                    sum[l] = sum[l].defined() ? sum[l] + red : red;
-                }
-            });
-            ForwardOptions fo;
-            fo.compute_logits = false;
-            m.forward(ref_tok.narrow(0, r0, rb), &h, nullptr, fo);
-        }
-        I.ref.resize(I.L);
-        for (int64_t l = 0; l < I.L; ++l) {
-            if (mode == Intervention::kResample) {
-                I.ref[l] = full[l];
-            } else {
-                auto count = s_.per_position ? valid.sum(0).view({Tr, 1, 1}) : valid.sum().view({1, 1});
-                I.ref[l] = (sum[l] / count.to(dev)).to(m.options.dtype);  // [Tr, H, d] or [H, d]
-            }
-        }
-        if (mode == Intervention::kResample) {
-            // Row i reads reference row (i + shift) mod N_ref; shift != 0 when the reference is the
-            // data itself, so no row reads its own activations.
-            const bool self = ref == &data || ref->name == data.name;
-            if (self && Nr < 2) throw ConfigError(fmt::format("mode resample: '{}' needs at least 2 rows", ref->name));
-            std::mt19937_64 rng(static_cast<uint64_t>(s_.resample_seed));
-            const int64_t shift = self ? 1 + static_cast<int64_t>(rng() % (Nr - 1)) : static_cast<int64_t>(rng() % Nr);
-            I.resample_src = (torch::arange(N, lopt) + shift).remainder(Nr);
-        }
-    }
+    for (int64_t r0 = 0; r0 < N; r0 += b) I.chunks.push_back(make_chunk(m, s_, data, tok_cpu, r0, std::min(b, N - r0)));
+    if (needs_reference(s_.mode)) make_references(I, m, s_, data, b);
 }
 
 Ablator::~Ablator() = default;
@@ -423,48 +478,27 @@ namespace {
 // factors: [g] per-configuration scale factors (scale mode), undefined = s.factor for every one.
 void add_edits(Hooks& hooks, const AblationSetup& s, const Ablator::Impl& I, const at::Tensor& M, const Chunk& ch,
                int64_t first_layer, const at::Tensor& factors) {
-    const int64_t g = M.size(0), b = ch.b, H = I.H;
-    at::Tensor row_factor;  // [g*b, 1, 1, 1]: configuration j's factor on its b rows
-    if (s.mode == Intervention::kScale)
-        row_factor = (factors.defined() ? factors.to(M.device(), torch::kDouble) : torch::full({g}, s.factor, M.options().dtype(torch::kDouble)))
-                         .repeat_interleave(b, 0).view({g * b, 1, 1, 1});
-    const Point p = on_query(s.mode) ? Point::kAttnQ : Point::kAttnZ;
+    const int64_t g = M.size(0), b = ch.b;
+    InterventionSpec iv;
+    iv.mode = s.mode, iv.window = s.window;
+    LayerRows rows;
+    rows.per_position = s.per_position;
+    if (s.mode == Intervention::kScale)  // configuration j's factor on its b rows
+        rows.row_factors = (factors.defined() ? factors.to(M.device(), torch::kDouble)
+                                              : torch::full({g}, s.factor, M.options().dtype(torch::kDouble)))
+                               .repeat_interleave(b, 0);
     for (int64_t l = first_layer; l < I.L; ++l) {
         auto ml = M.select(1, l);  // [g, H]
         if (!ml.any().item<bool>()) continue;
-        if (s.mode == Intervention::kStream) {  // the window, on every (row, head) the configurations name
-            hooks.window(HeadWindow{static_cast<int>(l), 0, -1, s.window.sink, s.window.recent, s.window.compensate,
-                                    ml.repeat_interleave(b, 0)});
-            continue;
-        }
-        auto drop = ml.repeat_interleave(b, 0).view({g * b, 1, H, 1});
-        at::Tensor value;
+        rows.layer = static_cast<int>(l);
+        rows.mask = ml.repeat_interleave(b, 0);  // [g*b, H]
         if (s.mode == Intervention::kMean || s.mode == Intervention::kMeanQuery) {
-            value = I.ref[l];
+            iv.value = I.ref[l];
         } else if (s.mode == Intervention::kResample) {
             auto src = I.resample_src.narrow(0, ch.r0, b).to(I.ref[l].device());
-            value = I.ref[l].index_select(0, src).repeat({g, 1, 1, 1});  // [g*b, T_ref, H, d]
+            iv.value = I.ref[l].index_select(0, src).repeat({g, 1, 1, 1});  // [g*b, T_ref, H, d]
         }
-        const Intervention mode = s.mode;
-        const bool per_pos = s.per_position;
-        hooks.edit(p, [drop, value, mode, row_factor, per_pos](int, const at::Tensor& x) -> std::optional<at::Tensor> {
-            auto d = drop.to(x.scalar_type());
-            switch (mode) {
-                case Intervention::kZero:
-                case Intervention::kZeroQuery: return x * (1 - d);
-                case Intervention::kScale: return x * (1 + d * (row_factor.to(x.scalar_type()) - 1));
-                case Intervention::kMean:
-                case Intervention::kMeanQuery: {
-                    const int64_t T = x.size(1);
-                    auto v = per_pos ? value.narrow(0, 0, T).unsqueeze(0) : value.view({1, 1, value.size(0), value.size(1)});
-                    return x + d * (v - x);
-                }
-                case Intervention::kResample: return x + d * (value.narrow(1, 0, x.size(1)) - x);
-                case Intervention::kStream:  // a window, not an edit (above)
-                case Intervention::kNone: break;
-            }
-            return std::nullopt;
-        }, static_cast<int>(l));
+        apply_intervention(hooks, iv, rows, study_interventions());
     }
 }
 }  // namespace

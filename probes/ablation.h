@@ -49,7 +49,7 @@ AblationData repeated_data(const Model& m, int64_t n, int64_t count, int64_t see
 // Token-id sequences as given (one row each).
 AblationData sequence_data(const std::string& name, const std::vector<std::vector<int64_t>>& seqs);
 
-// The intervention (src/intervention.h) and the metric (src/experiment.h: MetricKind, Positions)
+// The intervention (src/intervention.h) and the metric (src/experiment/experiment.h: MetricKind, Positions)
 // use the experiment's vocabularies.
 struct AblationSetup {
     Intervention mode = Intervention::kZero;  // any but kNone

@@ -3,6 +3,7 @@
 #include "errors.h"
 #include "guard.h"
 #include "hooks.h"
+#include "intervention.h"
 #include "progress.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -88,16 +89,6 @@ StripeKind parse_stripe_kind(const std::string& name) {
     return *p.pattern;
 }
 
-DetectorKind detector_kind_for(StripeKind k) {
-    switch (k) {
-        case StripeKind::kInduction: return DetectorKind::kInduction;
-        case StripeKind::kPreviousToken: return DetectorKind::kPreviousToken;
-        case StripeKind::kDuplicateToken: return DetectorKind::kDuplicateToken;
-        case StripeKind::kAttentionSink: break;
-    }
-    throw UsageError("attention-sink has no detection pattern");
-}
-
 at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n) {
     if (pattern.dim() != 4 || pattern.size(-1) != 2 * n + 1 || pattern.size(-2) != 2 * n + 1)
         throw DataError(fmt::format("stripe scores: pattern {} is not [B, H, {}, {}] for n = {}",
@@ -107,17 +98,18 @@ at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64
     return stripe_sum_rows(pattern, 0, spec) / static_cast<double>(spec.count());
 }
 
-at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind) {
+at::Tensor detection_pattern(const at::Tensor& tokens, StripeKind kind) {
+    if (kind == StripeKind::kAttentionSink) throw UsageError("attention-sink has no detection pattern");
     const int64_t T = tokens.size(0);
     auto t = tokens.to(torch::kCPU, torch::kLong).reshape({T});
-    if (kind == DetectorKind::kPreviousToken) {
+    if (kind == StripeKind::kPreviousToken) {
         auto d = torch::zeros({T, T});  // [T, T]
         if (T > 1) d.index_put_({Slice(1, None), Slice(None, -1)}, torch::eye(T - 1));
         return d;
     }
     // dup[i, j] = 1 where tok_i == tok_j and j < i.
     auto dup = t.unsqueeze(1).eq(t.unsqueeze(0)).to(torch::kFloat).tril(-1);  // [T, T]
-    if (kind == DetectorKind::kDuplicateToken) return dup;
+    if (kind == StripeKind::kDuplicateToken) return dup;
     // Induction: D[i, j] = dup[i, j - 1] (the token after an earlier copy), column 0 empty, then
     // tril as TransformerLens does (which keeps D[i, i] = dup[i, i - 1]).
     auto d = torch::zeros({T, T});
@@ -253,7 +245,7 @@ std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<s
         const int64_t T = t.size(0);
         std::vector<at::Tensor> det(kinds.size());
         for (size_t k = 0; k < kinds.size(); ++k)
-            if (kinds[k] != StripeKind::kAttentionSink) det[k] = detection_pattern(t, detector_kind_for(kinds[k]));
+            if (kinds[k] != StripeKind::kAttentionSink) det[k] = detection_pattern(t, kinds[k]);
         // Partial sums per kind and layer, [2, 1, H] (detection patterns) or [1, H] (sink), added
         // over the query blocks of each layer's pattern.
         std::vector<std::vector<at::Tensor>> acc(kinds.size(), std::vector<at::Tensor>(L));
@@ -303,8 +295,8 @@ InductionLoss induction_loss(const Model& m, const at::Tensor& tokens, int64_t n
         Hooks hooks;
         for (int64_t j = 0; j < hc; ++j)
             for (int64_t r = 0; r < B; ++r)
-                hooks.intervene_z({static_cast<int>((h0 + j) / H), static_cast<int>((h0 + j) % H), j * B + r,
-                                   HeadOp::kZero, 0.0, {}});
+                apply_intervention(hooks, {Intervention::kZero}, {{static_cast<int>((h0 + j) / H), static_cast<int>((h0 + j) % H)}},
+                                   j * B + r, {Intervention::kZero});
         auto batch = tokens.repeat({hc, 1});  // [hc * B, T]
         auto rows = induction_loss_rows(m.forward(batch, &hooks), batch, n).view({hc, B});
         for (int64_t j = 0; j < hc; ++j) out.samples.select(1, (h0 + j) / H).select(1, (h0 + j) % H).copy_(rows[j]);

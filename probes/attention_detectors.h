@@ -26,14 +26,12 @@ namespace hs {
 
 class Tokenizer;
 
-enum class DetectorKind { kPreviousToken, kDuplicateToken, kInduction };
 enum class ErrorMeasure { kMul, kAbs };
 
 // Probe names as the CLI and the HDF5 file spell them (the names of head_probes(), in order).
 const std::vector<std::string>& detector_probe_names();  // induction, previous-token, ...
 std::string stripe_name(StripeKind k);
 StripeKind parse_stripe_kind(const std::string& name);  // throws UsageError listing valid names
-DetectorKind detector_kind_for(StripeKind k);           // throws UsageError for attention-sink
 
 // ---- Per-layer reductions (one layer at a time by construction) ----
 
@@ -42,8 +40,9 @@ DetectorKind detector_kind_for(StripeKind k);           // throws UsageError for
 // a whole pattern.)
 at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n);
 
-// tokens [T] int64 -> D [T, T] float32, lower triangular (TransformerLens detection patterns).
-at::Tensor detection_pattern(const at::Tensor& tokens, DetectorKind kind);
+// tokens [T] int64 -> D [T, T] float32, lower triangular (TransformerLens detection patterns) for
+// induction, previous-token and duplicate-token; UsageError for attention-sink, which has none.
+at::Tensor detection_pattern(const at::Tensor& tokens, StripeKind kind);
 
 struct DetectorOptions {
     ErrorMeasure measure = ErrorMeasure::kMul;

@@ -83,18 +83,9 @@ namespace {
 void add_row_interventions(Hooks& hooks, const DecodingSpec& spec) {
     for (size_t r = 0; r < spec.rows.size(); ++r) {
         const auto& row = spec.rows[r];
-        for (auto [l, h] : row.heads) {
-            const auto ri = static_cast<int64_t>(r);
-            switch (row.mode) {
-                case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, ri, HeadOp::kZero, 0.0, {}}); break;
-                case Intervention::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, ri, HeadOp::kZero, 0.0, {}}); break;
-                case Intervention::kScale:
-                    hooks.intervene_z(HeadIntervention{l, h, ri, HeadOp::kScale, row.factor, {}});
-                    break;
-                case Intervention::kNone: break;
-                default: HS_REQUIRE(false, std::string("decode_rows: a row cannot carry ") + intervention_name(row.mode));
-            }
-        }
+        InterventionSpec iv;
+        iv.mode = row.mode, iv.factor = row.factor;
+        apply_intervention(hooks, iv, row.heads, static_cast<int64_t>(r), decoding_row_modes());
     }
     // JUICE: row 1's head output += coefficient x row 0's, at the same layer and position.
     for (auto [l, h] : spec.enhance) {

@@ -53,12 +53,9 @@ at::Tensor gated_error(const Model& m, const Reference& ref, const DuoGateOption
     const int64_t H = m.config.n_heads, K = m.config.n_kv_heads, b = ref.rows.tokens.size(0);
     Hooks h;
     auto all = torch::ones({b, H}, torch::TensorOptions().dtype(torch::kBool).device(ref.rows.tokens.device()));
-    for (int l = 0; l < L; ++l) {
-        HeadWindow w;
-        w.layer = l, w.sink = o.window.sink, w.recent = o.window.recent, w.compensate = o.window.compensate;
-        w.rows_heads = all;
-        h.window(w);
-    }
+    InterventionSpec stream;
+    stream.mode = Intervention::kStream, stream.window = o.window;
+    for (int l = 0; l < L; ++l) apply_intervention(h, stream, LayerRows{l, all, {}, false}, {Intervention::kStream});
     auto gates = alpha_kv.clamp(0, 1).repeat_interleave(H / K, 1);  // [L, H]: the reference's clamp(0, 1) in the forward
     h.edit(Point::kAttnZ, [&](int l, const at::Tensor& x) -> std::optional<at::Tensor> {
         auto a = gates.select(0, l).view({1, 1, H, 1}).to(x.scalar_type());

@@ -41,7 +41,7 @@ void HeadSet::apply(Hooks& hooks, int64_t row) const {
                 break;
             case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, row, HeadOp::kZero, 0.0, {}}); break;
             case Intervention::kStream:
-                hooks.window(HeadWindow{l, h, row, window.sink, window.recent, window.compensate, {}});
+                hooks.window(HeadWindow{l, h, row, window, {}});
                 break;
             case Intervention::kNone: break;
             default:

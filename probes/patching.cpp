@@ -17,22 +17,21 @@
 
 namespace hs {
 
-const NameTable<PatchMetric>& patch_metric_names() {
-    static const NameTable<PatchMetric> t = {
-        {PatchMetric::kLogitDiff, "logit-diff"}, {PatchMetric::kLoss, "loss"}, {PatchMetric::kProb, "prob"}};
+const NameTable<MetricKind>& patch_metric_names() {
+    static const NameTable<MetricKind> t = subset_of(metric_names(), {MetricKind::kLogitDiff, MetricKind::kLoss, MetricKind::kProb});
     return t;
 }
 
-const NameTable<PatchSite>& patch_site_names() {
-    static const NameTable<PatchSite> t = {{PatchSite::kZ, "z"}, {PatchSite::kQ, "q"},
-                                           {PatchSite::kK, "k"}, {PatchSite::kV, "v"},
-                                           {PatchSite::kPattern, "pattern"}, {PatchSite::kHeadOut, "head-out"}};
+const NameTable<Point>& patch_site_names() {
+    static const NameTable<Point> t = {{Point::kAttnZ, "z"}, {Point::kAttnQ, "q"},
+                                       {Point::kAttnK, "k"}, {Point::kAttnV, "v"},
+                                       {Point::kAttnPattern, "pattern"}, {Point::kAttnHeadOut, "head-out"}};
     return t;
 }
 
 // ---------------------------------------------------------------- pairs
 
-PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Tokenizer* tok, PatchMetric metric) {
+PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Tokenizer* tok, MetricKind metric) {
     const std::string text = read_utf8_text_file(path);
     std::vector<std::vector<int64_t>> clean, corrupt;
     PatchPairs out;
@@ -48,7 +47,7 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
         } catch (const std::exception&) {
             throw DataError(fmt::format("{}: not a JSON object", where));
         }
-        const bool diff = metric == PatchMetric::kLogitDiff;
+        const bool diff = metric == MetricKind::kLogitDiff;
         const char* shape = diff ? "expected {\"clean\": TEXT or [ids], \"corrupt\": TEXT or [ids], \"answer\": TEXT or id, "
                                    "\"wrong\": TEXT or id}"
                                  : "expected {\"clean\": TEXT or [ids], \"corrupt\": TEXT or [ids], \"answer\": TEXT or id}";
@@ -56,8 +55,8 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
             (diff && !j.contains("wrong")))
             throw DataError(fmt::format("{}: {}", where, shape));
         auto need_tok = [&](const char* key) -> const Tokenizer& {
-            if (!tok) throw DataError(fmt::format("{}: \"{}\" is text but no tokenizer was found next to the model (give "
-                                                  "--tokenizer, or token ids)", where, key));
+            if (!tok) throw DataError(fmt::format("{}: \"{}\" is text but no tokenizer was found next to the model (name one, "
+                                                  "or give token ids)", where, key));
             return *tok;
         };
         auto seq = [&](const char* key) {
@@ -124,24 +123,12 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
 
 namespace {
 
-Point site_point(PatchSite s) {
-    switch (s) {
-        case PatchSite::kZ: return Point::kAttnZ;
-        case PatchSite::kQ: return Point::kAttnQ;
-        case PatchSite::kK: return Point::kAttnK;
-        case PatchSite::kV: return Point::kAttnV;
-        case PatchSite::kPattern: return Point::kAttnPattern;
-        case PatchSite::kHeadOut: return Point::kAttnHeadOut;
-    }
-    return Point::kAttnZ;
-}
-
-bool per_kv_head(PatchSite s) { return s == PatchSite::kK || s == PatchSite::kV; }
-int64_t units(const Model& m, PatchSite s) { return per_kv_head(s) ? m.config.n_kv_heads : m.config.n_heads; }
+bool per_kv_head(Point s) { return s == Point::kAttnK || s == Point::kAttnV; }
+int64_t units(const Model& m, Point s) { return per_kv_head(s) ? m.config.n_kv_heads : m.config.n_heads; }
 // The dims of a site's activation that hold the unit (head) and the position: [B, T, U, .] except
 // the pattern, [B, H, T, S].
-int unit_dim(PatchSite s) { return s == PatchSite::kPattern ? 1 : 2; }
-int pos_dim(PatchSite s) { return s == PatchSite::kPattern ? 2 : 1; }
+int unit_dim(Point s) { return s == Point::kAttnPattern ? 1 : 2; }
+int pos_dim(Point s) { return s == Point::kAttnPattern ? 2 : 1; }
 
 void check_pairs(const Model& m, const PatchPairs& p) {
     const int64_t N = p.rows();
@@ -173,18 +160,20 @@ Prepared prepare(const Model& m, const PatchPairs& p) {
 }
 
 // The metric per row [g*N] (float64) from the final residual [g*N, T, D] of g copies of the pairs.
-at::Tensor metric_rows(const Model& m, const Prepared& p, const at::Tensor& resid, int64_t g, PatchMetric metric) {
+at::Tensor metric_rows(const Model& m, const Prepared& p, const at::Tensor& resid, int64_t g, MetricKind metric) {
     const int64_t N = p.last.size(0);
     auto rows = torch::arange(g * N, torch::TensorOptions().dtype(torch::kLong).device(resid.device()));
     auto x = resid.index({rows, p.last.repeat({g})});       // [g*N, D]
     auto logits = m.unembed(x).to(torch::kDouble);          // [g*N, V]
     auto a = p.answer.repeat({g}).unsqueeze(1);
     switch (metric) {
-        case PatchMetric::kLogitDiff: return (logits.gather(1, a) - logits.gather(1, p.wrong.repeat({g}).unsqueeze(1))).squeeze(1);
-        case PatchMetric::kProb: return (logits.gather(1, a) - torch::logsumexp(logits, -1, true)).exp().squeeze(1);
-        case PatchMetric::kLoss: return (torch::logsumexp(logits, -1, true) - logits.gather(1, a)).squeeze(1);
+        case MetricKind::kLogitDiff: return (logits.gather(1, a) - logits.gather(1, p.wrong.repeat({g}).unsqueeze(1))).squeeze(1);
+        case MetricKind::kProb: return (logits.gather(1, a) - torch::logsumexp(logits, -1, true)).exp().squeeze(1);
+        case MetricKind::kLoss: return (torch::logsumexp(logits, -1, true) - logits.gather(1, a)).squeeze(1);
+        case MetricKind::kAccuracy:
+        case MetricKind::kKl: break;
     }
-    return {};
+    throw ConfigError(fmt::format("metric {}: patching reads {}", name_of(metric), or_list(names_in(patch_metric_names()))));
 }
 
 // Final residual [B, T, D] of a forward with `hooks` (no logits).
@@ -196,7 +185,7 @@ at::Tensor final_resid(const Model& m, const at::Tensor& tokens, Hooks& hooks, F
     return out;
 }
 
-double mean_metric(const Model& m, const Prepared& p, const at::Tensor& tokens, Hooks& hooks, PatchMetric metric) {
+double mean_metric(const Model& m, const Prepared& p, const at::Tensor& tokens, Hooks& hooks, MetricKind metric) {
     return metric_rows(m, p, final_resid(m, tokens, hooks, {}), 1, metric).mean().item<double>();
 }
 
@@ -210,17 +199,26 @@ void check_gap(double clean, double corrupt) {
 
 }  // namespace
 
+namespace {
+// Patching each position needs one length: UsageError (param each_position) when the pairs differ.
+void check_each_position(const PatchPairs& pairs, const PatchOptions& o) {
+    if (!o.each_position) return;
+    for (auto len : pairs.lengths)
+        if (len != pairs.clean.size(1))
+            throw UsageError("patching each position needs pairs of one length (they differ); patch all positions together",
+                             "each_position");
+}
+}  // namespace
+
 // ---------------------------------------------------------------- exact
 
 PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o) {
     torch::NoGradGuard ng;
     check_pairs(m, pairs);
     const int64_t N = pairs.rows(), T = pairs.clean.size(1), L = m.config.n_layers, U = units(m, o.site);
-    if (o.each_position)
-        for (auto len : pairs.lengths)
-            if (len != T) throw UsageError("--positions each needs pairs of one length (they differ); use --positions all");
+    check_each_position(pairs, o);
     const auto p = prepare(m, pairs);
-    const Point pt = site_point(o.site);
+    const Point pt = o.site;
     PatchResult r;
     // The clean run's site at every layer, and the corrupted run's resid_pre (prefix reuse).
     std::vector<at::Tensor> clean_act(L), resid_pre(L);
@@ -290,12 +288,10 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
 
 PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const PatchOptions& o) {
     check_pairs(m, pairs);
-    const int64_t T = pairs.clean.size(1), L = m.config.n_layers;
-    if (o.each_position)
-        for (auto len : pairs.lengths)
-            if (len != T) throw UsageError("--positions each needs pairs of one length (they differ); use --positions all");
+    const int64_t L = m.config.n_layers;
+    check_each_position(pairs, o);
     const auto p = prepare(m, pairs);
-    const Point pt = site_point(o.site);
+    const Point pt = o.site;
     PatchResult r;
     std::vector<at::Tensor> clean_act(L), corrupt_act(L), delta(L);
     {
@@ -325,9 +321,9 @@ PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const 
     std::vector<at::Tensor> per_layer;
     for (int64_t l = 0; l < L; ++l) {
         if (!delta[l].defined() || !delta[l].grad().defined())
-            throw ConfigError(fmt::format("attribution patching: no gradient reached layer {}'s {}", l, name_of(o.site)));
+            throw ConfigError(fmt::format("attribution patching: no gradient reached layer {}'s {}", l, patch_site_name(o.site)));
         auto prod = ((clean_act[l] - corrupt_act[l]).to(torch::kDouble) * delta[l].grad().to(torch::kDouble)).sum(-1);
-        if (o.site == PatchSite::kPattern) prod = prod.permute({0, 2, 1});  // [N, H, T] -> [N, T, H]
+        if (o.site == Point::kAttnPattern) prod = prod.permute({0, 2, 1});  // [N, H, T] -> [N, T, H]
         auto by_pos = prod.sum(0).transpose(0, 1);                           // [U, T]
         per_layer.push_back(o.each_position ? by_pos : by_pos.sum(1));
     }
@@ -340,7 +336,7 @@ PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const 
 // ---------------------------------------------------------------- path
 
 std::string PathSpec::label() const {
-    return fmt::format("{}->{}:{}", format_heads(senders), format_heads(receivers), name_of(input));
+    return fmt::format("{}->{}:{}", format_heads(senders), format_heads(receivers), patch_site_name(input));
 }
 
 PathSpec parse_path_spec(const std::string& s, int L, int H) {
@@ -352,9 +348,9 @@ PathSpec parse_path_spec(const std::string& s, int L, int H) {
     p.senders = parse_head_list(s.substr(0, arrow), L, H);
     p.receivers = parse_head_list(s.substr(arrow + 2, colon - arrow - 2), L, H);
     const std::string in = s.substr(colon + 1);
-    if (in == "q") p.input = PatchSite::kQ;
-    else if (in == "k") p.input = PatchSite::kK;
-    else if (in == "v") p.input = PatchSite::kV;
+    if (in == "q") p.input = Point::kAttnQ;
+    else if (in == "k") p.input = Point::kAttnK;
+    else if (in == "v") p.input = Point::kAttnV;
     else throw UsageError(fmt::format("'{}': the receivers' input '{}' must be q, k or v", s, in));
     int last_sender = -1, first_receiver = L;
     for (auto [l, h] : p.senders) last_sender = std::max(last_sender, l);
@@ -365,13 +361,13 @@ PathSpec parse_path_spec(const std::string& s, int L, int H) {
     return p;
 }
 
-PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec& ps, PatchMetric metric) {
+PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec& ps, MetricKind metric) {
     torch::NoGradGuard ng;
     check_pairs(m, pairs);
     const auto& c = m.config;
     const int64_t L = c.n_layers;
     const auto p = prepare(m, pairs);
-    const Point pt = site_point(ps.input);
+    const Point pt = ps.input;
     std::set<int> send_layers, recv_layers;
     for (auto [l, h] : ps.senders) send_layers.insert(l);
     for (auto [l, h] : ps.receivers) recv_layers.insert(l);
@@ -404,7 +400,7 @@ PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec
     check_gap(r.metric_clean, r.metric_corrupt);
     // The receivers' q/k/v computed from resid x + delta with the corrupted run's norm scale.
     const bool no_input_norm = c.post_norm_only;
-    const bool renormed = ps.input != PatchSite::kV && (c.qk_norm || c.qk_norm_full);
+    const bool renormed = ps.input != Point::kAttnV && (c.qk_norm || c.qk_norm_full);
     auto sigma = [&](const at::Tensor& v) {  // [N, T, D] -> [N, T] float64
         auto d = v.to(torch::kDouble);
         if (c.norm == NormKind::kLayerNorm) return (d.var(-1, /*unbiased=*/false) + c.norm_eps).sqrt();

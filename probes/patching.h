@@ -14,7 +14,9 @@
 // one backward: (a_clean - a_corrupt) . dM/da at the corrupted activations.
 #pragma once
 
+#include "experiment.h"  // MetricKind
 #include "heads.h"
+#include "hooks.h"       // Point
 #include "model.h"
 #include "names.h"
 
@@ -26,15 +28,14 @@
 
 namespace hs {
 
-enum class PatchMetric { kLogitDiff, kLoss, kProb };
-// Where a head's activation is patched (hooks.h points): z, q (after RoPE), k, v (after RoPE, per
-// key/value head: with GQA a k or v patch changes every query head of the group), pattern (the
-// head's attention rows), head-out (z_h W_O^h).
-enum class PatchSite { kZ, kQ, kK, kV, kPattern, kHeadOut };
-const NameTable<PatchMetric>& patch_metric_names();  // logit-diff, loss, prob
-const NameTable<PatchSite>& patch_site_names();      // z, q, k, v, pattern, head-out
-inline const char* name_of(PatchMetric m) { return name_in(patch_metric_names(), m); }
-inline const char* name_of(PatchSite s) { return name_in(patch_site_names(), s); }
+// The metrics patching reads (src/experiment/experiment.h's MetricKind: one vocabulary with the ablation
+// studies), at each pair's last position: logit-diff, loss, prob.
+const NameTable<MetricKind>& patch_metric_names();  // logit-diff, loss, prob
+// Where a head's activation is patched: a hooks.h point, under the short name `--what` takes: z,
+// q (after RoPE), k, v (after RoPE, per key/value head: with GQA a k or v patch changes every query
+// head of the group), pattern (the head's attention rows), head-out (z_h W_O^h).
+const NameTable<Point>& patch_site_names();  // z, q, k, v, pattern, head-out
+inline const char* patch_site_name(Point s) { return name_in(patch_site_names(), s); }
 
 struct PatchPairs {
     at::Tensor clean, corrupt;           // [N, T] int64 (right-padded with 0 past each pair's length)
@@ -49,11 +50,11 @@ struct PatchPairs {
 // unequal clean/corrupt lengths, ids out of range, a text answer of several tokens; `tok` may be
 // null when every field is ids.
 class Tokenizer;
-PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Tokenizer* tok, PatchMetric metric);
+PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Tokenizer* tok, MetricKind metric);
 
 struct PatchOptions {
-    PatchMetric metric = PatchMetric::kLogitDiff;
-    PatchSite site = PatchSite::kZ;
+    MetricKind metric = MetricKind::kLogitDiff;
+    Point site = Point::kAttnZ;
     bool each_position = false;  // one patch per (head, position) instead of per head (all positions)
     int64_t max_rows = 64;       // rows per forward (patches x pairs), at least one patch
 };
@@ -83,7 +84,7 @@ PatchResult attribution_patching(const Model& m, const PatchPairs& pairs, const 
 // be after every sender's (UsageError otherwise).
 struct PathSpec {
     std::vector<Head> senders, receivers;
-    PatchSite input = PatchSite::kK;  // q, k or v
+    Point input = Point::kAttnK;  // q, k or v
     std::string label() const;        // "L0H2->L1H0,L1H1:k"
 };
 // "L0H2,L0H3->L1H0:k" (UsageError naming the part that is wrong).
@@ -92,6 +93,6 @@ struct PathResult {
     double score = 0, metric_patched = 0, metric_clean = 0, metric_corrupt = 0;
     int64_t forwards = 0;
 };
-PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec& p, PatchMetric metric);
+PathResult path_patching(const Model& m, const PatchPairs& pairs, const PathSpec& p, MetricKind metric);
 
 }  // namespace hs

@@ -269,9 +269,9 @@ if [ $SKIP_BUILD = 1 ]; then
 elif [ $DRY = 1 ] && [ $FULL_BUILD = 0 ]; then
   # One object of the library (the precompiled header first): configure + compile, not the ~25 min build.
   if [ "${CMAKE_GENERATOR:-}" = Ninja ] || grep -q 'CMAKE_GENERATOR:INTERNAL=Ninja' build-torch2/CMakeCache.txt 2>/dev/null; then
-    tgt=CMakeFiles/headscope_core.dir/src/util.cpp.o
+    tgt=CMakeFiles/headscope_core.dir/src/base/util.cpp.o
   else
-    tgt=src/util.cpp.o
+    tgt=src/base/util.cpp.o
   fi
   HEADSCOPE_BUILD_TARGET="$tgt" step build-one-object bash scripts/build.sh --torch "$TORCH_PREFIX" ||
     { echo "device_check.sh --dry-run: the configure or the compile failed (see $OUTDIR/build-one-object.out)"; exit 1; }

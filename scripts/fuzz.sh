@@ -13,7 +13,7 @@
 # docs/reliability.md: HEADSCOPE_FUZZ_RUNS=1000000 bash scripts/fuzz.sh 1800).
 # The hdf5 target is different: Debian's libhdf5 itself hangs, crashes or allocates gigabytes on some
 # corrupt files, below our code (headscope reads every result file in a child process first for
-# that reason: src/store.cpp check_hdf5_file_isolated). So hdf5 runs in libFuzzer's fork mode, which
+# that reason: src/store/store.cpp check_hdf5_file_isolated). So hdf5 runs in libFuzzer's fork mode, which
 # keeps going past a crash, timeout or out-of-memory (-fork=1 -ignore_crashes=1 ...), and every input
 # it stopped on is triaged: its stack is read from a replay under ASan, and the released headscope
 # must refuse it in one line with exit 6 (or 2). An input whose fault lies inside libhdf5 and which

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Regenerates tests/data/rouge_table.json, the table tests/test_rouge.cpp checks src/rouge.cpp
+"""Regenerates tests/data/rouge_table.json, the table tests/test_rouge.cpp checks src/text/rouge.cpp
 against, from the reference implementations themselves: NLTK's Porter stemmer in its default mode
 (NLTK_EXTENSIONS) and Google's rouge_score with RougeScorer(['rouge1', 'rougeL'], use_stemmer=True),
 the scorer nightdessert/Retrieval_Head and aryopg/locos call.
@@ -158,7 +158,7 @@ def main():
     stemmer = scorers[True]._tokenizer._stemmer  # the object rouge_score stems with
     if tokenizers.porter is not porter or stemmer.mode != porter.PorterStemmer.NLTK_EXTENSIONS:
         sys.exit("make_rouge_table.py: rouge_score no longer stems with NLTK's default-mode PorterStemmer; "
-                 "src/rouge.cpp needs revisiting")
+                 "src/text/rouge.cpp needs revisiting")
     fresh = porter.PorterStemmer()
 
     stems = []

@@ -40,7 +40,7 @@ def import_or_reexec():
     sys.exit(3)
 
 
-MAIN, CONTROL, CONTROL_EDGE = "#3b528b", "#e9a23b", "#c77c02"  # as in src/report.cpp's CSS
+MAIN, CONTROL, CONTROL_EDGE = "#3b528b", "#e9a23b", "#c77c02"  # as in src/report/report.cpp's CSS
 
 
 def load_tables(path, wanted):

@@ -10,7 +10,7 @@
 # scores, zero-query ablation of the top heads against random controls), the YAML ablation study
 # (toy-induction-ablation.h5), and one HTML report of all three (report.html).
 # A model is retrained only when its training_log.json is missing or has other steps, seed or
-# recipe version (src/train.cpp kRecipeVersion).
+# recipe version (src/train/train.cpp kRecipeVersion).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,7 +23,7 @@ bash scripts/install_deps.sh
 bash scripts/build.sh
 HS=build/headscope
 
-RECIPE=2  # = kRecipeVersion in src/train.cpp
+RECIPE=2  # = kRecipeVersion in src/train/train.cpp
 # cached DIR STEPS: true when DIR/training_log.json records these steps, this seed and recipe.
 cached() {
   [ -f "$1/training_log.json" ] || return 1

@@ -229,254 +229,366 @@ bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool pe
                        hooks->has_windows(layer)));
 }
 
+namespace {
+
+// libtorch's fused kernel: [B, H, T, d] against the kv heads repeated to H (GQA), the causal mask as a
+// flag when there is no cache, else as [T, S] with the sliding window folded in. -> z [B, T, H, d].
+at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    const int64_t T = q.size(1), S = k.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
+    const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+    auto q4 = q.permute({0, 2, 1, 3});
+    auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});
+    if (H != K) k4 = k4.repeat_interleave(H / K, 1), v4 = v4.repeat_interleave(H / K, 1);
+    const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
+    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    return compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});
+}
+
+// The first `shape` elements of a flat scratch buffer, as that shape.
+at::Tensor from(const at::Tensor& buf, at::IntArrayRef shape) {
+    return buf.narrow(0, 0, c10::multiply_integers(shape)).view(shape);
+}
+
+// attention_reference() computed the way that scales: one layer in query blocks through the KV cache,
+// with its capture points, attention windows and scratch reuse. z() runs the blocks; each block takes
+// the steps below in order (block_scores, mask_block, compensation, softmax, @ v), or, where every
+// head of a group streams, a product over only the keys its windows show (streaming_block_z).
+//
+// Query head h reads kv head h / g (grouped-query attention). The g query heads of a kv head are
+// stacked into one product against that kv head's keys, [g*n, d] x [d, S], so k and v are never
+// expanded to H heads; products are [B*K, g*n, .], which is [B, H, n, .] in memory. q, k, v are made
+// contiguous once per layer, so each block's products read them in place.
+class BlockedAttention {
+public:
+    BlockedAttention(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const Hooks* hooks, int64_t attn_block);
+    at::Tensor z();  // [B, T, H, d]
+
+private:
+    // Queries [q0, q0 + n) at absolute positions [first, first + n), against keys [lo, hi).
+    struct Block {
+        int64_t q0 = 0, n = 0, first = 0, lo = 0, hi = 0;
+        at::Tensor qb;  // [B*K, g*n, d]
+        int64_t m() const { return hi - lo; }
+    };
+    // Compensation (RazorAttention): per query, the score of the mean hidden key and the mean hidden value.
+    struct Compensation {
+        at::Tensor extra;  // [B*K, g*n] float, -inf where a query has none
+        at::Tensor vbar;   // [B*K, g*n, d] in acc_
+    };
+    void plan_windows();
+    void plan_blocks(int64_t attn_block);
+    void plan_streaming_groups();
+    void need_kv3();
+    Block block_at(int64_t q0) const;
+    at::Tensor block_z(const Block& b);
+    at::Tensor streaming_block_z(const Block& b, int64_t gap_lo, int64_t gap_hi);
+    at::Tensor part(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& kpos,
+                    const at::Tensor& snk, const at::Tensor& rec, const Block& b) const;
+    at::Tensor block_scores(const Block& b);
+    void mask_block(at::Tensor& scores, const Block& b);
+    Compensation compensation(const Block& b) const;
+    at::Tensor full_width(const at::Tensor& block, const Block& b, float fill);
+
+    const ModelConfig& cfg_;
+    const int layer_;
+    const Hooks* hooks_;
+    at::Tensor k_, v_;  // [B, S, K, d]
+    at::TensorOptions q_opts_;
+    c10::ScalarType dtype_;
+    c10::Device device_;
+    int64_t B_, T_, H_, K_, d_, g_, S_, past_;
+    at::Tensor q3_;      // [B*K, g, T, d], scaled when scale_in_q_
+    at::Tensor k3_, v3_;  // [B*K, S, d], made on first use (need_kv3)
+    double scale_ = 1.0;
+    bool scale_in_q_ = false;
+    int window_ = 0;  // the layer's sliding window (0: none)
+    at::TensorOptions pos_opts_;
+    const float neg_inf_ = -std::numeric_limits<float>::infinity();
+    // Attention windows and compensation's prefix sums.
+    LayerWindows win_;
+    c10::ScalarType acc_ = torch::kDouble;
+    at::Tensor pk_, pv_;  // [B*K, S + 1, d]: sums of the first s keys / values
+    // Blocks and scratch.
+    bool whole_ = false, see_scores_ = false, see_pattern_ = false, reuse_ = false, fp32_ = false;
+    int64_t rows_ = 1, cap_ = 0;
+    at::Tensor scores_buf_, pattern_buf_, wide_buf_;
+    at::Tensor upper_;  // the causal corner mask, built once per block height
+    // Streaming groups (plan_streaming_groups): idx_s_ stream, idx_f_ do not.
+    at::Tensor idx_s_, idx_f_, sink_s_, recent_s_, sink_f_, recent_f_;
+    at::Tensor b_s_, kv_s_, b_f_, kv_f_;  // each group's (row, kv head), to read its keys from k and v
+    int64_t smax_ = 0, rmax_ = 0;
+};
+
+BlockedAttention::BlockedAttention(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
+                                   const at::Tensor& v, const Hooks* hooks, int64_t attn_block)
+    : cfg_(cfg), layer_(layer), hooks_(hooks), k_(k), v_(v), q_opts_(q.options()), dtype_(q.scalar_type()),
+      device_(q.device()) {
+    B_ = q.size(0), T_ = q.size(1), H_ = cfg.n_heads, K_ = cfg.n_kv_heads, d_ = cfg.d_head, g_ = H_ / K_;
+    S_ = k.size(1), past_ = S_ - T_;
+    q3_ = q.permute({0, 2, 1, 3}).reshape({B_ * K_, g_, T_, d_}).contiguous();
+    scale_ = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d_));
+    // A power-of-two scale (d_head 64: 1/8) is applied to q before the product: scaling by 2^k is
+    // exact, so the scores are bit-identical to (q k^T) * scale, at a [T, d] pass instead of [T, S].
+    int exponent = 0;
+    scale_in_q_ = std::frexp(scale_, &exponent) == 0.5;
+    if (scale_in_q_) q3_ = q3_ * scale_;
+    window_ = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+    pos_opts_ = torch::TensorOptions().dtype(torch::kLong).device(device_);
+    plan_windows();
+    plan_blocks(attn_block);
+    plan_streaming_groups();
+}
+
+// k3, v3 [B*K, S, d] are made on first use: a block whose groups all stream reads its few keys
+// straight from k and v, and a decode step of such a layer never copies the cache. A KV cache's
+// views are already [B*K] matrices of [S, d] rows (KVCache: [B, K, capacity, d] buffers): the
+// reshape is then a view and nothing is copied; a fresh k is copied once.
+void BlockedAttention::need_kv3() {
+    if (k3_.defined()) return;
+    auto as_kv3 = [&](const at::Tensor& x) {
+        auto r = x.permute({0, 2, 1, 3}).reshape({B_ * K_, S_, d_});
+        return r.stride(2) == 1 && r.stride(1) == d_ ? r : r.contiguous();
+    };
+    k3_ = as_kv3(k_), v3_ = as_kv3(v_);
+}
+
+// Attention windows (Intervention::kStream, docs/forward.md "Attention windows"): a [B, H, n, m]
+// mask per block on top of the layer's own; with compensation, prefix sums of the keys and values
+// give each query the means of the keys its window hides, one more column of the softmax.
+void BlockedAttention::plan_windows() {
+    if (hooks_ && hooks_->has_windows(layer_)) win_ = hooks_->windows(layer_, B_, H_, device_);
+    acc_ = device_.is_mps() ? torch::kFloat : torch::kDouble;  // prefix sums: double where there is one
+    if (!win_.any_compensate) return;
+    need_kv3();
+    auto zero = torch::zeros({B_ * K_, 1, d_}, k3_.options().dtype(acc_));
+    pk_ = torch::cat({zero, k3_.to(acc_).cumsum(1)}, 1);
+    pv_ = torch::cat({zero, v3_.to(acc_).cumsum(1)}, 1);
+}
+
+// Whole [B, H, T, S] scores only when someone needs them whole; otherwise query blocks, each
+// against only the keys some row of the block can see: keys [lo, hi) with hi = the block's
+// last position + 1 (causal) and lo = its first position - window + 1 (sliding window). Row i
+// of a block is row q0 + i of the whole, computed the same way (the skipped keys are the ones
+// the mask sets to -inf, whose softmax weight is exactly 0); observers are handed rows of full
+// width S, padded with -inf (scores) or 0 (pattern).
+// Blocks reuse one scratch buffer per tensor for the whole layer (allocated once, at the largest
+// block), instead of allocating, page-faulting and freeing fresh [B, H, rows, m] tensors block
+// after block: at T = 4096 that was ~4 x 25 MiB x 32 blocks per layer. Row observers are told
+// not to keep what they are handed (src/hooks.h); whole-tensor hooks get fresh tensors.
+void BlockedAttention::plan_blocks(int64_t attn_block) {
+    whole_ = hooks_ && (hooks_->needs_whole(Point::kAttnScores, layer_) || hooks_->needs_whole(Point::kAttnPattern, layer_));
+    see_scores_ = !whole_ && hooks_ && hooks_->wants(Point::kAttnScores, layer_);
+    see_pattern_ = !whole_ && hooks_ && hooks_->wants(Point::kAttnPattern, layer_);
+    rows_ = whole_ ? T_ : attention_block_rows(attn_block, B_, H_, T_, S_);
+    reuse_ = !whole_ && T_ > rows_;
+    fp32_ = dtype_ == at::kFloat;
+    cap_ = B_ * H_ * rows_ * S_;
+    if (!reuse_) return;
+    scores_buf_ = at::empty({cap_}, q3_.options());
+    if (fp32_) pattern_buf_ = at::empty({cap_}, q3_.options());
+}
+
+// Streaming groups read only the keys their windows show. When nobody observes the scores or the
+// pattern and no window compensates, the (row, kv head) groups whose every query head has a
+// window (idx_s) run their own product over the block's sink keys [lo, gap_lo) and recent keys
+// [gap_hi, hi), skipping the keys between, which no head of theirs can see; the other groups
+// (idx_f) run over [lo, hi) as usual. The same scores, masks and softmax over fewer columns.
+void BlockedAttention::plan_streaming_groups() {
+    if (!win_.defined() || win_.any_compensate || whole_ || see_scores_ || see_pattern_) return;
+    auto rec = win_.recent.to(torch::kCPU).reshape({B_ * K_, g_}), snk = win_.sink.to(torch::kCPU).reshape({B_ * K_, g_});
+    auto streams = (rec < LayerWindows::kNoWindow).all(1);  // [B*K]
+    if (!streams.any().item<bool>()) return;
+    auto is = streams.nonzero().view(-1), isf = streams.logical_not().nonzero().view(-1);
+    smax_ = snk.index_select(0, is).max().item<int64_t>();
+    rmax_ = rec.index_select(0, is).max().item<int64_t>();
+    auto dev = [&](const at::Tensor& t) { return t.to(device_); };
+    sink_s_ = dev(snk.index_select(0, is)), recent_s_ = dev(rec.index_select(0, is));
+    sink_f_ = dev(snk.index_select(0, isf)), recent_f_ = dev(rec.index_select(0, isf));
+    b_s_ = dev(at::div(is, K_, "floor")), kv_s_ = dev(is.remainder(K_));
+    b_f_ = dev(at::div(isf, K_, "floor")), kv_f_ = dev(isf.remainder(K_));
+    idx_s_ = dev(is), idx_f_ = dev(isf);
+}
+
+BlockedAttention::Block BlockedAttention::block_at(int64_t q0) const {
+    Block b;
+    b.q0 = q0, b.n = std::min(rows_, T_ - q0);
+    b.first = past_ + q0;  // absolute position of the block's first query
+    b.lo = 0, b.hi = S_;
+    if (!whole_) {
+        b.hi = std::min(S_, b.first + b.n);
+        if (window_ > 0) b.lo = std::max<int64_t>(0, b.first - window_ + 1);
+    }
+    b.qb = (b.n == T_ ? q3_ : q3_.narrow(2, q0, b.n)).reshape({B_ * K_, g_ * b.n, d_});
+    return b;
+}
+
+at::Tensor BlockedAttention::z() {
+    std::vector<at::Tensor> zs;
+    for (int64_t q0 = 0; q0 < T_; q0 += rows_) zs.push_back(block_z(block_at(q0)));
+    return (zs.empty() ? torch::zeros({B_, H_, 0, d_}, q_opts_) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
+        .permute({0, 2, 1, 3});  // [B, T, H, d]
+}
+
+// One block's z [B, H, n, d].
+at::Tensor BlockedAttention::block_z(const Block& b) {
+    const int64_t gap_lo = std::min(std::max(smax_, b.lo), b.hi);
+    const int64_t gap_hi = std::min(b.hi, std::max(gap_lo, b.first - rmax_ + 1));
+    if (idx_s_.defined() && gap_hi > gap_lo) return streaming_block_z(b, gap_lo, gap_hi);
+    need_kv3();
+    const int64_t n = b.n, m = b.m();
+    auto scores = block_scores(b);  // [B*K, g*n, m] = [B, H, n, m]
+    mask_block(scores, b);
+    const Compensation comp = win_.any_compensate ? compensation(b) : Compensation{};
+    if (whole_) scores = hook(hooks_, Point::kAttnScores, layer_, scores.view({B_, H_, n, m})).reshape({B_ * K_, g_ * n, m});
+    else if (see_scores_) hooks_->run_rows(Point::kAttnScores, layer_, b.q0, full_width(scores, b, neg_inf_));
+    at::Tensor pattern;  // [B*K, g*n, m], softmax in fp32
+    at::Tensor extra_w;  // compensation: the weight of the mean key [B*K, g*n, 1]
+    if (comp.extra.defined()) {
+        auto p = torch::softmax(torch::cat({scores.to(torch::kFloat), comp.extra.unsqueeze(-1)}, -1), -1);
+        pattern = p.narrow(2, 0, m).contiguous().to(dtype_);
+        extra_w = p.narrow(2, m, 1);
+    } else if (reuse_ && fp32_) {
+        pattern = from(pattern_buf_, {B_ * K_, g_ * n, m});
+        at::_softmax_out(pattern, scores, -1, false);
+    } else {
+        pattern = torch::softmax(scores.to(torch::kFloat), -1).to(dtype_);
+    }
+    scores = at::Tensor();
+    if (whole_) pattern = hook(hooks_, Point::kAttnPattern, layer_, pattern.view({B_, H_, n, m})).reshape({B_ * K_, g_ * n, m});
+    else if (see_pattern_) hooks_->run_rows(Point::kAttnPattern, layer_, b.q0, full_width(pattern, b, 0.0f));
+    auto zb = at::bmm(pattern, m == S_ ? v3_ : v3_.narrow(1, b.lo, m));
+    if (extra_w.defined()) zb = (zb.to(acc_) + extra_w.to(acc_) * comp.vbar).to(zb.scalar_type());
+    return zb.view({B_, H_, n, d_});
+}
+
+// The block's scores q k^T, scaled and soft-capped: [B*K, g*n, m] (in the scratch buffer when reused).
+at::Tensor BlockedAttention::block_scores(const Block& b) {
+    const int64_t m = b.m();
+    auto kt = (m == S_ ? k3_ : k3_.narrow(1, b.lo, m)).transpose(1, 2);
+    at::Tensor scores;
+    if (reuse_) {
+        scores = from(scores_buf_, {B_ * K_, g_ * b.n, m});
+        at::bmm_out(scores, b.qb, kt);
+    } else {
+        scores = at::bmm(b.qb, kt);
+    }
+    if (!scale_in_q_) scores.mul_(scale_);
+    if (cfg_.attn_softcap > 0) scores.div_(cfg_.attn_softcap).tanh_().mul_(cfg_.attn_softcap);
+    return scores;
+}
+
+// -inf where a query may not look: later keys (causal), keys past the layer's sliding window, and
+// keys an attention window hides.
+void BlockedAttention::mask_block(at::Tensor& scores, const Block& b) {
+    const int64_t n = b.n, m = b.m();
+    if (window_ == 0 && b.hi == b.first + n && n >= 1) {
+        // Causal only: the masked entries all lie in the last n columns, above the diagonal.
+        if (n > 1) {
+            if (!upper_.defined() || upper_.size(0) != n)
+                upper_ = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(device_)).triu(1);
+            scores.view({B_ * K_, g_, n, m}).narrow(3, m - n, n).masked_fill_(upper_, neg_inf_);
+        }
+    } else {
+        auto vis = visible_mask(n, m, b.first - b.lo, window_, device_);
+        scores.view({B_ * K_, g_, n, m}).masked_fill_(vis.logical_not(), neg_inf_);
+    }
+    if (!win_.defined()) return;
+    auto kpos = torch::arange(b.lo, b.hi, pos_opts_).view({1, 1, 1, m});
+    auto qpos = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n, 1});
+    auto sink = win_.sink.view({B_, H_, 1, 1}), recent = win_.recent.view({B_, H_, 1, 1});
+    scores.view({B_, H_, n, m}).masked_fill_((kpos >= sink) & (kpos <= qpos - recent), neg_inf_);
+}
+
+// Hidden keys of query p: [a, e) with a = max(sink, p - window + 1), e = p - recent + 1. Only when
+// some query of the block has hidden keys: otherwise (a window as long as the context) no extra
+// column (undefined), and the block is computed exactly as without it.
+BlockedAttention::Compensation BlockedAttention::compensation(const Block& b) const {
+    const int64_t n = b.n;
+    auto qp = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n});
+    auto a = win_.sink.view({B_, H_, 1}).expand({B_, H_, n});
+    if (window_ > 0) a = torch::maximum(a, qp - window_ + 1);
+    auto e = qp - win_.recent.view({B_, H_, 1}) + 1;
+    auto count = e - a;
+    auto use = ((count > 0) & win_.compensate.view({B_, H_, 1})).reshape({B_ * K_, g_ * n});
+    Compensation c;
+    if (!use.any().item<bool>()) return c;
+    auto at_ = [&](const at::Tensor& P, const at::Tensor& i) {
+        return P.gather(1, i.clamp(0, S_).reshape({B_ * K_, g_ * n, 1}).expand({B_ * K_, g_ * n, d_}));
+    };
+    auto cnt = count.clamp_min(1).reshape({B_ * K_, g_ * n, 1}).to(acc_);
+    auto kbar = (at_(pk_, e) - at_(pk_, a)) / cnt;
+    c.vbar = (at_(pv_, e) - at_(pv_, a)) / cnt;
+    auto extra = (b.qb.to(acc_) * kbar).sum(-1);  // qb carries the scale when scale_in_q
+    if (!scale_in_q_) extra.mul_(scale_);
+    if (cfg_.attn_softcap > 0) extra.div_(cfg_.attn_softcap).tanh_().mul_(cfg_.attn_softcap);
+    c.extra = extra.to(torch::kFloat).masked_fill(use.logical_not(), neg_inf_);
+    return c;
+}
+
+// Observers see rows of full width S: the block's columns [lo, hi), the rest -inf or 0.
+at::Tensor BlockedAttention::full_width(const at::Tensor& block, const Block& b, float fill) {
+    const int64_t n = b.n, m = block.size(2), lo = b.lo;
+    auto b4 = block.view({B_, H_, n, m});
+    if (lo == 0 && m == S_) return b4;
+    if (!wide_buf_.defined()) wide_buf_ = at::empty({cap_}, b4.options());
+    auto out = from(wide_buf_, {B_, H_, n, S_});
+    if (lo > 0) out.narrow(3, 0, lo).fill_(fill);
+    if (lo + m < S_) out.narrow(3, lo + m, S_ - lo - m).fill_(fill);
+    out.narrow(3, lo, m).copy_(b4);
+    return out;
+}
+
+// One part's attention: qp [P, g*n, d] against keys kp, vp [P, m', d] at absolute positions kpos [m'],
+// masked causally, by the layer's sliding window and by the part's windows [P, g].
+at::Tensor BlockedAttention::part(const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& kpos,
+                                  const at::Tensor& snk, const at::Tensor& rec, const Block& b) const {
+    const int64_t P = qp.size(0), mk = kp.size(1), n = b.n;
+    auto sc = at::bmm(qp, kp.transpose(1, 2));
+    if (!scale_in_q_) sc.mul_(scale_);
+    if (cfg_.attn_softcap > 0) sc.div_(cfg_.attn_softcap).tanh_().mul_(cfg_.attn_softcap);
+    auto kk = kpos.view({1, 1, 1, mk}), qq = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n, 1});
+    auto hide = kk > qq;
+    if (window_ > 0) hide = hide | (kk <= qq - window_);
+    hide = hide | ((kk >= snk.view({P, g_, 1, 1})) & (kk <= qq - rec.view({P, g_, 1, 1})));
+    sc.view({P, g_, n, mk}).masked_fill_(hide, neg_inf_);
+    return at::bmm(torch::softmax(sc.to(torch::kFloat), -1).to(dtype_), vp);  // [P, g*n, d]
+}
+
+// A block where some groups stream: those over their sink keys [lo, gap_lo) and recent keys
+// [gap_hi, hi) only, the others over [lo, hi). z [B, H, n, d].
+at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, int64_t gap_hi) {
+    const int64_t lo = b.lo, hi = b.hi, m = b.m();
+    auto kv4 = k_.permute({0, 2, 1, 3}), vv4 = v_.permute({0, 2, 1, 3});  // [B, K, S, d] views
+    auto cols = [&](const at::Tensor& x4) {  // the streaming groups' keys: [lo, gap_lo) and [gap_hi, hi)
+        auto recent = x4.narrow(2, gap_hi, hi - gap_hi);
+        auto c = gap_lo > lo ? torch::cat({x4.narrow(2, lo, gap_lo - lo), recent}, 2) : recent;
+        return c.index({b_s_, kv_s_});  // [P_s, keys, d]
+    };
+    auto kpos_s = gap_lo > lo ? torch::cat({torch::arange(lo, gap_lo, pos_opts_), torch::arange(gap_hi, hi, pos_opts_)})
+                              : torch::arange(gap_hi, hi, pos_opts_);
+    auto zb = at::empty({B_ * K_, g_ * b.n, d_}, b.qb.options());
+    zb.index_copy_(0, idx_s_, part(b.qb.index_select(0, idx_s_), cols(kv4), cols(vv4), kpos_s, sink_s_, recent_s_, b));
+    if (idx_f_.numel() > 0) {
+        auto kf = kv4.narrow(2, lo, m).index({b_f_, kv_f_}), vf = vv4.narrow(2, lo, m).index({b_f_, kv_f_});
+        zb.index_copy_(0, idx_f_, part(b.qb.index_select(0, idx_f_), kf, vf, torch::arange(lo, hi, pos_opts_), sink_f_,
+                                       recent_f_, b));
+    }
+    return zb.view({B_, H_, b.n, d_});
+}
+
+}  // namespace
+
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache, int64_t attn_block, bool per_row) {
-    const ModelConfig& cfg = m.config;
-    const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
     if (cache) std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
-    const int64_t S = k.size(1), past = S - T;
     if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
-
-    if (uses_fused_attention(m, layer, hooks, per_row)) {
-        // libtorch's fused kernel: [B, H, T, d] against the kv heads repeated to H (GQA), the causal
-        // mask as a flag when there is no cache, else as [T, S] with the sliding window folded in.
-        const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
-        auto q4 = q.permute({0, 2, 1, 3});
-        auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});
-        if (H != K) k4 = k4.repeat_interleave(H / K, 1), v4 = v4.repeat_interleave(H / K, 1);
-        const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
-        const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
-        auto z = compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});  // [B, T, H, d]
-        return attention_output(m, layer, z, hooks, per_row);
-    }
-
-    // Query head h reads kv head h / g (grouped-query attention). The g query heads of a kv head
-    // are stacked into one product against that kv head's keys, [g*n, d] x [d, S], so k and v
-    // are never expanded to H heads; products are [B*K, g*n, .], which is [B, H, n, .] in memory.
-    // q, k, v are made contiguous once per layer, so each block's products read them in place.
-    const int64_t g = H / K;
-    // k3, v3 [B*K, S, d] are made on first use: a block whose groups all stream (below) reads its
-    // few keys straight from k and v, and a decode step of such a layer never copies the cache.
-    at::Tensor k3, v3;
-    // A KV cache's views are already [B*K] matrices of [S, d] rows (KVCache: [B, K, capacity, d]
-    // buffers): the reshape is then a view and nothing is copied; a fresh k is copied once.
-    auto as_kv3 = [&](const at::Tensor& x) {
-        auto r = x.permute({0, 2, 1, 3}).reshape({B * K, S, d});
-        return r.stride(2) == 1 && r.stride(1) == d ? r : r.contiguous();
-    };
-    auto need_kv3 = [&] {
-        if (k3.defined()) return;
-        k3 = as_kv3(k), v3 = as_kv3(v);
-    };
-    auto q3 = q.permute({0, 2, 1, 3}).reshape({B * K, g, T, d}).contiguous();
-    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
-    // A power-of-two scale (d_head 64: 1/8) is applied to q before the product: scaling by 2^k is
-    // exact, so the scores are bit-identical to (q k^T) * scale, at a [T, d] pass instead of [T, S].
-    int exponent = 0;
-    const bool scale_in_q = std::frexp(scale, &exponent) == 0.5;
-    if (scale_in_q) q3 = q3 * scale;
-    const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
-    const float neg_inf = -std::numeric_limits<float>::infinity();
-    // Attention windows (Intervention::kStream, docs/forward.md "Attention windows"): a [B, H, n, m]
-    // mask per block on top of the layer's own; with compensation, prefix sums of the keys and values
-    // give each query the means of the keys its window hides, one more column of the softmax.
-    const LayerWindows win = hooks && hooks->has_windows(layer) ? hooks->windows(layer, B, H, q.device()) : LayerWindows{};
-    const auto acc = q.device().is_mps() ? torch::kFloat : torch::kDouble;  // prefix sums: double where there is one
-    at::Tensor pk, pv;  // [B*K, S + 1, d]: sums of the first s keys / values
-    if (win.any_compensate) {
-        need_kv3();
-        auto zero = torch::zeros({B * K, 1, d}, k3.options().dtype(acc));
-        pk = torch::cat({zero, k3.to(acc).cumsum(1)}, 1);
-        pv = torch::cat({zero, v3.to(acc).cumsum(1)}, 1);
-    }
-    const auto pos_opts = torch::TensorOptions().dtype(torch::kLong).device(q.device());
-    // Whole [B, H, T, S] scores only when someone needs them whole; otherwise query blocks, each
-    // against only the keys some row of the block can see: keys [lo, hi) with hi = the block's
-    // last position + 1 (causal) and lo = its first position - window + 1 (sliding window). Row i
-    // of a block is row q0 + i of the whole, computed the same way (the skipped keys are the ones
-    // the mask sets to -inf, whose softmax weight is exactly 0); observers are handed rows of full
-    // width S, padded with -inf (scores) or 0 (pattern).
-    const bool whole = hooks && (hooks->needs_whole(Point::kAttnScores, layer) ||
-                                 hooks->needs_whole(Point::kAttnPattern, layer));
-    const bool see_scores = !whole && hooks && hooks->wants(Point::kAttnScores, layer);
-    const bool see_pattern = !whole && hooks && hooks->wants(Point::kAttnPattern, layer);
-    const int64_t rows = whole ? T : attention_block_rows(attn_block, B, H, T, S);
-    // Blocks reuse one scratch buffer per tensor for the whole layer (allocated once, at the largest
-    // block), instead of allocating, page-faulting and freeing fresh [B, H, rows, m] tensors block
-    // after block: at T = 4096 that was ~4 x 25 MiB x 32 blocks per layer. Row observers are told
-    // not to keep what they are handed (src/hooks.h); whole-tensor hooks get fresh tensors.
-    const bool reuse = !whole && T > rows;
-    const bool fp32 = q.scalar_type() == at::kFloat;
-    const int64_t cap = B * H * rows * S;
-    at::Tensor scores_buf, pattern_buf, wide_buf;
-    if (reuse) {
-        scores_buf = at::empty({cap}, q3.options());
-        if (fp32) pattern_buf = at::empty({cap}, q3.options());
-    }
-    auto from = [](const at::Tensor& buf, at::IntArrayRef shape) {
-        return buf.narrow(0, 0, c10::multiply_integers(shape)).view(shape);
-    };
-    // Observers see rows of full width S: the block's columns [lo, hi), the rest -inf or 0.
-    auto full_width = [&](const at::Tensor& block, int64_t n, int64_t lo, float fill) {
-        const int64_t m = block.size(2);
-        auto b4 = block.view({B, H, n, m});
-        if (lo == 0 && m == S) return b4;
-        if (!wide_buf.defined()) wide_buf = at::empty({cap}, b4.options());
-        auto out = from(wide_buf, {B, H, n, S});
-        if (lo > 0) out.narrow(3, 0, lo).fill_(fill);
-        if (lo + m < S) out.narrow(3, lo + m, S - lo - m).fill_(fill);
-        out.narrow(3, lo, m).copy_(b4);
-        return out;
-    };
-    at::Tensor upper;  // the causal corner mask, built once per block height
-    // Streaming groups read only the keys their windows show. When nobody observes the scores or the
-    // pattern and no window compensates, the (row, kv head) groups whose every query head has a
-    // window (idx_s) run their own product over the block's sink keys [lo, gap_lo) and recent keys
-    // [gap_hi, hi), skipping the keys between, which no head of theirs can see; the other groups
-    // (idx_f) run over [lo, hi) as usual. The same scores, masks and softmax over fewer columns.
-    at::Tensor idx_s, idx_f, sink_s, recent_s, sink_f, recent_f;
-    at::Tensor b_s, kv_s, b_f, kv_f;  // each group's (row, kv head), to read its keys from k and v [B, S, K, d]
-    int64_t smax = 0, rmax = 0;
-    if (win.defined() && !win.any_compensate && !whole && !see_scores && !see_pattern) {
-        auto rec = win.recent.to(torch::kCPU).reshape({B * K, g}), snk = win.sink.to(torch::kCPU).reshape({B * K, g});
-        auto streams = (rec < LayerWindows::kNoWindow).all(1);  // [B*K]
-        if (streams.any().item<bool>()) {
-            auto is = streams.nonzero().view(-1), isf = streams.logical_not().nonzero().view(-1);
-            smax = snk.index_select(0, is).max().item<int64_t>();
-            rmax = rec.index_select(0, is).max().item<int64_t>();
-            auto dev = [&](const at::Tensor& t) { return t.to(q.device()); };
-            sink_s = dev(snk.index_select(0, is)), recent_s = dev(rec.index_select(0, is));
-            sink_f = dev(snk.index_select(0, isf)), recent_f = dev(rec.index_select(0, isf));
-            b_s = dev(at::div(is, K, "floor")), kv_s = dev(is.remainder(K));
-            b_f = dev(at::div(isf, K, "floor")), kv_f = dev(isf.remainder(K));
-            idx_s = dev(is), idx_f = dev(isf);
-        }
-    }
-    // One part's attention: qp [P, g*n, d] against keys kp, vp [P, m', d] at absolute positions kpos [m'],
-    // masked causally, by the layer's sliding window and by the part's windows [P, g].
-    auto part = [&](const at::Tensor& qp, const at::Tensor& kp, const at::Tensor& vp, const at::Tensor& kpos,
-                    const at::Tensor& snk, const at::Tensor& rec, int64_t first, int64_t n) {
-        const int64_t P = qp.size(0), mk = kp.size(1);
-        auto sc = at::bmm(qp, kp.transpose(1, 2));
-        if (!scale_in_q) sc.mul_(scale);
-        if (cfg.attn_softcap > 0) sc.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
-        auto kk = kpos.view({1, 1, 1, mk}), qq = torch::arange(first, first + n, pos_opts).view({1, 1, n, 1});
-        auto hide = kk > qq;
-        if (window > 0) hide = hide | (kk <= qq - window);
-        hide = hide | ((kk >= snk.view({P, g, 1, 1})) & (kk <= qq - rec.view({P, g, 1, 1})));
-        sc.view({P, g, n, mk}).masked_fill_(hide, neg_inf);
-        return at::bmm(torch::softmax(sc.to(torch::kFloat), -1).to(q.scalar_type()), vp);  // [P, g*n, d]
-    };
-    std::vector<at::Tensor> zs;
-    for (int64_t q0 = 0; q0 < T; q0 += rows) {
-        const int64_t n = std::min(rows, T - q0);
-        const int64_t first = past + q0;  // absolute position of the block's first query
-        int64_t lo = 0, hi = S;
-        if (!whole) {
-            hi = std::min(S, first + n);
-            if (window > 0) lo = std::max<int64_t>(0, first - window + 1);
-        }
-        const int64_t m = hi - lo;
-        auto qb = (n == T ? q3 : q3.narrow(2, q0, n)).reshape({B * K, g * n, d});
-        const int64_t gap_lo = std::min(std::max(smax, lo), hi), gap_hi = std::min(hi, std::max(gap_lo, first - rmax + 1));
-        if (idx_s.defined() && gap_hi > gap_lo) {
-            auto kv4 = k.permute({0, 2, 1, 3}), vv4 = v.permute({0, 2, 1, 3});  // [B, K, S, d] views
-            auto cols = [&](const at::Tensor& x4) {  // the streaming groups' keys: [lo, gap_lo) and [gap_hi, hi)
-                auto recent = x4.narrow(2, gap_hi, hi - gap_hi);
-                auto c = gap_lo > lo ? torch::cat({x4.narrow(2, lo, gap_lo - lo), recent}, 2) : recent;
-                return c.index({b_s, kv_s});  // [P_s, keys, d]
-            };
-            auto kpos_s = gap_lo > lo ? torch::cat({torch::arange(lo, gap_lo, pos_opts), torch::arange(gap_hi, hi, pos_opts)})
-                                      : torch::arange(gap_hi, hi, pos_opts);
-            auto zb = at::empty({B * K, g * n, d}, qb.options());
-            zb.index_copy_(0, idx_s, part(qb.index_select(0, idx_s), cols(kv4), cols(vv4), kpos_s, sink_s, recent_s, first, n));
-            if (idx_f.numel() > 0) {
-                auto kf = kv4.narrow(2, lo, m).index({b_f, kv_f}), vf = vv4.narrow(2, lo, m).index({b_f, kv_f});
-                zb.index_copy_(0, idx_f, part(qb.index_select(0, idx_f), kf, vf, torch::arange(lo, hi, pos_opts), sink_f,
-                                              recent_f, first, n));
-            }
-            zs.push_back(zb.view({B, H, n, d}));
-            continue;
-        }
-        need_kv3();
-        auto kt = (m == S ? k3 : k3.narrow(1, lo, m)).transpose(1, 2);
-        at::Tensor scores;  // [B*K, g*n, m] = [B, H, n, m]
-        if (reuse) {
-            scores = from(scores_buf, {B * K, g * n, m});
-            at::bmm_out(scores, qb, kt);
-        } else {
-            scores = at::bmm(qb, kt);
-        }
-        if (!scale_in_q) scores.mul_(scale);
-        if (cfg.attn_softcap > 0) scores.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
-        if (window == 0 && hi == first + n && n >= 1) {
-            // Causal only: the masked entries all lie in the last n columns, above the diagonal.
-            if (n > 1) {
-                if (!upper.defined() || upper.size(0) != n)
-                    upper = torch::ones({n, n}, torch::TensorOptions().dtype(torch::kBool).device(q.device())).triu(1);
-                scores.view({B * K, g, n, m}).narrow(3, m - n, n).masked_fill_(upper, neg_inf);
-            }
-        } else {
-            auto vis = visible_mask(n, m, first - lo, window, q.device());
-            scores.view({B * K, g, n, m}).masked_fill_(vis.logical_not(), neg_inf);
-        }
-        at::Tensor extra, vbar;  // compensation: [B*K, g*n] scores and [B*K, g*n, d] mean values
-        if (win.defined()) {
-            auto kpos = torch::arange(lo, hi, pos_opts).view({1, 1, 1, m});
-            auto qpos = torch::arange(first, first + n, pos_opts).view({1, 1, n, 1});
-            auto sink = win.sink.view({B, H, 1, 1}), recent = win.recent.view({B, H, 1, 1});
-            scores.view({B, H, n, m}).masked_fill_((kpos >= sink) & (kpos <= qpos - recent), neg_inf);
-            if (win.any_compensate) {
-                // Hidden keys of query p: [a, e) with a = max(sink, p - window + 1), e = p - recent + 1.
-                auto qp = qpos.view({1, 1, n});
-                auto a = win.sink.view({B, H, 1}).expand({B, H, n});
-                if (window > 0) a = torch::maximum(a, qp - window + 1);
-                auto e = qp - win.recent.view({B, H, 1}) + 1;
-                auto count = e - a;
-                auto use = ((count > 0) & win.compensate.view({B, H, 1})).reshape({B * K, g * n});
-                // Only when some query of the block has hidden keys: otherwise (a window as long as
-                // the context) no extra column, and the block is computed exactly as without it.
-                if (use.any().item<bool>()) {
-                    auto at_ = [&](const at::Tensor& P, const at::Tensor& i) {
-                        return P.gather(1, i.clamp(0, S).reshape({B * K, g * n, 1}).expand({B * K, g * n, d}));
-                    };
-                    auto cnt = count.clamp_min(1).reshape({B * K, g * n, 1}).to(acc);
-                    auto kbar = (at_(pk, e) - at_(pk, a)) / cnt;
-                    vbar = (at_(pv, e) - at_(pv, a)) / cnt;
-                    extra = (qb.to(acc) * kbar).sum(-1);  // qb carries the scale when scale_in_q
-                    if (!scale_in_q) extra.mul_(scale);
-                    if (cfg.attn_softcap > 0) extra.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
-                    extra = extra.to(torch::kFloat).masked_fill(use.logical_not(), neg_inf);
-                }
-            }
-        }
-        if (whole) scores = hook(hooks, Point::kAttnScores, layer, scores.view({B, H, n, m})).reshape({B * K, g * n, m});
-        else if (see_scores) hooks->run_rows(Point::kAttnScores, layer, q0, full_width(scores, n, lo, neg_inf));
-        at::Tensor pattern;  // [B*K, g*n, m], softmax in fp32
-        at::Tensor extra_w;  // compensation: the weight of the mean key [B*K, g*n, 1]
-        if (extra.defined()) {
-            auto p = torch::softmax(torch::cat({scores.to(torch::kFloat), extra.unsqueeze(-1)}, -1), -1);
-            pattern = p.narrow(2, 0, m).contiguous().to(q.scalar_type());
-            extra_w = p.narrow(2, m, 1);
-        } else if (reuse && fp32) {
-            pattern = from(pattern_buf, {B * K, g * n, m});
-            at::_softmax_out(pattern, scores, -1, false);
-        } else {
-            pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());
-        }
-        scores = at::Tensor();
-        if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern.view({B, H, n, m})).reshape({B * K, g * n, m});
-        else if (see_pattern) hooks->run_rows(Point::kAttnPattern, layer, q0, full_width(pattern, n, lo, 0.0f));
-        auto zb = at::bmm(pattern, m == S ? v3 : v3.narrow(1, lo, m));
-        if (extra_w.defined()) zb = (zb.to(acc) + extra_w.to(acc) * vbar).to(zb.scalar_type());
-        zs.push_back(zb.view({B, H, n, d}));
-    }
-    auto z = (zs.empty() ? torch::zeros({B, H, 0, d}, q.options()) : zs.size() == 1 ? zs[0] : torch::cat(zs, 2))
-                 .permute({0, 2, 1, 3});  // [B, T, H, d]
-    zs.clear();
+    const at::Tensor z = uses_fused_attention(m, layer, hooks, per_row)
+                             ? fused_z(m.config, layer, q, k, v)
+                             : BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z();  // [B, T, H, d]
     return attention_output(m, layer, z, hooks, per_row);
 }
 

@@ -43,8 +43,9 @@ void Hooks::intervene_q(const HeadIntervention& iv) { q_ivs_.push_back(iv); }
 void Hooks::intervene_q_pre_rope(const HeadIntervention& iv) { q_pre_ivs_.push_back(iv); }
 
 void Hooks::window(const HeadWindow& w) {
-    if (w.sink < 0) throw ConfigError(fmt::format("attention window: sink {} is negative", w.sink));
-    if (w.recent < 1) throw ConfigError(fmt::format("attention window: recent {} must be at least 1 (the query sees itself)", w.recent));
+    if (w.window.sink < 0) throw ConfigError(fmt::format("attention window: sink {} is negative", w.window.sink));
+    if (w.window.recent < 1)
+        throw ConfigError(fmt::format("attention window: recent {} must be at least 1 (the query sees itself)", w.window.recent));
     windows_.push_back(w);
 }
 
@@ -114,9 +115,9 @@ LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device)
             where = torch::zeros({B, H}, torch::kBool);
             where.index_put_({w.row < 0 ? Slice() : Slice(w.row, w.row + 1), w.head}, true);
         }
-        sink.masked_fill_(where, w.sink);
-        recent.masked_fill_(where, w.recent);
-        comp.masked_fill_(where, w.compensate);
+        sink.masked_fill_(where, w.window.sink);
+        recent.masked_fill_(where, w.window.recent);
+        comp.masked_fill_(where, w.window.compensate);
     }
     lw.any_compensate = comp.any().item<bool>();
     lw.sink = sink.to(device);

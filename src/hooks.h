@@ -53,21 +53,26 @@ struct HeadIntervention {
     int64_t peer = -1;  // for kAddPeer: the row read (row must be >= 0 and differ from it)
 };
 
-// An attention window on query heads (Intervention::kStream; docs/forward.md, "Attention windows"):
-// query position q sees keys [0, sink) and (q - recent, q], and on a sliding-window layer only
-// those the layer's window shows too (the tighter of the two). With `compensate`, one more key and
-// value, the means of the keys and values the window hides from q that the layer would show
-// (RazorAttention's compensation token), scored like any key. Which heads: `head` in batch row
-// `row` (-1: every row), or, when `rows_heads` is defined, every (row, head) where that [B, H]
-// bool tensor is true (the ablation engine's per-row configurations).
+// An attention window's settings (Intervention::kStream; docs/forward.md, "Attention windows"):
+// query position q sees keys [0, sink) and (q - recent, q], and on a sliding-window layer only those
+// the layer's window shows too (the tighter of the two). With `compensate`, one more key and value,
+// the means of the keys and values the window hides from q that the layer would show
+// (RazorAttention's compensation token), scored like any key. The defaults are the command line's.
+struct StreamWindow {
+    int64_t sink = 4;
+    int64_t recent = 64;  // >= 1: the query always sees itself
+    bool compensate = false;
+};
+
+// Which query heads get a window: `head` in batch row `row` (-1: every row), or, when `rows_heads`
+// is defined, every (row, head) where that [B, H] tensor is nonzero (the ablation engine's per-row
+// configurations).
 struct HeadWindow {
     int layer = 0;
     int head = 0;
     int64_t row = -1;
-    int64_t sink = 0;
-    int64_t recent = 1;  // >= 1: the query always sees itself
-    bool compensate = false;
-    at::Tensor rows_heads;  // [B, H] bool, optional
+    StreamWindow window;
+    at::Tensor rows_heads;  // [B, H], optional
 };
 
 // One layer's windows as the attention reads them: [B, H] on the attention's device. A head
@@ -104,7 +109,7 @@ public:
     void intervene_q(const HeadIntervention& iv);
     // Head-level interventions on the query before RoPE (after q-norm where the family has one):
     // the family then rotates the result at each position like any query. A replaced pre-RoPE
-    // query is LOCOS's mean-query ablation (docs/methods.md); a zeroed one equals a zeroed query.
+    // query is LOCOS's mean-query ablation (mean-query-pre-rope in src/intervention.h; docs/methods.md); a zeroed one equals a zeroed query.
     void intervene_q_pre_rope(const HeadIntervention& iv);
     // An attention window (above). ConfigError for sink < 0 or recent < 1.
     void window(const HeadWindow& w);

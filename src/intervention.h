@@ -1,46 +1,45 @@
-// The one vocabulary of head interventions: what is done to a head's activation, and where.
-// `headscope run` / `ablate` (YAML `mode:`), `headscope retrieval --ablation`, the toy trainer's
-// checks and every later experiment name interventions from this table, so a name means one thing.
+// The one vocabulary of head interventions: what is done to a head's activation, and where, and the
+// one applier that turns an intervention into hook calls. `headscope run` / `ablate` (YAML `mode:`),
+// `headscope retrieval --ablation`, `generate --rows`, the toy trainer's checks and every later
+// experiment name interventions from this table, so a name means one thing.
 //
-//   name        acts on                         the head's activation becomes
-//   zero        attn.z (before W_O)             0
-//   mean        attn.z                          the mean over a reference dataset
-//   resample    attn.z                          another row's activation (a reference row)
-//   scale       attn.z                          factor x itself
-//   zero-query  attn.q (after RoPE)             0: uniform attention over the visible keys
-//   mean-query  attn.q (YAML studies: after RoPE, per position or pooled)
-//               attn.q_pre_rope (retrieval: LOCOS's pre-RoPE mean, rotated at each position)
-//   stream      the attention mask (keys)       its attention over a window: the first `sink` keys and
-//                                               the last `recent` up to the query (StreamWindow;
-//                                               DuoAttention's streaming heads, RazorAttention's
-//                                               compensation token as an option)
+//   name                 acts on                       the head's activation becomes
+//   zero                 attn.z (before W_O)           0
+//   mean                 attn.z                        the mean over a reference dataset
+//   resample             attn.z                        another row's activation (a reference row)
+//   scale                attn.z                        factor x itself
+//   zero-query           attn.q (after RoPE)           0: uniform attention over the visible keys
+//   mean-query           attn.q (after RoPE)           the mean over a reference dataset (per position
+//                                                      or pooled), as `mean` does for z
+//   mean-query-pre-rope  attn.q_pre_rope               a given pre-RoPE query (LOCOS's calibration
+//                                                      mean), which RoPE then rotates at each position
+//   stream               the attention mask (keys)     its attention over a window: the first `sink`
+//                                                      keys and the last `recent` up to the query
+//                                                      (StreamWindow; DuoAttention's streaming heads,
+//                                                      RazorAttention's compensation token as an option)
 //
-// Two appliers read this table: Hooks::intervene_z / intervene_q / intervene_q_pre_rope take one
-// head (one batch row or all), used by the needle harness, the trainer and the detectors
-// (`HeadSet` in probes/needle.h); the ablation engine applies a whole configuration per batch row as
-// one [B, 1, H, 1] mask on the same point (probes/ablation.cpp, add_edits), which is the batched
-// form of the same operation. Stream is applied inside the attention (Hooks::window, one head or a
-// [B, H] mask of (row, head) pairs): docs/forward.md, "Attention windows".
+// (The needle scan's `retrieval --ablation mean-query` still names LOCOS's pre-RoPE mean with the
+// study's word: probes/needle.cpp applies it itself until it moves to apply_intervention, issue 33.)
+//
+// apply_intervention() below is the one place an Intervention becomes hook calls, in two forms that
+// do the same operation: on a list of heads in one batch row or all (Hooks::intervene_z / intervene_q
+// / intervene_q_pre_rope / window: the decoding rows, the needle harness's HeadSet), or per batch row
+// on one layer through a [R, H] mask (the ablation engine's configurations, DuoAttention's gates).
+// Each caller passes the interventions it allows.
 #pragma once
 
+#include "heads.h"
+#include "hooks.h"
 #include "names.h"
 
-#include <algorithm>
+#include <ATen/core/Tensor.h>
+
 #include <string>
 #include <vector>
 
 namespace hs {
 
-enum class Intervention { kNone, kZero, kMean, kResample, kScale, kZeroQuery, kMeanQuery, kStream };
-
-// kStream's parameters: query position q of the head sees keys [0, sink) and (q - recent, q]
-// (on a sliding-window layer only those its window shows too); with `compensate`, one more key
-// and value, the means of the keys and values it no longer sees (RazorAttention).
-struct StreamWindow {
-    int64_t sink = 4;
-    int64_t recent = 64;
-    bool compensate = false;
-};
+enum class Intervention { kNone, kZero, kMean, kResample, kScale, kZeroQuery, kMeanQuery, kMeanQueryPreRope, kStream };
 
 // Every intervention a user can name, in the order help texts and messages list them.
 const NameTable<Intervention>& intervention_names();
@@ -49,45 +48,46 @@ const char* intervention_name(Intervention i);  // "none" for kNone
 Intervention parse_intervention(const std::string& s, const std::string& what = "mode",
                                 const std::vector<Intervention>& allowed = {});
 std::vector<std::string> intervention_name_list(const std::vector<Intervention>& allowed = {});
+// The interventions an ablation study runs (YAML `mode:`, `ablate --mode`: the ablation engine's
+// per-row masks), in the table's order: every one but mean-query-pre-rope.
+const std::vector<Intervention>& study_interventions();
+const NameTable<Intervention>& study_intervention_names();
 
-// Acts on the query (zero-query, mean-query) rather than on z.
-bool on_query(Intervention i);
-// Needs a clean reference run (mean, mean-query, resample).
+// The capture point whose activation the intervention replaces (attn.z, attn.q or attn.q_pre_rope);
+// stream edits no activation (it acts on the mask) and kNone nothing: Point::kCount for both.
+Point intervention_point(Intervention i);
+// Needs a clean run over a study's reference dataset (mean, mean-query, resample).
 bool needs_reference(Intervention i);
 
-// ---- definitions (header-only: small, and shared by src/, probes/ and tools/)
+// What an intervention needs besides its kind; each field is read only by the kinds named.
+struct InterventionSpec {
+    Intervention mode = Intervention::kNone;
+    double factor = 1.0;  // scale: the factor (per head); the per-row form may give one per row
+    // mean, mean-query, mean-query-pre-rope on heads: [L, H, d], the replacement of head (l, h) at
+    // every position. On one layer's rows: that layer's [H, d] (pooled) or [T, H, d] (per position,
+    // its first T rows), or for resample [R, T, H, d] (row r's replacement).
+    at::Tensor value;
+    StreamWindow window;  // stream
+};
 
-inline const NameTable<Intervention>& intervention_names() {
-    static const NameTable<Intervention> t = {
-        {Intervention::kZero, "zero"},           {Intervention::kMean, "mean"},
-        {Intervention::kResample, "resample"},   {Intervention::kScale, "scale"},
-        {Intervention::kZeroQuery, "zero-query"}, {Intervention::kMeanQuery, "mean-query"},
-        {Intervention::kStream, "stream"},
-    };
-    return t;
-}
+// `heads` in batch row `row` (-1: every row), through the head-level hooks. HS_REQUIRE (a caller's
+// bug) for a mode outside `allowed` or one with no head-level form (resample).
+void apply_intervention(Hooks& hooks, const InterventionSpec& spec, const std::vector<Head>& heads, int64_t row,
+                        const std::vector<Intervention>& allowed);
 
-inline const char* intervention_name(Intervention i) { return i == Intervention::kNone ? "none" : name_in(intervention_names(), i); }
-
-inline std::vector<std::string> intervention_name_list(const std::vector<Intervention>& allowed) {
-    if (allowed.empty()) return names_in(intervention_names());
-    std::vector<std::string> out;
-    for (auto a : allowed) out.emplace_back(intervention_name(a));
-    return out;
-}
-
-inline Intervention parse_intervention(const std::string& s, const std::string& what, const std::vector<Intervention>& allowed) {
-    const auto found = find_in(intervention_names(), s);
-    bool ok = found.has_value();
-    if (ok && !allowed.empty()) ok = std::find(allowed.begin(), allowed.end(), *found) != allowed.end();
-    if (!ok) throw UsageError(what + " '" + s + "': expected " + or_list(intervention_name_list(allowed)));
-    return *found;
-}
-
-inline bool on_query(Intervention i) { return i == Intervention::kZeroQuery || i == Intervention::kMeanQuery; }
-
-inline bool needs_reference(Intervention i) {
-    return i == Intervention::kMean || i == Intervention::kMeanQuery || i == Intervention::kResample;
-}
+// One layer's per-row form: row r of the forward's batch has head h intervened where mask[r][h] is
+// nonzero ([R, H], on the model's device). The activation x becomes x + d (v - x) with d the row's
+// mask ([R, 1, H, 1]): zero and zero-query as x (1 - d), scale as x (1 + d (factor - 1)), mean,
+// mean-query and resample with v = spec.value; stream gives those (row, head) pairs the window.
+// row_factors (scale, optional): [R] one factor per row (a scale grid), else spec.factor.
+// per_position (mean, mean-query): spec.value is [T, H, d] rather than [H, d].
+struct LayerRows {
+    int layer = 0;
+    at::Tensor mask;         // [R, H]
+    at::Tensor row_factors;  // [R] double, optional
+    bool per_position = false;
+};
+void apply_intervention(Hooks& hooks, const InterventionSpec& spec, const LayerRows& rows,
+                        const std::vector<Intervention>& allowed);
 
 }  // namespace hs

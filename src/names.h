@@ -37,6 +37,15 @@ std::vector<std::string> names_in(const NameTable<E>& t) {
     return out;
 }
 
+// The entries of `t` for `values`, in the order of `values`: a caller's subset of a vocabulary, so
+// that its messages and help list only what it accepts, under the table's one name for each.
+template <class E>
+NameTable<E> subset_of(const NameTable<E>& t, const std::vector<E>& values) {
+    NameTable<E> out;
+    for (E v : values) out.emplace_back(v, name_in(t, v));
+    return out;
+}
+
 // "a, b or c" (for messages and help text).
 inline std::string or_list(const std::vector<std::string>& names) {
     std::string s;
@@ -49,7 +58,7 @@ inline std::string or_list(const std::vector<std::string>& names) {
 template <class E>
 E parse_name(const NameTable<E>& t, const std::string& s, const std::string& what) {
     if (auto v = find_in(t, s)) return *v;
-    throw UsageError(what + " '" + s + "': expected " + or_list(names_in(t)));
+    throw UsageError((what.empty() ? "" : what + " ") + "'" + s + "': expected " + or_list(names_in(t)));
 }
 
 }  // namespace hs

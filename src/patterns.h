@@ -1,5 +1,5 @@
 // Attention-pattern reductions, one implementation each, shared by the head detectors (probes/)
-// and the toy trainer's attention statistics (src/train.cpp). Every reduction consumes a block of
+// and the toy trainer's attention statistics (src/train/train.cpp). Every reduction consumes a block of
 // query rows of one layer's pattern, rows [B, H, n, S] holding queries [q0, q0 + n), and returns
 // that block's partial sum [B, H] (float32): the whole-pattern value is the sum over blocks. So a
 // consumer subscribed with Hooks::capture_rows lets attention run in query blocks and never form

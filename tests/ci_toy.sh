@@ -2,9 +2,10 @@
 # The CI toy models, trained once per build tree and reused by every test that needs one.
 # Usage: tests/ci_toy.sh TASK HEADSCOPE_BINARY   (TASK: induction | recall)
 # Prints the model folder on stdout. The folder is $HEADSCOPE_CI_TOY_DIR/TASK (default
-# build/ci-toy/TASK); it is trained (seed 1, one thread, the CI step counts below) when absent or
-# when its training_log.json is from another recipe or step count, under a lock so that tests run
-# in parallel train it once.
+# build/ci-toy/TASK); when absent or from another recipe or step count it is copied from
+# tests/fixtures/ci-toy/TASK (the same recipe's output, shipped: no training on a clean clone), or,
+# when that one is from another recipe too, trained (seed 1, one thread, the CI step counts below);
+# under a lock so that tests run in parallel do it once.
 set -euo pipefail
 task="$1"; hs="$2"
 case "$task" in
@@ -16,18 +17,23 @@ src="$(cd "$(dirname "$0")/.." && pwd)"
 root="${HEADSCOPE_CI_TOY_DIR:-$src/build/ci-toy}"
 mkdir -p "$root"
 dir="$root/$task"
-recipe=$(grep -o 'kRecipeVersion = [0-9]*' "$src/src/train.cpp" | grep -o '[0-9]*$')
-fresh() {
-  [ -f "$dir/training_log.json" ] &&
-    grep -q "\"recipe_version\": *$recipe[,}]" "$dir/training_log.json" &&
-    grep -q "\"steps\": *$steps[,}]" "$dir/training_log.json" &&
-    grep -q "\"seed\": *1[,}]" "$dir/training_log.json"
+recipe=$(grep -o 'kRecipeVersion = [0-9]*' "$src/src/train/train.cpp" | grep -o '[0-9]*$')
+shipped="$src/tests/fixtures/ci-toy/$task"
+fresh() {  # fresh FOLDER: trained by this recipe with the CI steps and seed
+  [ -f "$1/training_log.json" ] && [ -f "$1/model.safetensors" ] &&
+    grep -q "\"recipe_version\": *$recipe[,}]" "$1/training_log.json" &&
+    grep -q "\"steps\": *$steps[,}]" "$1/training_log.json" &&
+    grep -q "\"seed\": *1[,}]" "$1/training_log.json"
 }
 (
   flock 9
-  if ! fresh; then
-    echo "ci_toy.sh: training the CI $task model ($steps steps, 1 thread) into $dir" >&2
-    "$hs" train-toy --task "$task" --steps "$steps" --seed 1 --threads 1 --out "$dir" --force >&2
+  if ! fresh "$dir"; then
+    if [ "$(cd "$shipped" 2>/dev/null && pwd)" != "$(cd "$dir" 2>/dev/null && pwd)" ] && fresh "$shipped"; then
+      rm -rf "$dir.copy" && cp -r "$shipped" "$dir.copy" && rm -rf "$dir" && mv "$dir.copy" "$dir"
+    else
+      echo "ci_toy.sh: training the CI $task model ($steps steps, 1 thread) into $dir" >&2
+      "$hs" train-toy --task "$task" --steps "$steps" --seed 1 --threads 1 --out "$dir" --force >&2
+    fi
   fi
 ) 9>"$root/$task.lock"
 echo "$dir"

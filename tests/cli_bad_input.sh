@@ -304,7 +304,7 @@ bad patch "--pairs" "identical clean and corrupt runs" 5 "same metric" "$O" -- p
 printf '{"clean": "abcab", "corrupt": "abdab", "answer": "c"}\n' >"$T/pairs.jsonl"
 bad patch "--path" "receiver before sender" 2 "--path: .*later layer" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L1H0->L0H1:k" --out "$O"
 bad patch "--path" "input not q, k or v" 2 "--path: .*must be q, k or v" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L0H0->L1H1:z" --out "$O"
-bad patch "--what" "unknown site" 2 "--what 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
+bad patch "--what" "unknown site" 2 "--what: 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
 
 printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
 bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens
@@ -393,7 +393,7 @@ bad detect "--append file" "truncated" 6 "trunc.h5" - -- detect "$M" --probe pre
 # ---- HDF5 files on which libhdf5 itself fails (fuzz/known/hdf5: a hang in H5HG_read, an
 # overlapping memcpy in H5HG_read, a 4 GB allocation in H5T__conv_vlen, all inside Debian's libhdf5
 # 1.10.8, below any check of ours). Every reader first reads the file whole in a child process
-# with a time and memory limit (src/store.cpp check_hdf5_file_isolated), so each command still
+# with a time and memory limit (src/store/store.cpp check_hdf5_file_isolated), so each command still
 # gives one line and exit 6. The time limit is shortened so the hang costs 5 s a case. ----
 export HEADSCOPE_HDF5_CHECK_TIMEOUT=5
 for k in fuzz/known/hdf5/*; do

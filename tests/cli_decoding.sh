@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Decoding under head interventions on the command line (probes/decoding.h): `generate --rows /
-# --contrast / --enhance` print what the rows wrote, DeCoRe at alpha 0 is greedy decoding, bad
+# --contrast / --enhance` print what the rows wrote (and plain `generate --json` its one row), DeCoRe at alpha 0 is greedy decoding, bad
 # specs get one line and exit 2; on the toy recall model, `retrieval --decoding decore` contrasting
 # the three causal retrieval heads keeps the accuracy and widens the answer's margin more than
 # contrasting random head sets of the same size.
@@ -22,6 +22,8 @@ if [ -n "$TD" ]; then
   expect "bad alpha" 2 "--alpha 'much': expected entropy or a number >= 0" -- "$HS" generate "$M" "${P[@]}" --contrast L1H0 --alpha much
   ok "plain" -- "$HS" -q generate "$M" "${P[@]}"
   plain="$(cat "$TMP/out")"
+  ok "plain json" -- "$HS" -q generate "$M" "${P[@]}" --json
+  cp "$TMP/out" "$TMP/plain.json"
   ok "decore alpha 0" -- "$HS" -q generate "$M" "${P[@]}" --contrast L1H0,L2H3,L4H5 --alpha 0 --json
   cp "$TMP/out" "$TMP/a0.json"
   ok "rows" -- "$HS" -q generate "$M" "${P[@]}" --rows zero-query:L1H0,L2H3 --rows scale=2:L3H1 --json
@@ -39,6 +41,11 @@ assert rows["rule"] == "independent" and len(rows["rows"]) == 3 and rows["tokens
 assert [r["interventions"] for r in rows["rows"]] == ["none", "zero-query:L1H0,L2H3", "scale=2:L3H1"]
 assert rows["rows"][0]["tokens"] == a0["tokens"], "row 0 of --rows is the plain model"
 assert ju["rule"] == "juice" and ju["enhance"] == "L2H1" and ju["suppress"] == "L3H0" and ju["tokens"] == ju["rows"][1]["tokens"]
+pj = json.load(open(tmp + "/plain.json"))
+assert pj["rule"] == "independent" and len(pj["rows"]) == 1 and pj["rows"][0]["interventions"] == "none", pj
+assert pj["tokens"] == pj["rows"][0]["tokens"] and len(pj["margins"]) == len(pj["tokens"]) > 0, pj
+assert all(m >= 0 for m in pj["margins"]), "greedy: the chosen token has the largest logit"
+assert plain.endswith(pj["text"].strip()) or pj["text"].strip() in plain, (plain, pj["text"])
 PYEOF
 else
   echo "skipped the stories260K checks: ../shared/testdata not found"

@@ -70,7 +70,7 @@ if [ -n "$TD" ]; then
 else
   echo "skipped the test-data checks: ../shared/testdata not found"
 fi
-# Process settings (src/preinit.h): libgomp starts with the passive wait policy (spin count 0)
+# Process settings (src/base/preinit.h): libgomp starts with the passive wait policy (spin count 0)
 # unless the user chose one; without a spare environment slot (env -i) libgomp's default stays.
 spin() { env "$@" OMP_DISPLAY_ENV=VERBOSE "$HS" --version 2>&1 | sed -n "s/.*GOMP_SPINCOUNT = '\([0-9]*\)'.*/\1/p"; }
 check "OpenMP workers sleep when idle (GOMP_SPINCOUNT 0)" -- test "$(spin X=1)" = 0

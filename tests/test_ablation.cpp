@@ -1,5 +1,5 @@
 // The ablation engine (probes/ablation.h), `headscope run` / `merge` and the YAML schema
-// (src/experiment.h). References: one unbatched forward per configuration with the heads edited
+// (src/experiment/experiment.h). References: one unbatched forward per configuration with the heads edited
 // by hand through Hooks::intervene_z / intervene_q; finite differences for gradient importance;
 // the CI toy model's training_log.json "ground_truth" for what the example must find.
 #include <doctest/doctest.h>

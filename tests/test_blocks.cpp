@@ -210,7 +210,7 @@ TEST_CASE("stripe and detector scores from row blocks equal their whole-pattern 
     for (auto measure : {ErrorMeasure::kMul, ErrorMeasure::kAbs})
         for (bool ex : {false, true}) {
             DetectorOptions opts{measure, ex, ex};
-            auto det = detection_pattern(tokens[0], DetectorKind::kInduction);
+            auto det = detection_pattern(tokens[0], StripeKind::kInduction);
             auto p = whole.pattern[1].narrow(0, 0, 1);
             auto want = detector_scores_layer(p, det, opts);
             at::Tensor sums;

@@ -65,18 +65,19 @@ double ref_stripe_kind(const at::Tensor& a, StripeKind k, int64_t n) {
 }
 
 // Detection pattern from its definition, entry by entry.
-double ref_d(const std::vector<int64_t>& t, DetectorKind k, int64_t i, int64_t j) {
+double ref_d(const std::vector<int64_t>& t, StripeKind k, int64_t i, int64_t j) {
     if (j > i) return 0;
     switch (k) {
-        case DetectorKind::kPreviousToken: return j == i - 1 ? 1 : 0;
-        case DetectorKind::kDuplicateToken: return j < i && t[i] == t[j] ? 1 : 0;
-        case DetectorKind::kInduction: return j >= 1 && t[i] == t[j - 1] && j - 1 < i ? 1 : 0;
+        case StripeKind::kPreviousToken: return j == i - 1 ? 1 : 0;
+        case StripeKind::kDuplicateToken: return j < i && t[i] == t[j] ? 1 : 0;
+        case StripeKind::kInduction: return j >= 1 && t[i] == t[j - 1] && j - 1 < i ? 1 : 0;
+        case StripeKind::kAttentionSink: break;
     }
     return 0;
 }
 
 // TransformerLens compute_head_attention_similarity_score, on a copy, in double.
-double ref_detector(const at::Tensor& a_in, const std::vector<int64_t>& t, DetectorKind k, const DetectorOptions& o) {
+double ref_detector(const at::Tensor& a_in, const std::vector<int64_t>& t, StripeKind k, const DetectorOptions& o) {
     const int64_t T = a_in.size(0);
     auto acc = a_in.accessor<float, 2>();
     std::vector<double> a(T * T), d(T * T);
@@ -171,7 +172,7 @@ TEST_CASE("detect: detector scores equal TransformerLens formulas by loops, mul/
                             const int64_t T = a.size(0);
                             double want = kAllKinds[k] == StripeKind::kAttentionSink
                                               ? ref_stripe(a, 1, T - 1, -1)
-                                              : ref_detector(a, seqs[s], detector_kind_for(kAllKinds[k]), o);
+                                              : ref_detector(a, seqs[s], kAllKinds[k], o);
                             mean += want / N;
                             max_dev = std::max(max_dev, std::abs(got[k].samples[s][l][h].item<double>() - want));
                         }
@@ -195,7 +196,7 @@ TEST_CASE("detect: hand-made patterns give the known scores") {
     CHECK(stripe_scores_layer(p4, StripeKind::kAttentionSink, n).item<double>() ==
           doctest::Approx(1.0 / (2 * n)).epsilon(1e-7));  // only q = 1 attends to 0
     auto tokens = torch::arange(T, torch::kLong);
-    auto d_prev = detection_pattern(tokens, DetectorKind::kPreviousToken);
+    auto d_prev = detection_pattern(tokens, StripeKind::kPreviousToken);
     auto before = p4.clone();
     // mul: every row but the first puts its unit mass on D; sum(A) = T.
     CHECK(detector_scores_layer(p4, d_prev, {ErrorMeasure::kMul, false, false}).item<double>() ==
@@ -221,7 +222,7 @@ TEST_CASE("detect: hand-made patterns give the known scores") {
     // As a detector on tokens [BOS, R, R] with distinct R: n of the T rows lie on D (the mul ceiling
     // near 0.5 the reference notes mention), and exclude_bos lifts it to 1.
     auto rr = torch::cat({torch::tensor({1}, torch::kLong), torch::arange(10, 10 + n), torch::arange(10, 10 + n)});
-    auto d_ind = detection_pattern(rr, DetectorKind::kInduction);
+    auto d_ind = detection_pattern(rr, StripeKind::kInduction);
     CHECK(d_ind.sum().item<double>() == n);  // one target per query of the second copy
     CHECK(detector_scores_layer(i4, d_ind, {ErrorMeasure::kMul, false, false}).item<double>() ==
           doctest::Approx(static_cast<double>(n) / T).epsilon(1e-6));
@@ -229,13 +230,13 @@ TEST_CASE("detect: hand-made patterns give the known scores") {
           doctest::Approx(1.0).epsilon(1e-6));
     // Small pattern checked entry by entry: tokens [1, 5, 7, 5, 7].
     auto t5 = torch::tensor({1, 5, 7, 5, 7}, torch::kLong);
-    auto dup = detection_pattern(t5, DetectorKind::kDuplicateToken);
+    auto dup = detection_pattern(t5, StripeKind::kDuplicateToken);
     auto want_dup = torch::zeros({5, 5});
     want_dup[3][1] = 1, want_dup[4][2] = 1;
     CHECK(torch::equal(dup, want_dup));
     auto want_ind = torch::zeros({5, 5});
     want_ind[3][2] = 1, want_ind[4][3] = 1;
-    CHECK(torch::equal(detection_pattern(t5, DetectorKind::kInduction), want_ind));
+    CHECK(torch::equal(detection_pattern(t5, StripeKind::kInduction), want_ind));
 }
 
 TEST_CASE("detect: induction loss and per-head ablated loss equal unbatched runs with cross-entropy by loops") {

@@ -55,7 +55,34 @@ TEST_CASE("duo-gates: alpha = 1 reproduces the model; the gradient equals centra
     }
 }
 
-TEST_CASE("duo-gates on the toy recall model: the retrieval heads keep full attention") {
+TEST_CASE("duo-gates fit (small): it starts at the full model, lowers the gates and keeps the distillation below streaming") {
+    auto m = load_model(ci_toy_model("induction"));
+    auto data = repeated_data(*m, 10, 4, 5, 6, 68);
+    AblationSetup s;
+    s.positions = Positions::kRepeatedHalf;
+    Ablator ab(*m, data, s);
+    DuoGateOptions o;
+    o.window = {1, 3, false};
+    o.steps = 20;
+    auto r = fit_duo_gates(*m, ab, o);
+    MESSAGE("alpha:\n" << r.alpha << "\ndistillation loss: full " << r.distill_full << ", all streaming " << r.distill_stream
+                       << ", fitted " << r.distill_final);
+    REQUIRE(r.history.sizes() == at::IntArrayRef({20, 2}));
+    CHECK(r.history[0][0].item<double>() <= 1e-9);                 // step 0: alpha = 1, the model itself
+    CHECK(r.history[0][1].item<double>() == doctest::Approx(1.0));  // mean |alpha| from the initial value
+    CHECK(r.history[19][1].item<double>() < r.history[0][1].item<double>() - 0.05);  // lambda pulls the gates down
+    CHECK(r.distill_full <= 1e-12);
+    CHECK(r.distill_final < r.distill_stream);
+    CHECK(r.alpha.min().item<double>() >= 0.0);
+    CHECK(r.alpha.max().item<double>() <= 1.0);
+    // A kv head's gate on each of its query heads.
+    const int64_t g = m->config.n_heads / m->config.n_kv_heads;
+    CHECK(torch::equal(r.alpha, r.alpha_kv.clamp(0, 1).repeat_interleave(g, 1).to(r.alpha.scalar_type())));
+}
+
+// The ground truth of the toy recall model (a 150-step fit on 48 prompts, minutes on 2 cores): ctest
+// long_duo_gates, scripts/test.sh --long.
+TEST_CASE("duo-gates on the toy recall model: the retrieval heads keep full attention" * doctest::test_suite("long")) {
     const std::string dir = ci_toy_model("recall");
     auto m = load_model(dir);
     const auto gt = json::parse(read_text_file(path_join(dir, "training_log.json")))["ground_truth"];

@@ -83,7 +83,33 @@ TEST_CASE("gating: the roles rule") {
     CHECK(std::string(head_role_name(HeadRole::kInterfering)) == "interfering");
 }
 
-TEST_CASE("gating on the toy recall model: a planted interfering head is found, the retrieval heads facilitate") {
+TEST_CASE("gating fit (small): three fits, gates in [0, 1], roles by the rule, lambda's direction") {
+    auto m = load_model(ci_toy_model("induction"));
+    const int L = m->config.n_layers, H = m->config.n_heads;
+    auto data = repeated_data(*m, 10, 6, 5, 6, 68);
+    AblationSetup s;
+    s.positions = Positions::kRepeatedHalf;
+    Ablator ab(*m, data, s);
+    GatingOptions o;
+    o.starts = 2, o.steps = 20, o.seed = 1;
+    auto r = fit_head_gates(ab, L, H, o);
+    for (const auto* g : {&r.g0, &r.g_plus, &r.g_minus}) {
+        REQUIRE(g->sizes() == at::IntArrayRef({2, L, H}));
+        CHECK(g->min().item<double>() >= 0.0);
+        CHECK(g->max().item<double>() <= 1.0);
+    }
+    CHECK(torch::equal(r.roles, head_roles(r.g_plus, r.g_minus)));
+    CHECK(torch::equal(r.role_counts.sum(0), torch::full({L, H}, 2, r.role_counts.options())));
+    CHECK(r.objective.sizes() == at::IntArrayRef({3, 2}));
+    CHECK(torch::isfinite(r.objective).all().item<bool>());
+    // Lambda's sign: the G+ fit rewards open gates, the G- fit closed ones.
+    CHECK(r.g_plus.ge(0.5).sum().item<int64_t>() > r.g_minus.ge(0.5).sum().item<int64_t>());
+}
+
+// The ground truth on the toy recall model with a planted interfering head (three fits of 60 steps
+// from 10 starts on 48 prompts, about a minute on 2 cores): ctest long_gating, scripts/test.sh --long.
+TEST_CASE("gating on the toy recall model: a planted interfering head is found, the retrieval heads facilitate" *
+          doctest::test_suite("long")) {
     const std::string dir = ci_toy_model("recall");
     auto m = load_model(dir);
     const auto gt = json::parse(read_text_file(path_join(dir, "training_log.json")))["ground_truth"];

@@ -88,9 +88,9 @@ PatchPairs random_pairs(int64_t N, int64_t T, int64_t V, uint64_t seed) {
 TEST_CASE("exact patching of one head equals a hand-made intervene_z forward per pair") {
     auto m = load_model(toy());
     auto tok = find_tokenizer_for_model(toy(), m->config.vocab_size);
-    auto pairs = read_patch_pairs(data_file("toy-induction-fresh-half.jsonl"), *m, tok.get(), PatchMetric::kLogitDiff);
+    auto pairs = read_patch_pairs(data_file("toy-induction-fresh-half.jsonl"), *m, tok.get(), MetricKind::kLogitDiff);
     PatchOptions o;
-    o.metric = PatchMetric::kLogitDiff;
+    o.metric = MetricKind::kLogitDiff;
     o.max_rows = 40;  // several forwards per layer
     auto r = exact_patching(*m, pairs, o);
     const int64_t N = pairs.rows(), H = m->config.n_heads;
@@ -123,12 +123,12 @@ TEST_CASE("exact patching of one head equals a hand-made intervene_z forward per
 TEST_CASE("attribution patching equals exact patching where the metric is linear in the site (1 layer, attention only, no norm)") {
     auto m = linear_model();
     auto pairs = random_pairs(5, 12, planted::kV, 3);
-    for (PatchSite site : {PatchSite::kZ, PatchSite::kHeadOut})
+    for (Point site : {Point::kAttnZ, Point::kAttnHeadOut})
         for (bool each : {false, true}) {
-            CAPTURE(name_of(site));
+            CAPTURE(patch_site_name(site));
             CAPTURE(each);
             PatchOptions o;
-            o.metric = PatchMetric::kLogitDiff, o.site = site, o.each_position = each, o.max_rows = 15;
+            o.metric = MetricKind::kLogitDiff, o.site = site, o.each_position = each, o.max_rows = 15;
             auto exact = exact_patching(*m, pairs, o);
             auto attr = attribution_patching(*m, pairs, o);
             // (a head-out subscription sums per-head products: the same metric to fp32 rounding)
@@ -143,16 +143,16 @@ TEST_CASE("attribution patching equals exact patching where the metric is linear
     // queries scaled up so that attention is far from uniform).
     m->weights.layers[0].wq.mul_(10);
     PatchOptions q;
-    q.metric = PatchMetric::kLogitDiff, q.site = PatchSite::kQ;
+    q.metric = MetricKind::kLogitDiff, q.site = Point::kAttnQ;
     CHECK(max_diff(attribution_patching(*m, pairs, q).scores, exact_patching(*m, pairs, q).scores) > 1e-3);
 }
 
 TEST_CASE("attribution ranks the toy induction model's heads as exact patching does (fresh repeated half)") {
     auto m = load_model(toy());
     auto tok = find_tokenizer_for_model(toy(), m->config.vocab_size);
-    auto pairs = read_patch_pairs(data_file("toy-induction-fresh-half.jsonl"), *m, tok.get(), PatchMetric::kLoss);
+    auto pairs = read_patch_pairs(data_file("toy-induction-fresh-half.jsonl"), *m, tok.get(), MetricKind::kLoss);
     PatchOptions o;
-    o.metric = PatchMetric::kLoss;
+    o.metric = MetricKind::kLoss;
     auto exact = exact_patching(*m, pairs, o);
     auto attr = attribution_patching(*m, pairs, o);
     CHECK(exact.metric_corrupt > exact.metric_clean + 1.0);  // the corruption breaks induction
@@ -180,7 +180,7 @@ TEST_CASE("attribution ranks the toy induction model's heads as exact patching d
 TEST_CASE("path patching: the previous-token head reaches the induction heads through their keys only") {
     auto m = load_model(toy());
     auto tok = find_tokenizer_for_model(toy(), m->config.vocab_size);
-    auto pairs = read_patch_pairs(data_file("toy-induction-pairs.jsonl"), *m, tok.get(), PatchMetric::kLoss);
+    auto pairs = read_patch_pairs(data_file("toy-induction-pairs.jsonl"), *m, tok.get(), MetricKind::kLoss);
     const auto gt = ground_truth();
     const std::string prev = gt["previous_token_head"].get<std::string>();
     std::vector<std::string> ind;
@@ -190,7 +190,7 @@ TEST_CASE("path patching: the previous-token head reaches the induction heads th
     const char* inputs[3] = {"k", "q", "v"};
     for (int i = 0; i < 3; ++i) {
         auto spec = parse_path_spec(fmt::format("{}->{}:{}", prev, fmt::join(ind, ","), inputs[i]), L, H);
-        auto r = path_patching(*m, pairs, spec, PatchMetric::kLoss);
+        auto r = path_patching(*m, pairs, spec, MetricKind::kLoss);
         score[i] = r.score;
         MESSAGE(spec.label() << ": " << r.score << " (loss clean " << r.metric_clean << ", corrupted " << r.metric_corrupt
                              << ", patched " << r.metric_patched << ")");
@@ -202,7 +202,7 @@ TEST_CASE("path patching: the previous-token head reaches the induction heads th
     // Exact activation patching of the previous-token head's own output restores through every path:
     // at least what the key path does.
     PatchOptions o;
-    o.metric = PatchMetric::kLoss;
+    o.metric = MetricKind::kLoss;
     auto exact = exact_patching(*m, pairs, o);
     auto [pl, ph] = head_of(prev);
     CHECK(exact.scores[pl][ph].item<double>() >= score[0] - 0.1);
@@ -217,30 +217,30 @@ TEST_CASE("path specs, pairs files and degenerate pairs are refused with one cle
     auto m = load_model(toy());
     auto tok = find_tokenizer_for_model(toy(), m->config.vocab_size);
     TempDir dir;
-    auto bad = [&](const std::string& text, PatchMetric metric, const std::string& what) {
+    auto bad = [&](const std::string& text, MetricKind metric, const std::string& what) {
         const std::string f = dir.file("p.jsonl");
         std::ofstream(f) << text;
         CHECK_THROWS_WITH_AS(read_patch_pairs(f, *m, tok.get(), metric), doctest::Contains(what.c_str()), DataError);
     };
-    bad("{\"clean\": \"abc\", \"corrupt\": \"abcd\", \"answer\": \"x\", \"wrong\": \"y\"}\n", PatchMetric::kLogitDiff,
+    bad("{\"clean\": \"abc\", \"corrupt\": \"abcd\", \"answer\": \"x\", \"wrong\": \"y\"}\n", MetricKind::kLogitDiff,
         "p.jsonl:1: clean is 4 tokens, corrupt 5; patching needs equal lengths");
-    bad("\n{\"clean\": \"abc\", \"corrupt\": \"abd\", \"answer\": \"x\"}\n", PatchMetric::kLogitDiff, "p.jsonl:2: expected {\"clean\"");
-    bad("{\"clean\": \"abc\", \"corrupt\": \"abd\", \"answer\": \"xy\"}\n", PatchMetric::kLoss,
+    bad("\n{\"clean\": \"abc\", \"corrupt\": \"abd\", \"answer\": \"x\"}\n", MetricKind::kLogitDiff, "p.jsonl:2: expected {\"clean\"");
+    bad("{\"clean\": \"abc\", \"corrupt\": \"abd\", \"answer\": \"xy\"}\n", MetricKind::kLoss,
         "p.jsonl:1: \"answer\" \"xy\" encodes to 2 tokens");
-    bad("{\"clean\": [1, 2], \"corrupt\": [1, 99999], \"answer\": 3}\n", PatchMetric::kProb, "token id 99999 out of range");
-    bad("", PatchMetric::kLoss, "no pairs");
+    bad("{\"clean\": [1, 2], \"corrupt\": [1, 99999], \"answer\": 3}\n", MetricKind::kProb, "token id 99999 out of range");
+    bad("", MetricKind::kLoss, "no pairs");
     // Identical clean and corrupted runs: no gap to normalise by.
     const std::string f = dir.file("same.jsonl");
     std::ofstream(f) << "{\"clean\": \"abcab\", \"corrupt\": \"abcab\", \"answer\": \"c\"}\n";
-    auto same = read_patch_pairs(f, *m, tok.get(), PatchMetric::kLoss);
+    auto same = read_patch_pairs(f, *m, tok.get(), MetricKind::kLoss);
     PatchOptions o;
-    o.metric = PatchMetric::kLoss;
+    o.metric = MetricKind::kLoss;
     CHECK_THROWS_WITH_AS(exact_patching(*m, same, o), doctest::Contains("the clean and corrupted runs give the same metric"), DataError);
     // --positions each needs one length.
     const std::string g = dir.file("two.jsonl");
     std::ofstream(g) << "{\"clean\": \"abcab\", \"corrupt\": \"abdab\", \"answer\": \"c\"}\n"
                         "{\"clean\": \"abcdab\", \"corrupt\": \"abcdaz\", \"answer\": \"c\"}\n";
-    auto two = read_patch_pairs(g, *m, tok.get(), PatchMetric::kLoss);
+    auto two = read_patch_pairs(g, *m, tok.get(), MetricKind::kLoss);
     o.each_position = true;
     CHECK_THROWS_AS(exact_patching(*m, two, o), UsageError);
 }
@@ -269,7 +269,7 @@ TEST_CASE("headscope patch writes /patching/<name> and refuses bad input before 
         CHECK(html.find(part) != std::string::npos);
     }
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --metric nope --out '{}' --append", toy(), pairs, out)) == 2);
-    CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --path L1H0->L0H0:k --out '{}' --append", toy(), pairs, out)) == 2);
+    CHECK(run_cli(fmt::format("patch '{}' --pairs '{}' --path 'L1H0->L0H0:k' --out '{}' --append", toy(), pairs, out)) == 2);
     CHECK(!std::filesystem::exists(dir.file("never.h5")));
     CHECK(run_cli(fmt::format("patch '{}' --pairs '{}/none.jsonl' --out '{}'", toy(), dir.path, dir.file("never.h5"))) != 0);
     CHECK(!std::filesystem::exists(dir.file("never.h5")));

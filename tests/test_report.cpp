@@ -1,4 +1,4 @@
-// headscope report (src/report.cpp): the page shows the file's values, one cell per head, stays small,
+// headscope report (src/report/report.cpp): the page shows the file's values, one cell per head, stays small,
 // uses no network, and refuses bad input with the documented errors.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// Process settings made before main() (src/preinit.h): the environment slots lent to libgomp and
+// Process settings made before main() (src/base/preinit.h): the environment slots lent to libgomp and
 // OpenBLAS are given back, so main() sees exactly the environment the process was started with.
 #define HS_PREINIT_STATE_ONLY
 #include "preinit.h"

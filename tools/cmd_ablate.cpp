@@ -32,7 +32,7 @@ static std::string guess_kind(const std::string& file) {
 void run_ablate(const AblateOptions& o) {
     if (o.data.empty() == (o.repeated == 0))
         throw UsageError("give one of --data FILE and --repeated N (rows [BOS, R, R] with |R| = N)");
-    const auto mode = with_flag("--mode", [&] { return parse_intervention(o.mode, "mode"); });
+    const auto mode = with_flag("--mode", [&] { return parse_intervention(o.mode, "mode", study_interventions()); });
     if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
     if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
     const auto metric = with_flag("--metric", [&] { return parse_name(metric_names(), o.metric, "metric"); });
@@ -49,7 +49,7 @@ void run_ablate(const AblateOptions& o) {
     if (o.repeated > 0) {
         d.kind = DataKind::kRepeated, d.length = o.repeated, d.count = o.count > 0 ? o.count : 16;
         if (!o.token_range.empty()) {
-            auto r = parse_token_list(o.token_range, "--token-range");
+            auto r = with_flag({{"--token-range", "token_list"}}, [&] { return parse_token_list(o.token_range); });
             if (r.size() != 2) throw UsageError(fmt::format("--token-range '{}': expected lo,hi", o.token_range));
             d.token_lo = r[0], d.token_hi = r[1];
         }
@@ -88,7 +88,7 @@ void setup_ablate(CLI::App& app) {
         "Example: headscope ablate models/toy-induction --heads L1H0,L1H3 --mode zero --metric loss --repeated 20 --token-range 6,68");
     add_model_args(sub, o->model);
     sub->add_option("--heads", o->heads, "heads to ablate, e.g. L1H0,L1H3")->required();
-    sub->add_option("--mode", o->mode, or_list(intervention_name_list()))->capture_default_str();
+    sub->add_option("--mode", o->mode, or_list(intervention_name_list(study_interventions())))->capture_default_str();
     sub->add_option("--factor", o->factor, "mode scale: z *= factor");
     sub->add_option("--sink", o->window.sink, "mode stream: the first keys every query of the head sees")->capture_default_str();
     sub->add_option("--recent", o->window.recent, "mode stream: the last keys up to and including the query")->capture_default_str();

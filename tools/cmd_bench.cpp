@@ -58,9 +58,11 @@ static void bench_stream_decode(const BenchOptions& o, const Model& m, const at:
     const int64_t LH = int64_t{c.n_layers} * c.n_heads;
     const int64_t k = std::llround(o.stream_decode * static_cast<double>(LH));
     Hooks stream;
-    for (int64_t i = 0; i < k; ++i)
-        stream.window({static_cast<int>(i / c.n_heads), static_cast<int>(i % c.n_heads), -1, o.window.sink, o.window.recent,
-                       o.window.compensate, {}});
+    std::vector<Head> heads;
+    for (int64_t i = 0; i < k; ++i) heads.emplace_back(static_cast<int>(i / c.n_heads), static_cast<int>(i % c.n_heads));
+    InterventionSpec iv;
+    iv.mode = Intervention::kStream, iv.window = o.window;
+    apply_intervention(stream, iv, heads, -1, {Intervention::kStream});
     KVCache prefilled;
     prefilled.reserve(tokens.size(1));
     ForwardOptions no_logits;

@@ -3,6 +3,7 @@
 // Method: probes/copy_suppression.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "copy_suppression.h"
 #include "errors.h"
 #include "guard.h"
@@ -44,13 +45,12 @@ static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOp
     return out;
 }
 
-static void write_stats(ResultWriter& w, const std::string& g, const std::string& circuit, const RankStats& s,
-                        const Attrs& base, int64_t L, int64_t H) {
+static void add_stats(schema::ScoreGroup& g, const std::string& circuit, const RankStats& s, const Attrs& base, int64_t L,
+                      int64_t H) {
     auto put = [&](const std::string& name, const at::Tensor& t, const std::string& desc) {
-        w.write(g + "/" + circuit + "_" + name, host_floats(t), {L, H});
         Attrs a = base;
         a["description"] = desc;
-        w.set_attrs(g + "/" + circuit + "_" + name, a);
+        g.datasets.push_back({circuit + "_" + name, {{L, H}, host_floats(t), a}});
     };
     put("median_rank", s.median, circuit + " circuit: median rank of the source token (lower median)");
     put("frac_rank0", s.frac_rank0, circuit + " circuit: fraction of scored tokens at rank 0");
@@ -65,11 +65,9 @@ void run_copy_suppression(const CopySuppressionCliOptions& o) {
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
     std::vector<std::vector<int64_t>> windows;
     if (!o.text_file.empty()) windows = text_windows(o, *l.tokenizer, m.config.max_seq_len);
-    auto s = with_flags({{"n_tokens", "--n-tokens"}}, [&] { return copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed}); });
-    ResultWriter w(o.out.out, mode);
+    auto s = with_flag({{"--n-tokens", "n_tokens"}}, [&] { return copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed}); });
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
-    const std::string g = "/scores/copy-suppression";
-    if (w.exists(g)) w.remove(g);
     write_meta(w, m, o.seed);
     Attrs base{{"probe", std::string("copy-suppression")},
                {"block_size", o.block_size},
@@ -78,16 +76,15 @@ void run_copy_suppression(const CopySuppressionCliOptions& o) {
                {"weight_processing", std::string("folded+centered")},
                {"embedding", std::string("effective: W_E + layer-0 self-attention OV + MLP0")},
                {"qk_position", std::string("weights-only QK uses unrotated q and k: RoPE position ignored")}};
-    w.write(g + "/score", host_floats(s.ov.frac_rank0), {L, H});
     Attrs sa = base;
     sa["description"] = std::string("OV circuit: fraction of scored tokens whose own logit is the most suppressed "
                                     "(rank 0); = ov_frac_rank0");
-    w.set_attrs(g + "/score", sa);
-    write_stats(w, g, "ov", s.ov, base, L, H);
-    write_stats(w, g, "qk", s.qk, base, L, H);
+    schema::ScoreGroup g{"copy-suppression", base, {{"score", {{L, H}, host_floats(s.ov.frac_rank0), sa}}}};
+    add_stats(g, "ov", s.ov, base, L, H);
+    add_stats(g, "qk", s.qk, base, L, H);
     auto tk = s.tokens.to(torch::kInt).contiguous();
-    w.write(g + "/scored_tokens", std::vector<int32_t>(tk.data_ptr<int32_t>(), tk.data_ptr<int32_t>() + tk.numel()),
-            {tk.numel()});
+    g.datasets.push_back(
+        {"scored_tokens", {{tk.numel()}, std::vector<int32_t>(tk.data_ptr<int32_t>(), tk.data_ptr<int32_t>() + tk.numel()), {}}});
     if (!windows.empty()) {
         auto d = copy_suppression_dynamic(m, windows, o.threshold);
         Attrs da = base;
@@ -99,14 +96,13 @@ void run_copy_suppression(const CopySuppressionCliOptions& o) {
                                      {"dynamic_n_pairs", d.n_pairs, "qualifying (q,k) pairs"},
                                      {"dynamic_mean_effect", d.mean_effect, "mean A[q,k] (v_k W_O) . W_U_f[token_k] / "
                                                                            "scale[q] over qualifying pairs"}}) {
-            w.write(g + "/" + name, host_floats(t), {L, H});
             da["description"] = std::string(desc);
-            w.set_attrs(g + "/" + name, da);
+            g.datasets.push_back({name, {{L, H}, host_floats(t), da}});
         }
     }
-    w.set_attrs(g, base);
+    schema::write_scores(w, g);
     w.commit();
-    log_info(fmt::format("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0)));
+    log_info("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0));
 }
 
 void setup_copy_suppression(CLI::App& app) {

@@ -3,6 +3,7 @@
 #include "attention_detectors.h"
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "heads.h"
 #include "guard.h"
@@ -106,22 +107,17 @@ static void print_top(const Result& r, int k) {
 
 static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const std::vector<Result>& results,
                           const std::vector<int32_t>& tokens, int64_t N, int64_t T, bool ragged) {
-    if (w.exists("/meta")) check_same_model(w, m);
+    if (w.exists(schema::meta())) check_same_model(w, m);
     write_meta(w, m, o.seed);
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
     for (const auto& r : results) {
-        const std::string g = "/scores/" + r.probe;
-        w.remove(g);
-        w.remove("/inputs/" + r.probe);
-        w.write(g + "/score", host_floats(r.score), {L, H});
-        w.set_attrs(g, r.attrs);
-        if (o.samples) w.write(g + "/samples", host_floats(r.samples), {r.samples.size(0), L, H});
+        schema::ScoreGroup g{r.probe, r.attrs, {{"score", {{L, H}, host_floats(r.score), {}}}}};
+        if (o.samples) g.datasets.push_back({"samples", {{r.samples.size(0), L, H}, host_floats(r.samples), {}}});
         if (r.attrs.count("baseline_loss"))
-            w.write(g + "/baseline", std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {1});
-        w.write("/inputs/" + r.probe + "/tokens", tokens, {N, T});
-        w.set_attrs("/inputs/" + r.probe, {{"padding", std::string(ragged ? "ragged: -1 past each sequence's end"
-                                                                           : "none")},
-                                           {"pad_value", int64_t(-1)}});
+            g.datasets.push_back(
+                {"baseline", {{1}, std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {}}});
+        schema::write_scores(w, g);
+        schema::write_inputs(w, {r.probe, tokens, N, T, ragged});
     }
     w.commit();
 }
@@ -145,7 +141,7 @@ static StripeInput stripe_input(const DetectOptions& o) {
 static Attrs common_attrs(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe, int64_t n_seqs) {
     Attrs a = {{"convention", std::string(stripe ? "stripe" : "detector")}};
     if (stripe) {
-        auto [lo, hi] = with_flags({{"token_range", "--token-range"}}, [&] { return token_range(m, in); });
+        auto [lo, hi] = with_flag({{"--token-range", "token_range"}}, [&] { return token_range(m, in); });
         a.insert({{"seq_len", in.seq_len}, {"batch", in.batch}, {"seed", in.seed}, {"token_lo", lo}, {"token_hi", hi}});
     } else {
         a.insert({{"n_sequences", n_seqs}, {"source_file", o.tokens_file.empty() ? o.text_file : o.tokens_file}});
@@ -198,14 +194,14 @@ void run_detect(const DetectOptions& o) {
     if (stripe && !o.seq_len_given && 2 * in.seq_len + 1 > m.config.max_seq_len) {
         const int64_t n = (m.config.max_seq_len - 1) / 2;
         if (n < 1) throw DataError(fmt::format("{}: context of {} is too short for [BOS, R, R]", o.model.model, m.config.max_seq_len));
-        log_info(fmt::format("--seq-len: the default {} makes {} tokens, more than the model's context of {}; using {} "
-                             "(give --seq-len to choose)", in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len, n));
+        log_info("--seq-len: the default {} makes {} tokens, more than the model's context of {}; using {} "
+                             "(give --seq-len to choose)", in.seq_len, 2 * in.seq_len + 1, m.config.max_seq_len, n);
         in.seq_len = n;
     }
     std::vector<std::vector<int64_t>> seqs;
     at::Tensor stripe_tokens;  // [B, 1 + 2n]; undefined in the detector convention
     if (stripe) {
-        stripe_tokens = with_flags({{"seq_len", "--seq-len"}, {"batch", "--batch"}, {"token_range", "--token-range"}},
+        stripe_tokens = with_flag({{"--seq-len", "seq_len"}, {"--batch", "batch"}, {"--token-range", "token_range"}},
                                    [&] { return repeated_random_tokens(m, in, l.tokenizer.get()); });
         for (int64_t b = 0; b < in.batch; ++b) {
             auto row = stripe_tokens[b].contiguous();
@@ -214,14 +210,14 @@ void run_detect(const DetectOptions& o) {
     } else {
         seqs = read_sequences(o, l);
     }
-    ResultWriter w(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
+    ResultWriter w = open_result(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
     auto results = compute(o, m, probes, in, stripe_tokens, seqs);
     int64_t T = 0;
     for (const auto& s : seqs) T = std::max<int64_t>(T, s.size());
     const bool ragged = std::any_of(seqs.begin(), seqs.end(), [&](const auto& s) { return int64_t(s.size()) != T; });
     write_results(w, m, o, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
     for (const auto& r : results) print_top(r, 5);
-    log_info(fmt::format("wrote {} ({} probes)", o.out.out, results.size()));
+    log_info("wrote {} ({} probes)", o.out.out, results.size());
 }
 
 void setup_detect(CLI::App& app) {

@@ -3,6 +3,7 @@
 // Method: probes/dla.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "dla.h"
 #include "errors.h"
 #include "progress.h"
@@ -20,7 +21,6 @@ struct DlaCliOptions {
 
 static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResult>& rs, const DlaCliOptions& o) {
     const int64_t L = m.config.n_layers, H = m.config.n_heads, P = static_cast<int64_t>(rs.size());
-    const std::string g = "/scores/dla";
     std::vector<at::Tensor> heads, mlp, bias;
     std::vector<float> embed, fbias, diff;
     for (const auto& r : rs) {
@@ -37,12 +37,12 @@ static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResu
             {"n_prompts", P},
             {"weight_processing", std::string("final norm weight folded into W_U; clean-run final-norm scale")},
             {"position", std::string("last")}};
+    schema::ScoreGroup g{"dla", a, {}};
     auto put = [&](const std::string& name, const std::vector<float>& v, const std::vector<int64_t>& shape,
                    const std::string& desc) {
-        w.write(g + "/" + name, v, shape);
         Attrs x = a;
         x["description"] = desc;
-        w.set_attrs(g + "/" + name, x);
+        g.datasets.push_back({name, {shape, v, x}});
     };
     put("score", host_floats(per_prompt.mean(0)), {L, H}, "mean over prompts of the head's direct effect on "
                                                      "logit(correct) - logit(incorrect)");
@@ -57,7 +57,7 @@ static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResu
         put(fmt::format("per_position/prompt_{}", i), host_floats(rs[i].per_position), {L, H, T},
             "A[last, k] (v_k W_O^h) . direction per key position k; sums over k to the head's score");
     }
-    w.set_attrs(g, a);
+    schema::write_scores(w, g);
 }
 
 void run_dla(const DlaCliOptions& o) {
@@ -72,15 +72,12 @@ void run_dla(const DlaCliOptions& o) {
         bar.tick();
     }
     bar.finish();
-    ResultWriter w(o.out.out, mode);
-    if (mode == WriteMode::kAppend) {
-        check_same_model(w, *l.model);
-        if (w.exists("/scores/dla")) w.remove("/scores/dla");
-    }
+    ResultWriter w = open_result(o.out.out, mode);
+    if (mode == WriteMode::kAppend) check_same_model(w, *l.model);
     write_meta(w, *l.model, 0);
     write_dla(w, *l.model, rs, o);
     w.commit();
-    log_info(fmt::format("wrote {} ({} prompts)", o.out.out, rs.size()));
+    log_info("wrote {} ({} prompts)", o.out.out, rs.size());
 }
 
 void setup_dla(CLI::App& app) {

@@ -2,6 +2,7 @@
 // head: probe, layer, head, value, then the score group's scalar attributes) as CSV, TSV or JSON.
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "store.h"
 #include "util.h"
@@ -105,8 +106,8 @@ void run_export(const ExportOptions& o) {
     if (!o.table.empty()) {
         tables.push_back(read_table(r, o.table));
     } else {
-        if (!r.is_group("/scores")) throw UsageError(fmt::format("{}: no /scores group to export", o.file));
-        for (const auto& c : r.children("/scores")) tables.push_back(read_table(r, "/scores/" + c));
+        if (!r.is_group(schema::scores_root())) throw UsageError(fmt::format("{}: no /scores group to export", o.file));
+        for (const auto& c : r.children(schema::scores_root())) tables.push_back(read_table(r, schema::scores(c)));
     }
     const std::string text = o.format == "json" ? json_rows(tables) : delimited(tables, o.format == "csv" ? ',' : '\t');
     if (o.out.empty()) {

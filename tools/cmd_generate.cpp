@@ -56,10 +56,7 @@ static std::optional<DecodingSpec> decoding_from_options(const GenerateOptions& 
     const bool contrast = o.decoding.decore(), juice = o.decoding.juice();
     if (int(contrast) + int(juice) + int(!o.rows.empty()) > 1)
         throw UsageError("give one of --rows, --contrast and --enhance/--suppress");
-    if (!contrast && !juice && o.rows.empty()) {
-        if (o.json) throw UsageError("--json prints decoding rows: give --rows, --contrast or --enhance/--suppress");
-        return std::nullopt;
-    }
+    if (!contrast && !juice && o.rows.empty()) return std::nullopt;
     if (o.temperature > 0) throw UsageError("intervention rows decode greedily: --temperature must be 0");
     DecodingSpec spec;
     if (contrast) {
@@ -112,8 +109,20 @@ static void generate_rows(const GenerateOptions& o, const Loaded& l, const std::
     } else {
         std::printf("%s\n", tok ? text(out.tokens).c_str() : fmt::format("{}", fmt::join(out.tokens, " ")).c_str());
     }
-    log_verbose(fmt::format("{} steps x {} rows in {:.2f} s ({:.1f} steps/s)", out.row_tokens[0].size(), spec.rows.size(), dt,
-                            out.row_tokens[0].size() / std::max(dt, 1e-9)));
+    log_verbose("{} steps x {} rows in {:.2f} s ({:.1f} steps/s)", out.row_tokens[0].size(), spec.rows.size(), dt,
+                            out.row_tokens[0].size() / std::max(dt, 1e-9));
+}
+
+// Plain decoding as JSON: the keys of the rows' JSON, for the one row of the plain model.
+static void print_plain_json(const Loaded& l, const std::vector<int64_t>& out, const std::vector<double>& margins) {
+    const std::string text = l.tokenizer ? l.tokenizer->decode(std::vector<int32_t>(out.begin(), out.end())) : std::string();
+    nlohmann::json row = {{"row", 0}, {"tokens", out}, {"text", text}, {"interventions", "none"}};
+    nlohmann::json j = {{"rule", std::string(name_in(combine_rule_names(), CombineRule::kIndependent))},
+                        {"tokens", out},
+                        {"text", text},
+                        {"margins", margins},
+                        {"rows", nlohmann::json::array({row})}};
+    std::printf("%s\n", j.dump(2).c_str());
 }
 
 void run_generate(const GenerateOptions& o) {
@@ -121,7 +130,7 @@ void run_generate(const GenerateOptions& o) {
     const auto& cfg = l.model->config;
     std::vector<int64_t> ids;
     if (!o.tokens.empty()) {
-        ids = parse_token_list(o.tokens, "--tokens");
+        ids = with_flag({{"--tokens", "token_list"}}, [&] { return parse_token_list(o.tokens); });
     } else {
         for (auto id : l.tokenizer->encode(o.prompt, true)) ids.push_back(id);
     }
@@ -142,7 +151,10 @@ void run_generate(const GenerateOptions& o) {
             std::printf("%lld ", static_cast<long long>(id));
         }
     };
-    for (size_t i = 1; i < ids.size(); ++i) emit(ids[i - 1], ids[i]);
+    std::vector<int64_t> out;     // the new tokens (--json)
+    std::vector<double> margins;  // per step: the chosen token's logit minus the best other's (--json)
+    if (!o.json)
+        for (size_t i = 1; i < ids.size(); ++i) emit(ids[i - 1], ids[i]);
     auto t0 = std::chrono::steady_clock::now();
     auto input = torch::tensor(ids, torch::kLong).unsqueeze(0);
     int generated = 0;
@@ -152,20 +164,23 @@ void run_generate(const GenerateOptions& o) {
             break;
         }
         auto logits = l.model->forward(input, nullptr, &cache);  // [1, t, V]
-        int64_t next = pick(logits[0][-1].to(torch::kFloat).cpu(), o.temperature, o.top_p, gen);
+        const auto last = logits[0][-1].to(torch::kFloat).cpu();
+        int64_t next = pick(last, o.temperature, o.top_p, gen);
         // llama2.c convention: a BOS (or EOS) ends the story.
         if (!o.no_stop && l.tokenizer &&
             ((l.tokenizer->bos_id() && next == *l.tokenizer->bos_id()) ||
              (l.tokenizer->eos_id() && next == *l.tokenizer->eos_id())))
             break;
-        emit(seq.back(), next);
+        if (o.json) out.push_back(next), margins.push_back(token_margin(last.to(torch::kDouble), next));
+        else emit(seq.back(), next);
         seq.push_back(next);
         ++generated;
         input = torch::tensor({next}, torch::kLong).unsqueeze(0);
     }
-    std::printf("\n");
+    if (o.json) print_plain_json(l, out, margins);
+    else std::printf("\n");
     double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    log_verbose(fmt::format("{} tokens in {:.2f} s ({:.1f} tok/s)", generated, dt, generated / std::max(dt, 1e-9)));
+    log_verbose("{} tokens in {:.2f} s ({:.1f} tok/s)", generated, dt, generated / std::max(dt, 1e-9));
 }
 
 void setup_generate(CLI::App& app) {
@@ -191,7 +206,8 @@ void setup_generate(CLI::App& app) {
     sub->add_flag("--exact-rows", o->exact_rows,
                   "rows: one GEMM per row, each row bit-identical to its unbatched run (default: one folded GEMM for "
                   "all rows, the weights read once a step; rows equal up to rounding)");
-    sub->add_flag("--json", o->json, "with rows: print per row and combined token ids and text as JSON (key tokens: the combined output)");
+    sub->add_flag("--json", o->json, "print the new token ids and text as JSON (key tokens: the combined output; with rows, "
+                                     "also each row's; plain decoding is the one row 0)");
     sub->callback([o] { run_generate(*o); });
 }
 

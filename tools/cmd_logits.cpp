@@ -1,6 +1,7 @@
 // headscope logits: one forward pass, the output logits written to HDF5 (/logits [T, V]).
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "progress.h"
 
@@ -22,26 +23,19 @@ void run_logits(const LogitsOptions& o) {
     auto l = open_model(o.model, !o.text.empty());
     std::vector<int64_t> ids;
     if (!o.tokens.empty())
-        ids = parse_token_list(o.tokens, "--tokens");
+        ids = with_flag({{"--tokens", "token_list"}}, [&] { return parse_token_list(o.tokens); });
     else
         for (auto id : l.tokenizer->encode(o.text, !o.no_special)) ids.push_back(id);
     torch::NoGradGuard ng;
     c10::InferenceMode im;
     auto logits = l.model->forward(torch::tensor(ids, torch::kLong).unsqueeze(0))[0].to(torch::kFloat).cpu().contiguous();
-    ResultWriter w(o.out.out, mode);
-    if (mode == WriteMode::kAppend) {
-        check_same_model(w, *l.model);
-        w.remove("/logits");
-        w.remove("/tokens");
-    }
+    ResultWriter w = open_result(o.out.out, mode);
+    if (mode == WriteMode::kAppend) check_same_model(w, *l.model);
     write_meta(w, *l.model, 0);
-    std::vector<float> v(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel());
-    w.write("/logits", v, {logits.size(0), logits.size(1)});
-    std::vector<int32_t> t(ids.begin(), ids.end());
-    w.write("/tokens", t, {static_cast<int64_t>(t.size())});
-    w.set_attrs("/logits", {{"description", std::string("logits[t] predicts tokens[t+1]; float32 [T, V]")}});
+    schema::write_logits(w, {std::vector<float>(logits.data_ptr<float>(), logits.data_ptr<float>() + logits.numel()),
+                             std::vector<int32_t>(ids.begin(), ids.end()), logits.size(1)});
     w.commit();
-    log_info(fmt::format("wrote {} ([{}, {}] logits)", o.out.out, logits.size(0), logits.size(1)));
+    log_info("wrote {} ([{}, {}] logits)", o.out.out, logits.size(0), logits.size(1));
 }
 
 void setup_logits(CLI::App& app) {

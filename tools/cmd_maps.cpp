@@ -2,6 +2,7 @@
 // the head's output on templates (dynamic). Method: probes/maps.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "maps.h"
 #include "progress.h"
@@ -48,8 +49,6 @@ static std::vector<TokenizedRelation> usable_relations(const MapsCliOptions& o, 
 static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelation& r, const MapsScores& s,
                            const at::Tensor& dynamic, const MapsCliOptions& o) {
     const int64_t L = m.config.n_layers, H = m.config.n_heads, N = static_cast<int64_t>(r.src.size());
-    const std::string g = "/scores/maps/" + r.rel.name;
-    if (w.exists(g)) w.remove(g);
     Attrs a{{"probe", std::string("maps")},
             {"relation", r.rel.name},
             {"relation_file", r.rel.source},
@@ -61,28 +60,26 @@ static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelat
             {"n_pairs_total", r.n_total},
             {"n_pairs_kept", N},
             {"min_pairs", static_cast<int64_t>(o.min_pairs)}};
-    w.write(g + "/score", host_floats(s.score), {L, H});
+    schema::ScoreGroup g{"maps/" + r.rel.name, {}, {}};
     Attrs sa = a;
     sa["description"] = std::string("fraction of pairs whose target is in the top-k of E_s W_VO W_U^T");
-    w.set_attrs(g + "/score", sa);
+    g.datasets.push_back({"score", {{L, H}, host_floats(s.score), sa}});
     if (s.suppression.defined()) {
-        w.write(g + "/suppression", host_floats(s.suppression), {L, H});
         sa["description"] = std::string("fraction of pairs whose target is in the top-k of -(E_s W_VO W_U^T)");
-        w.set_attrs(g + "/suppression", sa);
+        g.datasets.push_back({"suppression", {{L, H}, host_floats(s.suppression), sa}});
     }
     auto ranks = s.target_rank.contiguous();
-    w.write(g + "/target_rank", std::vector<int64_t>(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel()),
-            {L, H, N});
-    w.write(g + "/source_tokens", std::vector<int32_t>(r.src.begin(), r.src.end()), {N});
-    w.write(g + "/target_tokens", std::vector<int32_t>(r.dst.begin(), r.dst.end()), {N});
+    g.datasets.push_back({"target_rank", {{L, H, N}, std::vector<int64_t>(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel()), {}}});
+    g.datasets.push_back({"source_tokens", {{N}, std::vector<int32_t>(r.src.begin(), r.src.end()), {}}});
+    g.datasets.push_back({"target_tokens", {{N}, std::vector<int32_t>(r.dst.begin(), r.dst.end()), {}}});
     if (dynamic.defined()) {
-        w.write(g + "/dynamic", host_floats(dynamic), {L, H});
         sa["description"] = std::string("mean over templates of the top-k criterion on z[-1,h] W_O^h W_U^T");
         sa["templates"] = maps_templates();
-        w.set_attrs(g + "/dynamic", sa);
+        g.datasets.push_back({"dynamic", {{L, H}, host_floats(dynamic), sa}});
         a["static_dynamic_pearson"] = pearson(s.score, dynamic);
     }
-    w.set_attrs(g, a);
+    g.attrs = a;
+    schema::write_scores(w, g);
 }
 
 void run_maps(const MapsCliOptions& o) {
@@ -92,7 +89,7 @@ void run_maps(const MapsCliOptions& o) {
     const Model& m = *l.model;
     std::vector<std::string> skipped;
     auto rels = usable_relations(o, *l.tokenizer, skipped);
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, 0);
     MapsOptions mo{o.k, o.block_size, o.suppression};
@@ -102,7 +99,7 @@ void run_maps(const MapsCliOptions& o) {
         at::Tensor dyn;
         if (o.dynamic) {
             dyn = maps_dynamic(m, *l.tokenizer, r, s.k);
-            log_info(fmt::format("relation '{}': static/dynamic Pearson r = {:.3f}", r.rel.name, pearson(s.score, dyn)));
+            log_info("relation '{}': static/dynamic Pearson r = {:.3f}", r.rel.name, pearson(s.score, dyn));
         }
         write_relation(w, m, r, s, dyn, o);
         bar.tick();
@@ -111,12 +108,12 @@ void run_maps(const MapsCliOptions& o) {
     std::string names, skipped_names;
     for (const auto& r : rels) names += (names.empty() ? "" : ",") + r.rel.name;
     for (const auto& s : skipped) skipped_names += (skipped_names.empty() ? "" : ",") + s;
-    w.set_attrs("/scores/maps", {{"probe", std::string("maps")},
+    w.set_attrs(schema::maps_root(), {{"probe", std::string("maps")},
                                  {"relations", names},
                                  {"skipped_relations", skipped_names},  // too few single-token pairs
                                  {"min_pairs", static_cast<int64_t>(o.min_pairs)}});
     w.commit();
-    log_info(fmt::format("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size()));
+    log_info("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size());
 }
 
 void setup_maps(CLI::App& app) {

@@ -8,6 +8,7 @@
 #include "needle_store.h"
 #include "progress.h"
 #include "run_state.h"
+#include "schema.h"
 #include "store.h"
 #include "util.h"
 
@@ -21,11 +22,9 @@ namespace hs::cli {
 
 using MergeOptions = MergeArgs;
 
-static std::string attr(const ResultReader& r, const std::string& obj, const std::string& name) {
-    if (!r.exists(obj)) return "";
-    auto a = r.attrs(obj);
-    return a.count(name) ? attr_to_string(a.at(name)) : "";
-}
+// An attribute of /experiment or /meta as text ("" when absent).
+static std::string exp_attr(const ResultReader& r, const std::string& name) { return schema::attr_text(r, schema::experiment(), name); }
+static std::string meta_attr(const ResultReader& r, const std::string& name) { return schema::attr_text(r, schema::meta(), name); }
 
 // The first line where two experiment files differ: "line 12: 'count: 32' vs 'count: 16'".
 static std::string first_yaml_difference(const std::string& a, const std::string& b) {
@@ -40,36 +39,90 @@ static std::string first_yaml_difference(const std::string& a, const std::string
     return "the same text";
 }
 
+// One study of the shards merged into w (a copy of the first shard): each configuration's rows from
+// the first shard that did it. Returns the configurations no shard did.
+static int64_t merge_study(ResultWriter& w, const ResultReader& first, const std::vector<std::unique_ptr<ResultReader>>& rs,
+                           const std::string& study) {
+    const std::string g = schema::study(study);
+    const auto masks0 = schema::read_study(first, study).masks;
+    if (masks0.shape.size() != 3)
+        throw StorageError(fmt::format("{}: {}/masks has shape {}, expected [S, L, H]", first.path(), g, shape_str(masks0.shape)));
+    schema::StudyRecord m;
+    m.name = study, m.S = masks0.shape[0];
+    const int64_t S = m.S;
+    m.done.assign(S, 0);
+    for (const auto& r : rs) {
+        const auto st = schema::read_study(*r, study);
+        if (st.done.shape.empty()) throw StorageError(fmt::format("{}: has no study '{}'; refusing to merge", r->path(), study));
+        const auto &d = st.done, &mr = st.metric_rows, &mk = st.masks;
+        if (mk.shape != masks0.shape || mk.values != masks0.values)
+            throw StorageError(fmt::format("{}: study '{}' has other configurations than {}; refusing to merge",
+                                           r->path(), study, first.path()));
+        // Shapes are checked before any index: a damaged shard must not read past its arrays.
+        if (d.shape != std::vector<int64_t>{S} || mr.shape.size() != 2 || mr.shape[0] != S ||
+            (!m.metric_rows.empty() && mr.shape[1] != m.N))
+            throw StorageError(fmt::format("{}: study '{}': done {} and metric_rows {} do not fit {} configurations"
+                                           "{}; refusing to merge", r->path(), study, shape_str(d.shape),
+                                           shape_str(mr.shape), S, m.metric_rows.empty() ? "" : fmt::format(" of {} rows", m.N)));
+        m.N = mr.shape[1];
+        if (m.metric_rows.empty()) m.metric_rows.assign(S * m.N, std::nanf(""));
+        for (int64_t i = 0; i < S; ++i)
+            if (d.values[i] != 0 && !m.done[i]) {
+                m.done[i] = 1;
+                for (int64_t n = 0; n < m.N; ++n) m.metric_rows[i * m.N + n] = static_cast<float>(mr.values[i * m.N + n]);
+            }
+    }
+    const int64_t N = m.N;
+    // The metric as `run` computes it (a float32 mean over the rows), so that the merged file
+    // equals the unsharded one bit for bit.
+    auto mean = torch::from_blob(m.metric_rows.data(), {S, N}, torch::kFloat).mean(1).contiguous();
+    m.metric.assign(mean.data_ptr<float>(), mean.data_ptr<float>() + S);
+    int64_t missing = 0;
+    for (int64_t i = 0; i < S; ++i) {
+        if (!m.done[i]) m.metric[i] = std::nanf("");
+        missing += !m.done[i];
+    }
+    schema::write_study_results(w, m);
+    const auto factor = schema::read_study(first, study).factor;
+    if (!factor.shape.empty()) {  // a scale-grid study: its JUICE selection from the merged rows
+        const auto variants = schema::read_data_variants(first, schema::attr_text(first, g, "dataset"));
+        auto mk = torch::tensor(masks0.values, torch::kDouble).view({S, masks0.shape[1], masks0.shape[2]});
+        write_juice(w, study, torch::from_blob(m.metric_rows.data(), {S, N}, torch::kFloat).clone(), mk, factor.values, variants);
+    }
+    w.set_attrs(g, {{"shard", std::string("merged")}});
+    return missing;
+}
+
 void run_merge(const MergeOptions& o) {
     if (o.inputs.size() < 2) throw UsageError("merge: give at least two shard files");
     if (file_exists(o.out) && !o.force) throw StorageError(fmt::format("{}: exists (use --force to replace it)", o.out));
     std::vector<std::unique_ptr<ResultReader>> rs;
     for (const auto& f : o.inputs) rs.push_back(std::make_unique<ResultReader>(f));
     const auto& first = *rs.front();
-    if (first.exists("/retrieval") && !first.exists("/ablation")) return merge_retrieval(o, rs);
-    if (!first.exists("/experiment") || !first.exists("/ablation"))
+    if (first.exists(schema::retrieval()) && !first.exists(schema::ablation_root())) return merge_retrieval(o, rs);
+    if (!first.exists(schema::experiment()) || !first.exists(schema::ablation_root()))
         throw StorageError(fmt::format("{}: not a `headscope run` result (no /experiment or /ablation)", first.path()));
-    const std::string sha = attr(first, "/experiment", "sha256"), wsha = attr(first, "/meta", "weights_sha256");
-    const std::string count = attr(first, "/experiment", "shard_count");
+    const std::string sha = exp_attr(first, "sha256"), wsha = meta_attr(first, "weights_sha256");
+    const std::string count = exp_attr(first, "shard_count");
     std::vector<bool> seen_shard(std::max(1, std::atoi(count.c_str())), false);
     for (const auto& r : rs) {
-        if (attr(*r, "/experiment", "sha256") != sha)
+        if (exp_attr(*r, "sha256") != sha)
             throw StorageError(fmt::format("{}: from another experiment than {} (the YAML differs, {}); refusing to merge",
                                            r->path(), first.path(),
-                                           first_yaml_difference(attr(first, "/experiment", "yaml"), attr(*r, "/experiment", "yaml"))));
-        if (attr(*r, "/meta", "weights_sha256") != wsha)
+                                           first_yaml_difference(exp_attr(first, "yaml"), exp_attr(*r, "yaml"))));
+        if (meta_attr(*r, "weights_sha256") != wsha)
             throw StorageError(fmt::format("{}: from another model than {}; refusing to merge", r->path(), first.path()));
-        if (attr(*r, "/experiment", "shard_count") != count)
+        if (exp_attr(*r, "shard_count") != count)
             throw StorageError(fmt::format("{}: split into {} shards, {} into {}; refusing to merge", r->path(),
-                                           attr(*r, "/experiment", "shard_count"), first.path(), count));
-        if (attr(*r, "/experiment", "shard") == "merged")
+                                           exp_attr(*r, "shard_count"), first.path(), count));
+        if (exp_attr(*r, "shard") == "merged")
             throw StorageError(fmt::format("{}: is a merged file, not a shard; refusing to merge", r->path()));
-        const int idx = std::atoi(attr(*r, "/experiment", "shard_index").c_str());
+        const int idx = std::atoi(exp_attr(*r, "shard_index").c_str());
         if (idx >= 0 && idx < static_cast<int>(seen_shard.size())) {
             if (seen_shard[idx]) throw StorageError(fmt::format("{}: shard {} given twice", r->path(), idx));
             seen_shard[idx] = true;
         }
-        if (!o.partial && attr(*r, "/experiment", "complete") != "1")
+        if (!o.partial && exp_attr(*r, "complete") != "1")
             throw StorageError(fmt::format("{}: shard {}/{} is incomplete (the task stopped early); rerun it with --resume, "
                                            "or merge with --partial", r->path(), idx, count));
     }
@@ -86,66 +139,13 @@ void run_merge(const MergeOptions& o) {
     int64_t missing = 0;
     {
         ResultWriter w(tmp, WriteMode::kAppend);
-        for (const auto& study : first.children("/ablation")) {
-            const std::string g = "/ablation/" + study;
-            auto masks0 = first.read_numbers(g + "/masks");
-            if (masks0.shape.size() != 3)
-                throw StorageError(fmt::format("{}: {}/masks has shape {}, expected [S, L, H]", first.path(), g,
-                                               shape_str(masks0.shape)));
-            const int64_t S = masks0.shape[0];
-            std::vector<float> rows;
-            std::vector<uint8_t> done(S, 0);
-            int64_t N = 0;
-            for (const auto& r : rs) {
-                if (!r->exists(g + "/done"))
-                    throw StorageError(fmt::format("{}: has no study '{}'; refusing to merge", r->path(), study));
-                auto d = r->read_numbers(g + "/done"), mr = r->read_numbers(g + "/metric_rows"), mk = r->read_numbers(g + "/masks");
-                if (mk.shape != masks0.shape || mk.values != masks0.values)
-                    throw StorageError(fmt::format("{}: study '{}' has other configurations than {}; refusing to merge",
-                                                   r->path(), study, first.path()));
-                // Shapes are checked before any index: a damaged shard must not read past its arrays.
-                if (d.shape != std::vector<int64_t>{S} || mr.shape.size() != 2 || mr.shape[0] != S ||
-                    (!rows.empty() && mr.shape[1] != N))
-                    throw StorageError(fmt::format("{}: study '{}': done {} and metric_rows {} do not fit {} configurations"
-                                                   "{}; refusing to merge", r->path(), study, shape_str(d.shape),
-                                                   shape_str(mr.shape), S, rows.empty() ? "" : fmt::format(" of {} rows", N)));
-                N = mr.shape[1];
-                if (rows.empty()) rows.assign(S * N, std::nanf(""));
-                for (int64_t i = 0; i < S; ++i)
-                    if (d.values[i] != 0 && !done[i]) {
-                        done[i] = 1;
-                        for (int64_t n = 0; n < N; ++n) rows[i * N + n] = static_cast<float>(mr.values[i * N + n]);
-                    }
-            }
-            // The metric as `run` computes it (a float32 mean over the rows), so that the merged file
-            // equals the unsharded one bit for bit.
-            auto mean = torch::from_blob(rows.data(), {S, N}, torch::kFloat).mean(1).contiguous();
-            std::vector<float> metric(mean.data_ptr<float>(), mean.data_ptr<float>() + S);
-            for (int64_t i = 0; i < S; ++i) {
-                if (!done[i]) metric[i] = std::nanf("");
-                missing += !done[i];
-            }
-            for (const char* name : {"/metric", "/metric_rows", "/done"}) w.remove(g + name);
-            w.write(g + "/metric", metric, {S});
-            w.write(g + "/metric_rows", rows, {S, N});
-            w.write(g + "/done", done, {S});
-            if (first.exists(g + "/factor")) {  // a scale-grid study: its JUICE selection from the merged rows
-                auto f = first.read_numbers(g + "/factor");
-                const std::string data = attr(first, g, "dataset");
-                std::vector<int64_t> variants;
-                if (first.exists("/data/" + data + "/variant"))
-                    for (double v : first.read_numbers("/data/" + data + "/variant").values) variants.push_back(static_cast<int64_t>(v));
-                auto mk = torch::tensor(masks0.values, torch::kDouble).view({S, masks0.shape[1], masks0.shape[2]});
-                write_juice(w, g, torch::from_blob(rows.data(), {S, N}, torch::kFloat).clone(), mk, f.values, variants);
-            }
-            w.set_attrs(g, {{"shard", std::string("merged")}});
-        }
-        w.set_attrs("/experiment", merged_attrs(o.inputs, missing == 0));
+        for (const auto& study : schema::study_names(first)) missing += merge_study(w, first, rs, study);
+        schema::write_experiment(w, merged_attrs(o.inputs, missing == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);
     if (missing) log_warn(fmt::format("{} configurations are in none of the shards (done = 0, metric NaN)", missing));
-    log_info(fmt::format("wrote {} (merged {} shards)", o.out, o.inputs.size()));
+    log_info("wrote {} (merged {} shards)", o.out, o.inputs.size());
 }
 
 void setup_merge(CLI::App& app) {

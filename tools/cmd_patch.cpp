@@ -2,6 +2,7 @@
 // methods: docs/methods.md "Patching"; names: docs/hdf5-schema.md "Patching").
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "heads.h"
 #include "patching.h"
@@ -44,8 +45,8 @@ static void print_top(const PatchResult& r, bool kv, int k) {
 }
 
 void run_patch(const PatchCliOptions& o) {
-    const PatchMetric metric = parse_name(patch_metric_names(), o.metric, "--metric");
-    const PatchSite site = parse_name(patch_site_names(), o.what, "--what");
+    const MetricKind metric = with_flag("--metric", [&] { return parse_name(patch_metric_names(), o.metric, ""); });
+    const Point site = with_flag("--what", [&] { return parse_name(patch_site_names(), o.what, ""); });
     if (o.positions != "all" && o.positions != "each")
         throw UsageError(fmt::format("--positions '{}': expected all or each", o.positions));
     if (o.method != "exact" && o.method != "attribution")
@@ -61,9 +62,10 @@ void run_patch(const PatchCliOptions& o) {
     for (const auto& s : o.paths) specs.push_back(with_flag("--path", [&] { return parse_path_spec(s, L, H); }));
     const auto pairs = read_patch_pairs(o.pairs, m, l.tokenizer.get(), metric);
     const auto t0 = std::chrono::steady_clock::now();
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
-    const std::string g = "/patching/" + name;
+    schema::PatchingRecord rec;
+    rec.name = name;
     Attrs a{{"metric", std::string(name_of(metric))},
             {"pairs", o.pairs},
             {"n_pairs", pairs.rows()},
@@ -72,22 +74,20 @@ void run_patch(const PatchCliOptions& o) {
     if (specs.empty()) {
         PatchOptions po;
         po.metric = metric, po.site = site, po.each_position = o.positions == "each", po.max_rows = o.batch_rows;
-        const auto r = o.method == "exact" ? exact_patching(m, pairs, po) : attribution_patching(m, pairs, po);
+        const auto r = with_flag({{"--positions", "each_position"}}, [&] {
+            return o.method == "exact" ? exact_patching(m, pairs, po) : attribution_patching(m, pairs, po);
+        });
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         std::printf("metric %s: clean %.6f, corrupted %.6f (%lld pairs)\n", name_of(metric), r.metric_clean, r.metric_corrupt,
                     static_cast<long long>(pairs.rows()));
-        print_top(r, site == PatchSite::kK || site == PatchSite::kV, o.top);
-        if (w.exists(g)) w.remove(g);
-        write_meta(w, m, 0);
-        auto shape = r.scores.sizes().vec();
-        w.write(g + "/scores", host_floats(r.scores), shape);
-        w.write(g + "/patched", host_floats(r.patched), shape);
-        w.write(g + "/metric_clean", std::vector<float>{static_cast<float>(r.metric_clean)}, {1});
-        w.write(g + "/metric_corrupt", std::vector<float>{static_cast<float>(r.metric_corrupt)}, {1});
+        print_top(r, site == Point::kAttnK || site == Point::kAttnV, o.top);
+        rec.shape = r.scores.sizes().vec();
+        rec.scores = host_floats(r.scores), rec.patched = host_floats(r.patched);
+        rec.metric_clean = static_cast<float>(r.metric_clean), rec.metric_corrupt = static_cast<float>(r.metric_corrupt);
         a["method"] = o.method;
         a["what"] = o.what;
         a["positions"] = o.positions;
-        a["units"] = std::string(site == PatchSite::kK || site == PatchSite::kV ? "key/value heads" : "query heads");
+        a["units"] = std::string(site == Point::kAttnK || site == Point::kAttnV ? "key/value heads" : "query heads");
         a["forwards"] = r.forwards;
         a["seconds"] = secs;
         if (o.method == "attribution")
@@ -109,21 +109,18 @@ void run_patch(const PatchCliOptions& o) {
         }
         std::printf("metric %s: clean %.6f, corrupted %.6f (%lld pairs)\n", name_of(metric), clean, corrupt,
                     static_cast<long long>(pairs.rows()));
-        if (w.exists(g)) w.remove(g);
-        write_meta(w, m, 0);
-        const int64_t P = static_cast<int64_t>(specs.size());
-        w.write(g + "/scores", scores, {P});
-        w.write(g + "/patched", patched, {P});
-        w.write_strings(g + "/path", labels);
-        w.write(g + "/metric_clean", std::vector<float>{static_cast<float>(clean)}, {1});
-        w.write(g + "/metric_corrupt", std::vector<float>{static_cast<float>(corrupt)}, {1});
+        rec.shape = {static_cast<int64_t>(specs.size())};
+        rec.scores = scores, rec.patched = patched, rec.paths = labels;
+        rec.metric_clean = static_cast<float>(clean), rec.metric_corrupt = static_cast<float>(corrupt);
         a["method"] = std::string("path");
         a["what"] = std::string("senders' head-out into the receivers' q, k or v (frozen input-norm scale)");
         a["forwards"] = forwards;
     }
-    w.set_attrs(g, a);
+    rec.attrs = a;
+    write_meta(w, m, 0);
+    schema::write_patching(w, rec);
     w.commit();
-    log_info(fmt::format("wrote {} ({})", o.out.out, g));
+    log_info("wrote {} ({})", o.out.out, schema::patching(name));
 }
 
 void setup_patch(CLI::App& app) {

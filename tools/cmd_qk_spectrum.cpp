@@ -2,6 +2,7 @@
 // Method: probes/qk_spectrum.h, docs/methods-weights.md ("QK spectrum").
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "heads.h"
 #include "progress.h"
@@ -55,10 +56,8 @@ void run_qk_spectrum(const QkSpectrumCliOptions& o) {
     const auto& c = m.config;
     const int64_t L = c.n_layers, H = c.n_heads;
     auto s = qk_spectrum(m);
-    ResultWriter w(o.out.out, mode);
+    ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
-    const std::string g = "/scores/qk_rank";
-    if (w.exists(g)) w.remove(g);
     write_meta(w, m, 0);
     Attrs a{{"probe", std::string("qk_rank")},
             {"description", std::string("effective rank exp(H(p)), p = singular values of M_h = W_Q^h W_K^(h/g)T "
@@ -70,16 +69,15 @@ void run_qk_spectrum(const QkSpectrumCliOptions& o) {
                                                       "(softmax-invariant); neither is in the bilinear form"
                                                     : "none")},
             {"rope", rope_note(c)}};
-    w.write(g + "/score", host_floats(s.effective_rank), {L, H});
-    w.write(g + "/singular_values", host_floats(s.singular_values), {L, H, s.singular_values.size(2)});
-    w.set_attrs(g, a);
+    schema::write_scores(w, {"qk_rank", a, {{"score", {{L, H}, host_floats(s.effective_rank), {}}},
+                                            {"singular_values", {{L, H, s.singular_values.size(2)}, host_floats(s.singular_values), {}}}}});
     w.commit();
     if (o.top > 0) {
         print_heads("lowest", s.effective_rank, rank_heads(s.effective_rank, false), o.top);
         print_heads("highest", s.effective_rank, rank_heads(s.effective_rank, true), o.top);
     }
-    log_info(fmt::format("wrote {} (effective QK rank of {} heads, at most {})", o.out.out, L * H,
-                         s.singular_values.size(2)));
+    log_info("wrote {} (effective QK rank of {} heads, at most {})", o.out.out, L * H,
+                         s.singular_values.size(2));
 }
 
 void setup_qk_spectrum(CLI::App& app) {

@@ -1,5 +1,5 @@
 // headscope report: one self-contained HTML page (inline SVG + CSS, no script, no network) for one or
-// more result files. The HTML is built in src/report.cpp; this file parses options and writes the
+// more result files. The HTML is built in src/report/report.cpp; this file parses options and writes the
 // page atomically (temporary file renamed into place), so a failed run leaves nothing behind.
 #include "commands.h"
 #include "common.h"
@@ -31,7 +31,7 @@ void run_report(const ReportCliOptions& o) {
     AtomicFile out(o.out);
     out.write(html);
     out.commit();
-    log_info(fmt::format("wrote {} ({:.1f} KiB); open it in a browser (it needs no network)", o.out, html.size() / 1024.0));
+    log_info("wrote {} ({:.1f} KiB); open it in a browser (it needs no network)", o.out, html.size() / 1024.0);
 }
 
 void setup_report(CLI::App& app) {

@@ -1046,7 +1046,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     const bool resuming = o.resume && file_exists(out);
     if (file_exists(out) && !o.resume && p.mode == WriteMode::kCreate)
         throw StorageError(fmt::format("{}: exists (use --resume to continue it, --force to replace it or --append to add to it)", out));
-    { ResultWriter probe(out, resuming ? WriteMode::kAppend : p.mode); }  // fails now (unwritable) rather than after the trials
+    { ResultWriter probe = open_result(out, resuming ? WriteMode::kAppend : p.mode); }  // fails now (unwritable) rather than after the trials
     Attrs params = needle_params(o, p, in, N);
     std::unique_ptr<NeedleResults> prev = resuming ? load_needle_resume(out, params, p.shard, m) : nullptr;
     if (prev) {

@@ -14,6 +14,7 @@
 #include "juice.h"
 #include "progress.h"
 #include "run_state.h"
+#include "schema.h"
 #include "store.h"
 #include "util.h"
 
@@ -82,26 +83,23 @@ Shard parse_shard(const std::string& s) {
     return sh;
 }
 
-void write_juice(ResultWriter& w, const std::string& group, const at::Tensor& rows, const at::Tensor& masks,
+void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& rows, const at::Tensor& masks,
                  const std::vector<double>& factors, const std::vector<int64_t>& variants) {
     const auto sel = juice_selection(rows, masks, factors, variants);
-    const std::string g = group + "/juice";
-    if (w.exists(g)) w.remove(g);
-    const int64_t V = static_cast<int64_t>(sel.variants.size()), F = static_cast<int64_t>(sel.factors.size());
-    const int64_t L = masks.size(1), H = masks.size(2);
-    w.write(g + "/factors", std::vector<float>(sel.factors.begin(), sel.factors.end()), {F});
-    w.write(g + "/variants", sel.variants, {V});
-    w.write(g + "/delta", host_floats(sel.delta), {V, L, H, F});
-    w.write(g + "/up", host_floats(sel.up), {V, L, H});
-    w.write(g + "/down", host_floats(sel.down), {V, L, H});
-    w.write(g + "/enhance", host_floats(sel.enhance), {L, H});
-    w.write(g + "/suppress", host_floats(sel.suppress), {L, H});
-    w.set_attrs(g, {{"reference", std::string("GaotangLi/JUICE src/select_intervention_head.py")},
-                    {"delta", std::string("mean metric with z_h *= factor minus the baseline's, per prompt variant")},
-                    {"up", std::string("mean of delta over factors > 1 (JUICE's positive alphas, alpha = factor - 1)")},
-                    {"down", std::string("mean of delta over factors < 1 (JUICE's negative alphas)")},
-                    {"enhance", std::string("sum over variants of up where up > 0 in every variant, else NaN")},
-                    {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}});
+    schema::JuiceRecord j;
+    j.V = static_cast<int64_t>(sel.variants.size()), j.F = static_cast<int64_t>(sel.factors.size());
+    j.L = masks.size(1), j.H = masks.size(2);
+    j.factors.assign(sel.factors.begin(), sel.factors.end());
+    j.variants = sel.variants;
+    j.delta = host_floats(sel.delta), j.up = host_floats(sel.up), j.down = host_floats(sel.down);
+    j.enhance = host_floats(sel.enhance), j.suppress = host_floats(sel.suppress);
+    j.attrs = {{"reference", std::string("GaotangLi/JUICE src/select_intervention_head.py")},
+               {"delta", std::string("mean metric with z_h *= factor minus the baseline's, per prompt variant")},
+               {"up", std::string("mean of delta over factors > 1 (JUICE's positive alphas, alpha = factor - 1)")},
+               {"down", std::string("mean of delta over factors < 1 (JUICE's negative alphas)")},
+               {"enhance", std::string("sum over variants of up where up > 0 in every variant, else NaN")},
+               {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}};
+    schema::write_juice(w, study, j);
 }
 
 std::string shard_path(const std::string& out, const Shard& s) {
@@ -172,160 +170,157 @@ int64_t run_complete(const Shard& shard, const std::vector<StudyState>& studies)
     return 1;
 }
 
+schema::DataRecord data_record(const Experiment& e, const AblationData& d) {
+    schema::DataRecord r;
+    r.name = d.name, r.tokens = d.file_tokens(), r.lengths = d.lengths, r.rows = d.rows(), r.cols = d.tokens.size(1);
+    r.answers = d.answers, r.counterfactuals = d.counterfactuals, r.variants = d.variants;
+    r.attrs = {{"kind", std::string(name_of(d.kind))}, {"pad_value", int64_t(-1)}};
+    if (d.kind == DataKind::kRepeated) r.attrs["length"] = d.n;
+    for (const auto& spec : e.data)
+        if (spec.name == d.name) {
+            if (!spec.file.empty()) r.attrs["source_file"] = spec.file;
+            if (spec.kind == DataKind::kRepeated) {
+                r.attrs["seed"] = spec.seed >= 0 ? spec.seed : e.seed;
+                r.attrs["token_lo"] = spec.token_lo, r.attrs["token_hi"] = spec.token_hi;
+            }
+            if (spec.kind == DataKind::kText) r.attrs["seq_len"] = spec.seq_len;
+        }
+    return r;
+}
+
+// The study's attributes (docs/hdf5-schema.md, "/ablation/<study>" attrs): the spec, and each
+// sweep's own settings.
+Attrs study_attrs(const StudyState& st, const Shard& shard) {
+    const StudySpec& s = *st.spec;
+    const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff ||
+                               s.metric.kind == MetricKind::kProb;
+    Attrs a = {{"sweep", std::string(name_of(s.sweep))},
+               {"mode", std::string(name_of(s.mode.kind))},
+               {"metric", std::string(name_of(s.metric.kind))},
+               {"dataset", s.metric.data},
+               {"positions", std::string(name_of(answer_metric ? Positions::kAnswer : s.metric.positions))},
+               {"metric_description", metric_description(s.metric)},
+               {"controls", s.controls},
+               {"n_configurations", static_cast<int64_t>(st.cfg.masks.size())},
+               {"shard", shard.str()}};
+    if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
+    if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
+        a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
+    if (s.mode.kind == Intervention::kScale && s.sweep != SweepKind::kScaleGrid) a["mode_factor"] = s.mode.factor;
+    if (s.metric.kind == MetricKind::kProb) a["target"] = std::string(s.metric.counterfactual ? "counterfactual" : "answer");
+    if (s.sweep == SweepKind::kScaleGrid) a["factors"] = s.factors;
+    if (s.mode.kind == Intervention::kStream) {
+        a["mode_sink"] = s.mode.window.sink;
+        a["mode_recent"] = s.mode.window.recent;
+        a["mode_compensate"] = std::string(s.mode.window.compensate ? "true" : "false");
+    }
+    if (s.mode.kind == Intervention::kResample) a["resample_seed"] = st.setup.resample_seed;
+    if (s.sweep == SweepKind::kPrune) {
+        a["steps"] = s.steps;
+        a["recompute"] = std::string(s.recompute ? "true" : "false");
+        a["importance"] = std::string("mean over rows of |d metric / d xi_h| (autograd), L2-normalised per layer");
+    }
+    if (s.sweep == SweepKind::kGating) a["starts"] = s.starts;
+    if (s.sweep == SweepKind::kGating || s.sweep == SweepKind::kDuoGates) {
+        a["fit_steps"] = s.fit_steps;
+        a["lambda"] = s.lambda;
+        a["lr"] = s.lr;
+    }
+    return a;
+}
+
+schema::StudyRecord study_record(const StudyState& st, const Shard& shard, int64_t L, int64_t H) {
+    const StudySpec& s = *st.spec;
+    schema::StudyRecord r;
+    r.name = s.name, r.S = static_cast<int64_t>(st.cfg.masks.size()), r.N = st.data->rows(), r.L = L, r.H = H;
+    for (const auto& mk : st.cfg.masks) {
+        auto c = mk.contiguous();
+        r.masks.insert(r.masks.end(), c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
+    }
+    r.metric = host_floats(st.rows.mean(1)), r.metric_rows = host_floats(st.rows);
+    r.kind = st.cfg.kinds, r.label = st.cfg.labels, r.k = st.cfg.k, r.control_seed = st.cfg.control_seed, r.done = st.done;
+    r.batch.assign(r.S, -1);  // the forward that computes each configuration (shard k % N)
+    for (size_t k = 0; k < st.batches.size(); ++k)
+        for (auto c : st.batches[k]) r.batch[c] = static_cast<int64_t>(k);
+    if (s.sweep == SweepKind::kScaleGrid) r.factor.assign(st.cfg.factor.begin(), st.cfg.factor.end());
+    if (s.sweep == SweepKind::kPrune) {
+        r.fraction.assign(st.cfg.fraction.begin(), st.cfg.fraction.end());
+        r.order = st.prune.order;
+        for (const auto& t : st.prune.importance) {
+            auto v = host_floats(t);
+            r.importance.insert(r.importance.end(), v.begin(), v.end());
+        }
+    }
+    r.attrs = study_attrs(st, shard);
+    return r;
+}
+
+std::vector<int64_t> host_longs(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kLong).contiguous();
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+schema::GatesRecord gates_record(const StudySpec& s, const GatingResult& gr, int64_t L, int64_t H) {
+    schema::GatesRecord g;
+    g.starts = gr.g_plus.size(0), g.L = L, g.H = H;
+    g.g0 = host_floats(gr.g0), g.g_plus = host_floats(gr.g_plus), g.g_minus = host_floats(gr.g_minus);
+    g.roles = host_longs(gr.roles), g.role = host_longs(gr.role), g.role_counts = host_longs(gr.role_counts);
+    g.objective = host_floats(gr.objective);
+    g.attrs = {{"roles", std::string("0 irrelevant (G+ >= 0.5, G- < 0.5), 1 facilitating (both >= 0.5), 2 interfering "
+                                     "(both < 0.5), 3 unstable (G+ < 0.5, G- >= 0.5)")},
+               {"loss", std::string("objective - lambda * mean(clamp(logits, -4, 4)); objective = the metric, "
+                                    "negated for logit-diff and prob")},
+               {"fits", std::string("lambda 0 from uniform(0, 1) gates, then +lambda (G+) and -lambda (G-) from it")},
+               {"optimiser", fmt::format("Adam lr {}, gradient norm clipped to 1 per start, {} steps a fit", s.lr, s.fit_steps)},
+               {"lambda", s.lambda},
+               {"starts", s.starts}};
+    return g;
+}
+
+schema::DuoRecord duo_record(const StudySpec& s, const DuoGateResult& d, int64_t L, int64_t H) {
+    schema::DuoRecord r;
+    r.L = L, r.H = H, r.K = d.alpha_kv.size(1), r.steps = d.history.size(0);
+    r.alpha = host_floats(d.alpha), r.alpha_kv = host_floats(d.alpha_kv), r.history = host_floats(d.history);
+    r.attrs = {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
+                                    "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
+               {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
+               {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
+                                         "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
+               {"lambda", s.lambda},
+               {"sink", s.mode.window.sink},
+               {"recent", s.mode.window.recent},
+               {"distill_full", d.distill_full},
+               {"distill_stream", d.distill_stream},
+               {"distill_final", d.distill_final},
+               {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}};
+    return r;
+}
+
 void write_all(const std::string& path, const Experiment& e, const Model& m, const Shard& shard,
                const std::vector<AblationData>& data, const std::vector<ProbeResult>& probes,
                const std::vector<StudyState>& studies) {
     ResultWriter w(path, WriteMode::kForce);
     write_meta(w, m, e.seed);
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
-    w.set_attrs("/experiment", {{"file", e.file},
-                                {"yaml", e.text},
-                                {"sha256", sha256_bytes(e.text.data(), e.text.size())},
-                                {"model", m.path},
-                                {"shard", shard.str()},
-                                {"shard_index", shard.index},
-                                {"shard_count", shard.count},
-                                {"complete", run_complete(shard, studies)}});
-    for (const auto& d : data) {
-        const std::string g = "/data/" + d.name;
-        w.write(g + "/tokens", d.file_tokens(), {d.rows(), d.tokens.size(1)});
-        w.write(g + "/lengths", d.lengths, {d.rows()});
-        Attrs a = {{"kind", std::string(name_of(d.kind))}, {"pad_value", int64_t(-1)}};
-        if (d.kind == DataKind::kRepeated) a["length"] = d.n;
-        for (const auto& spec : e.data)
-            if (spec.name == d.name) {
-                if (!spec.file.empty()) a["source_file"] = spec.file;
-                if (spec.kind == DataKind::kRepeated) {
-                    a["seed"] = spec.seed >= 0 ? spec.seed : e.seed;
-                    a["token_lo"] = spec.token_lo, a["token_hi"] = spec.token_hi;
-                }
-                if (spec.kind == DataKind::kText) a["seq_len"] = spec.seq_len;
-            }
-        if (!d.answers.empty()) {
-            w.write(g + "/answers", d.answers, {d.rows()});
-            w.write(g + "/counterfactuals", d.counterfactuals, {d.rows()});
-        }
-        if (!d.variants.empty()) w.write(g + "/variant", d.variants, {d.rows()});
-        w.set_attrs(g, a);
-    }
-    for (const auto& p : probes) {
-        w.write("/scores/" + p.probe + "/score", host_floats(p.score), {L, H});
-        w.set_attrs("/scores/" + p.probe, p.attrs);
-    }
+    schema::write_experiment(w, {{"file", e.file},
+                                 {"yaml", e.text},
+                                 {"sha256", sha256_bytes(e.text.data(), e.text.size())},
+                                 {"model", m.path},
+                                 {"shard", shard.str()},
+                                 {"shard_index", shard.index},
+                                 {"shard_count", shard.count},
+                                 {"complete", run_complete(shard, studies)}});
+    for (const auto& d : data) schema::write_data(w, data_record(e, d));
+    for (const auto& p : probes) schema::write_scores(w, {p.probe, p.attrs, {{"score", {{L, H}, host_floats(p.score), {}}}}});
     for (const auto& st : studies) {
         const StudySpec& s = *st.spec;
-        const std::string g = "/ablation/" + s.name;
-        const int64_t S = static_cast<int64_t>(st.cfg.masks.size()), N = st.data->rows();
-        std::vector<uint8_t> masks;
-        for (const auto& mk : st.cfg.masks) {
-            auto c = mk.contiguous();
-            masks.insert(masks.end(), c.data_ptr<uint8_t>(), c.data_ptr<uint8_t>() + c.numel());
-        }
-        w.write(g + "/masks", masks, {S, L, H});
-        w.write(g + "/metric", host_floats(st.rows.mean(1)), {S});
-        w.write(g + "/metric_rows", host_floats(st.rows), {S, N});
-        w.write_strings(g + "/kind", st.cfg.kinds);
-        w.write_strings(g + "/label", st.cfg.labels);
-        w.write(g + "/k", st.cfg.k, {S});
-        w.write(g + "/control_seed", st.cfg.control_seed, {S});
-        w.write(g + "/done", st.done, {S});
-        std::vector<int64_t> batch_of(S, -1);  // the forward that computes each configuration (shard k % N)
-        for (size_t k = 0; k < st.batches.size(); ++k)
-            for (auto c : st.batches[k]) batch_of[c] = static_cast<int64_t>(k);
-        w.write(g + "/batch", batch_of, {S});
-        const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff ||
-                                   s.metric.kind == MetricKind::kProb;
-        Attrs a = {{"sweep", std::string(name_of(s.sweep))},
-                   {"mode", std::string(name_of(s.mode.kind))},
-                   {"metric", std::string(name_of(s.metric.kind))},
-                   {"dataset", s.metric.data},
-                   {"positions", std::string(name_of(answer_metric ? Positions::kAnswer : s.metric.positions))},
-                   {"metric_description", metric_description(s.metric)},
-                   {"controls", s.controls},
-                   {"n_configurations", S},
-                   {"shard", shard.str()}};
-        if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
-        if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
-            a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
-        if (s.mode.kind == Intervention::kScale && s.sweep != SweepKind::kScaleGrid) a["mode_factor"] = s.mode.factor;
-        if (s.metric.kind == MetricKind::kProb) a["target"] = std::string(s.metric.counterfactual ? "counterfactual" : "answer");
-        if (s.sweep == SweepKind::kScaleGrid) {
-            std::vector<float> f(st.cfg.factor.begin(), st.cfg.factor.end());
-            w.write(g + "/factor", f, {S});
-            a["factors"] = s.factors;
-            write_juice(w, g, st.rows, torch::stack(st.cfg.masks), st.cfg.factor, st.data->variants);
-        }
-        if (s.mode.kind == Intervention::kStream) {
-            a["mode_sink"] = s.mode.window.sink;
-            a["mode_recent"] = s.mode.window.recent;
-            a["mode_compensate"] = std::string(s.mode.window.compensate ? "true" : "false");
-        }
-        if (s.mode.kind == Intervention::kResample) a["resample_seed"] = st.setup.resample_seed;
-        if (s.sweep == SweepKind::kPrune) {
-            std::vector<float> fr(st.cfg.fraction.begin(), st.cfg.fraction.end());
-            w.write(g + "/fraction", fr, {S});
-            w.write(g + "/order", st.prune.order, {static_cast<int64_t>(st.prune.order.size())});
-            std::vector<float> imp;
-            for (const auto& t : st.prune.importance) {
-                auto v = host_floats(t);
-                imp.insert(imp.end(), v.begin(), v.end());
-            }
-            w.write(g + "/importance", imp, {static_cast<int64_t>(st.prune.importance.size()), L, H});
-            a["steps"] = s.steps;
-            a["recompute"] = std::string(s.recompute ? "true" : "false");
-            a["importance"] = std::string("mean over rows of |d metric / d xi_h| (autograd), L2-normalised per layer");
-        }
-        if (s.sweep == SweepKind::kGating) {
-            const auto& gr = st.gating;
-            const int64_t Sg = gr.g_plus.size(0);
-            const std::string gg = g + "/gates";
-            w.write(gg + "/g0", host_floats(gr.g0), {Sg, L, H});
-            w.write(gg + "/g_plus", host_floats(gr.g_plus), {Sg, L, H});
-            w.write(gg + "/g_minus", host_floats(gr.g_minus), {Sg, L, H});
-            auto roles = gr.roles.to(torch::kLong).contiguous(), role = gr.role.to(torch::kLong).contiguous();
-            w.write(gg + "/roles", std::vector<int64_t>(roles.data_ptr<int64_t>(), roles.data_ptr<int64_t>() + roles.numel()), {Sg, L, H});
-            w.write(gg + "/role", std::vector<int64_t>(role.data_ptr<int64_t>(), role.data_ptr<int64_t>() + role.numel()), {L, H});
-            auto counts = gr.role_counts.contiguous();
-            w.write(gg + "/role_counts", std::vector<int64_t>(counts.data_ptr<int64_t>(), counts.data_ptr<int64_t>() + counts.numel()),
-                    {4, L, H});
-            w.write(gg + "/objective", host_floats(gr.objective), {3, Sg});
-            w.set_attrs(gg, {{"roles", std::string("0 irrelevant (G+ >= 0.5, G- < 0.5), 1 facilitating (both >= 0.5), 2 interfering "
-                                                   "(both < 0.5), 3 unstable (G+ < 0.5, G- >= 0.5)")},
-                             {"loss", std::string("objective - lambda * mean(clamp(logits, -4, 4)); objective = the metric, "
-                                                  "negated for logit-diff and prob")},
-                             {"fits", std::string("lambda 0 from uniform(0, 1) gates, then +lambda (G+) and -lambda (G-) from it")},
-                             {"optimiser", fmt::format("Adam lr {}, gradient norm clipped to 1 per start, {} steps a fit", s.lr, s.fit_steps)},
-                             {"lambda", s.lambda},
-                             {"starts", s.starts}});
-            a["starts"] = s.starts;
-            a["fit_steps"] = s.fit_steps;
-            a["lambda"] = s.lambda;
-            a["lr"] = s.lr;
-        }
-        if (s.sweep == SweepKind::kDuoGates) {
-            const auto& d = st.duo;
-            const std::string gd = g + "/duo";
-            const int64_t K = d.alpha_kv.size(1), steps = d.history.size(0);
-            w.write(gd + "/alpha", host_floats(d.alpha), {L, H});
-            w.write(gd + "/alpha_kv", host_floats(d.alpha_kv), {L, K});
-            w.write(gd + "/history", host_floats(d.history), {steps, 2});
-            w.set_attrs(gd, {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
-                                                  "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
-                             {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
-                             {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
-                                                       "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
-                             {"lambda", s.lambda},
-                             {"sink", s.mode.window.sink},
-                             {"recent", s.mode.window.recent},
-                             {"distill_full", d.distill_full},
-                             {"distill_stream", d.distill_stream},
-                             {"distill_final", d.distill_final},
-                             {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}});
-            a["fit_steps"] = s.fit_steps;
-            a["lambda"] = s.lambda;
-            a["lr"] = s.lr;
-        }
-        w.set_attrs(g, a);
+        const auto rec = study_record(st, shard, L, H);
+        schema::write_study(w, rec);
+        if (s.sweep == SweepKind::kScaleGrid)
+            write_juice(w, s.name, st.rows, torch::stack(st.cfg.masks), st.cfg.factor, st.data->variants);
+        if (s.sweep == SweepKind::kGating) schema::write_gates(w, s.name, gates_record(s, st.gating, L, H));
+        if (s.sweep == SweepKind::kDuoGates) schema::write_duo(w, s.name, duo_record(s, st.duo, L, H));
+        w.set_attrs(schema::study(s.name), rec.attrs);
     }
     w.commit();
 }
@@ -364,19 +359,20 @@ std::vector<ProbeResult> compute_probes(const Experiment& e, const Model& m, con
 void load_previous(const std::string& path, const Experiment& e, const Model& m, const Shard& shard,
                    std::vector<StudyState>& studies) {
     ResultReader r(path);
-    const auto ea = r.attrs("/experiment");
+    const auto ea = schema::read_experiment(r);
     auto get = [&](const std::string& k) { return ea.count(k) ? attr_to_string(ea.at(k)) : std::string(); };
     if (get("sha256") != sha256_bytes(e.text.data(), e.text.size()))
         throw StorageError(fmt::format("{}: holds another experiment (its YAML differs from {}); refusing to resume", path, e.file));
-    const auto ma = r.attrs("/meta");
+    const auto ma = schema::read_meta(r);
     if (!ma.count("weights_sha256") || attr_to_string(ma.at("weights_sha256")) != m.weights_sha256())
         throw StorageError(fmt::format("{}: holds results of another model; refusing to resume", path));
     if (get("shard") != shard.str())
         throw StorageError(fmt::format("{}: was run as shard {}, not {}", path, get("shard"), shard.str()));
     for (auto& st : studies) {
-        const std::string g = "/ablation/" + st.spec->name;
-        if (!r.exists(g + "/done")) continue;
-        auto done = r.read_numbers(g + "/done"), rows = r.read_numbers(g + "/metric_rows"), masks = r.read_numbers(g + "/masks");
+        const std::string g = schema::study(st.spec->name);
+        const auto stored = schema::read_study(r, st.spec->name);
+        if (stored.done.shape.empty()) continue;
+        const auto &done = stored.done, &rows = stored.metric_rows, &masks = stored.masks;
         const int64_t S = static_cast<int64_t>(st.cfg.masks.size()), N = st.data->rows();
         const int64_t LH = static_cast<int64_t>(m.config.n_layers) * m.config.n_heads;
         if (done.shape != std::vector<int64_t>{S} || rows.shape != std::vector<int64_t>{S, N} ||
@@ -653,12 +649,12 @@ void run_run(const RunOptions& o) {
         }
         prog.finish();
         const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() - flush_s;
-        log_verbose(fmt::format("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
+        log_verbose("study {}: {} configurations in {:.3f} s ({:.2f} ms each, {} forward passes; "
                                 "{:.3f} s writing the file)", st.spec->name, todo, secs, 1e3 * secs / todo,
-                                st.ab->forwards() - f0, flush_s));
+                                st.ab->forwards() - f0, flush_s);
     }
     for (const auto& st : studies) print_summary(st);
-    log_info(fmt::format("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : ""));
+    log_info("wrote {} ({} configurations run{})", out, ran, shard.count > 1 ? ", shard " + shard.str() : "");
 }
 
 void setup_run(CLI::App& app) {

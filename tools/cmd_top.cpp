@@ -2,6 +2,7 @@
 // result file.
 #include "commands.h"
 #include "common.h"
+#include "schema.h"
 #include "errors.h"
 #include "heads.h"
 #include "store.h"
@@ -26,11 +27,11 @@ struct TopOptions {
 void run_top(const TopOptions& o) {
     ResultReader r(o.file);
     if (o.probe.empty() == o.dataset.empty()) throw UsageError("give one of --probe NAME or --dataset PATH");
-    const std::string ds = o.dataset.empty() ? "/scores/" + o.probe + "/score"
+    const std::string ds = o.dataset.empty() ? schema::scores(o.probe, "score")
                                              : (o.dataset.front() == '/' ? o.dataset : "/" + o.dataset);
     if (!o.dataset.empty() && !r.exists(ds)) throw UsageError(fmt::format("{}: no dataset {}", o.file, ds));
     if (!r.exists(ds)) {
-        std::vector<std::string> have = r.is_group("/scores") ? r.children("/scores") : std::vector<std::string>{};
+        std::vector<std::string> have = r.is_group(schema::scores_root()) ? r.children(schema::scores_root()) : std::vector<std::string>{};
         throw UsageError(fmt::format("{}: no probe '{}' (the file has: {})", o.file, o.probe,
                                      have.empty() ? std::string("none") : fmt::format("{}", fmt::join(have, ", "))));
     }

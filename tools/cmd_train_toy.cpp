@@ -118,8 +118,8 @@ void run_train_toy(const TrainToyOptions& o) {
     // the toy vocabulary (68 ids), forward and backward: refuse what no machine here could hold.
     check_fits_in_memory(size_product({static_cast<double>(o.batch), 16.0, 2 * (8.0 + 4.0 * 68)}),
                          fmt::format("--batch {}", o.batch));
-    StagedFolder stage = with_flags({{"out", "--out"}}, [&] { return StagedFolder(o.out, o.force); });  // fails now, not after training, when --out is unusable
-    log_info(fmt::format("training toy-{} (seed {}) into {}", o.task, o.seed, o.out));
+    StagedFolder stage = with_flag({{"--out", "out"}}, [&] { return with_overwrite_flags(false, [&] { return StagedFolder(o.out, o.force); }); });  // fails now, not after training, when --out is unusable
+    log_info("training toy-{} (seed {}) into {}", o.task, o.seed, o.out);
     ToyTrainResult r = train_toy(t);
     save_toy_model(*r.model, r.log, stage.path());
     stage.commit();

@@ -2,6 +2,7 @@
 
 #include "errors.h"
 #include "progress.h"
+#include "schema.h"
 #include "torch_compat.h"
 #include "system.h"
 #include "util.h"
@@ -107,7 +108,7 @@ void warn_if_slow_dtype(const LoadOptions& o) {
                              "native {} support): this run will be up to {:.0f}x slower than with --dtype float32",
                              c10::toString(o.dtype), low, f32, c10::toString(o.dtype), f32 / std::max(low, 1e-9)));
     else
-        log_verbose(fmt::format("{} products {:.1f} GFLOP/s, float32 {:.1f}", c10::toString(o.dtype), low, f32));
+        log_verbose("{} products {:.1f} GFLOP/s, float32 {:.1f}", c10::toString(o.dtype), low, f32);
 }
 
 WriteMode write_mode(const OutputArgs& o) {
@@ -115,11 +116,15 @@ WriteMode write_mode(const OutputArgs& o) {
     return o.append ? WriteMode::kAppend : o.force ? WriteMode::kForce : WriteMode::kCreate;
 }
 
+ResultWriter open_result(const std::string& path, WriteMode mode) {
+    return with_overwrite_flags(true, [&] { return ResultWriter(path, mode); });
+}
+
 Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     int n = set_threads(a.threads);
     auto sys = system_info();
     if (sys.blas_slow) log_warn("libtorch is using the reference BLAS: " + sys.blas_kind);
-    log_verbose(fmt::format("threads {}, BLAS {}", n, sys.blas_kind));
+    log_verbose("threads {}, BLAS {}", n, sys.blas_kind);
     Loaded l;
     const LoadOptions lo = load_options(a);
     warn_if_slow_dtype(lo);
@@ -160,14 +165,14 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["attention"] = std::string(fused_attention_enabled(m.options) ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
     a["threads"] = static_cast<int64_t>(torch::get_num_threads());
     a["seed"] = seed;
-    w.set_attrs("/meta", a);
+    schema::write_meta(w, a);
 }
 
 void check_same_model(ResultWriter& w, const Model& m) {
-    std::string sha = w.read_attr_string("/meta", "weights_sha256");
+    std::string sha = w.read_attr_string(schema::meta(), "weights_sha256");
     if (!sha.empty() && sha != m.weights_sha256())
         throw StorageError(fmt::format("{}: holds results of another model ({}); refusing to mix", w.path(),
-                                       w.read_attr_string("/meta", "model_path")));
+                                       w.read_attr_string(schema::meta(), "model_path")));
 }
 
 }  // namespace hs::cli

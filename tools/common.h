@@ -16,33 +16,51 @@
 
 namespace hs::cli {
 
-// Runs fn; a UsageError from the library, which names the value and not the flag it came from, is
-// rethrown with the flag in front ("--ablate: 'x' is not a head ..."). Other errors pass as they are.
-template <class F>
-auto with_flag(const std::string& flag, F&& fn) -> decltype(fn()) {
-    try {
-        return fn();
-    } catch (const UsageError& e) {
-        throw UsageError(flag + ": " + e.what(), e.param());
-    }
-}
-
 // Range checks for add_option(...)->check(...), with one-line messages ("--batch: 0 is below 1").
 // (CLI11's PositiveNumber/NonNegativeNumber print the range up to DBL_MAX in full.)
 CLI::Validator at_least(double lo);
 CLI::Validator in_range(double lo, double hi);
 
-// Runs fn; an error of any class whose param() (the library's name for a parameter, errors.h) is
-// in `flags` is rethrown with that flag in front, keeping its class and exit code:
-// with_flags({{"seq_len", "--seq-len"}}, ...) turns "|R| = 9: ..." into "--seq-len: |R| = 9: ...".
+// The one way a tool attaches a flag to a library error (errors.h: the library names the value and,
+// for a parameter, its own name for it, never the flag). with_flag runs fn, which reads what the
+// flags carried, and rethrows an error about one of them with that flag in front, keeping its class
+// and exit code ("--ablate: 'x' is not a head ..."). An error is about a flag when its param() is the
+// flag's `param`; a flag given without one (the call parses that flag's value alone) also takes every
+// UsageError without a param():
+//   with_flag("--heads", [&] { return parse_head_list(o.heads, L, H); });
+//   with_flag({{"--seq-len", "seq_len"}, {"--batch", "batch"}}, [&] { return repeated_random_tokens(...); });
+struct Flag {
+    std::string flag;   // "--seq-len"
+    std::string param;  // "seq_len" (Error::param()); empty: the UsageErrors of a parser of this flag's value
+};
 template <class F>
-auto with_flags(const std::vector<std::pair<std::string, std::string>>& flags, F&& fn) -> decltype(fn()) {
+auto with_flag(const std::vector<Flag>& flags, F&& fn) -> decltype(fn()) {
     try {
         return fn();
     } catch (const Error& e) {
-        for (const auto& [param, flag] : flags)
-            if (e.param() == param) rethrow_prefixed(e, flag);
+        for (const auto& f : flags)
+            if (f.param.empty() ? e.code() == ExitCode::kUsage && e.param().empty() : e.param() == f.param)
+                rethrow_prefixed(e, f.flag);
         throw;
+    }
+}
+template <class F>
+auto with_flag(const char* flag, F&& fn) -> decltype(fn()) {
+    return with_flag(std::vector<Flag>{{flag, {}}}, std::forward<F>(fn));
+}
+
+// The library's error for an output that exists where the write mode may not replace it (a
+// StorageError with param "overwrite": ResultWriter, StagedFolder) with the flags that would:
+// "PATH: exists (use --force to replace it or --append to add to it)". fn opens the output.
+template <class F>
+auto with_overwrite_flags(bool append, F&& fn) -> decltype(fn()) {
+    try {
+        return fn();
+    } catch (const StorageError& e) {
+        if (e.param() != "overwrite") throw;
+        throw StorageError(std::string(e.what()) + (append ? " (use --force to replace it or --append to add to it)"
+                                                           : " (use --force to replace it)"),
+                           e.param());
     }
 }
 
@@ -81,6 +99,9 @@ LoadOptions load_options(const ModelArgs& a);
 // One warning line when a CPU dtype's products run much slower than float32 (measured).
 void warn_if_slow_dtype(const LoadOptions& o);
 WriteMode write_mode(const OutputArgs& o);
+// The result file `path` opened in `mode` (with_overwrite_flags: the error for an existing file names
+// --force and --append).
+ResultWriter open_result(const std::string& path, WriteMode mode);
 
 // /meta attributes every result file carries (docs/hdf5-schema.md).
 void write_meta(ResultWriter& w, const Model& m, int64_t seed);

@@ -23,10 +23,10 @@ Shard parse_shard(const std::string& s);  // "I/N" (UsageError otherwise)
 // out/x.h5 -> out/x.shard-1-of-4.h5 (for a sharded run with no --out).
 std::string shard_path(const std::string& out, const Shard& s);
 
-// A scale-grid study's JUICE selection (probes/juice.h) into GROUP/juice/{factors, variants, delta, up,
-// down, enhance, suppress}, replacing what is there: `run` after each batch, `merge` from the merged
-// rows (rows [S, N], masks [S, L, H], factors [S], variants [N] or empty).
-void write_juice(ResultWriter& w, const std::string& group, const at::Tensor& rows, const at::Tensor& masks,
+// A scale-grid study's JUICE selection (probes/juice.h) into /ablation/<study>/juice (schema.h
+// write_juice), replacing what is there: `run` after each batch, `merge` from the merged rows
+// (rows [S, N], masks [S, L, H], factors [S], variants [N] or empty).
+void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& rows, const at::Tensor& masks,
                  const std::vector<double>& factors, const std::vector<int64_t>& variants);
 
 }  // namespace hs::cli

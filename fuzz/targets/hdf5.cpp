@@ -1,4 +1,4 @@
-// HDF5 result files as export, top and --from read them back (src/store.cpp ResultReader): open,
+// HDF5 result files as export, top and --from read them back (src/store/store.cpp ResultReader): open,
 // read_everything() (what the isolated check runs in its child process for every user), then walk
 // every group, read every dataset and every attribute through the public calls and check each
 // dataset's element count against its shape. Bad input: StorageError (exit 6). The reader is opened

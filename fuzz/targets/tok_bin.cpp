@@ -1,4 +1,4 @@
-// llama2.c tokenizer .bin (src/tokenizer_llama2c.cpp): load (vocabulary size from the file, and
+// llama2.c tokenizer .bin (src/tokenizers/tokenizer_llama2c.cpp): load (vocabulary size from the file, and
 // from the first input byte when it asks for a fixed size), then encode, decode and look up.
 // Bad input: DataError (exit 5).
 #include "fuzz_target.h"

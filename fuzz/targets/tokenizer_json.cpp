@@ -1,4 +1,4 @@
-// tokenizer.json (src/tokenizer_hf.cpp, tokenizer_stages.cpp, tokenizer_bpe.cpp): the input is
+// tokenizer.json (src/tokenizers/tokenizer_hf.cpp, tokenizer_stages.cpp, tokenizer_bpe.cpp): the input is
 // tokenizer.json [separator tokenizer_config.json [separator text]]. The tokenizer is loaded
 // through load_tokenizer() and the text encoded (specials parsed or not, BOS/EOS added or not)
 // and decoded through the normalizer / pre-tokenizer / decoder pipeline the file describes.

@@ -1,5 +1,5 @@
 // Token-id files (--tokens-file of detect and friends): one sequence a line of comma-separated
-// ids, read as the commands read it (src/util.cpp split, trim, parse_token_list), then the range
+// ids, read as the commands read it (src/base/util.cpp split, trim, parse_token_list), then the range
 // check against a vocabulary. Bad input: DataError (exit 5).
 #include "fuzz_target.h"
 

@@ -1,4 +1,4 @@
-// GPT-2 vocab.json + merges.txt (src/tokenizer_hf.cpp load_gpt2_vocab_merges): the input is
+// GPT-2 vocab.json + merges.txt (src/tokenizers/tokenizer_hf.cpp load_gpt2_vocab_merges): the input is
 // vocab.json separator merges.txt [separator text]; loaded through load_tokenizer() on the folder,
 // then the text encoded and decoded. Bad input: DataError (exit 5).
 #include "fuzz_target.h"

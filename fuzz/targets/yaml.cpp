@@ -1,4 +1,4 @@
-// YAML experiment files (src/experiment.cpp parse_experiment_text): schema and type checks with
+// YAML experiment files (src/experiment/experiment.cpp parse_experiment_text): schema and type checks with
 // FILE:LINE:COL marks. Bad input: ConfigError (exit 3) or DataError (exit 5).
 #include "fuzz_target.h"
 

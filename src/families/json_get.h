@@ -1,7 +1,7 @@
 // Typed config.json reads that name the file and key on error. Internal header.
 #pragma once
 
-#include "../errors.h"
+#include "errors.h"
 
 #include <fmt/format.h>
 #include <cmath>

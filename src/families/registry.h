@@ -1,5 +1,6 @@
 // Architectures as data: each entry names the config.json architecture, fills ModelConfig from
-// config.json, loads the canonical weights, and runs the family forward.
+// config.json and loads the canonical weights. The forward is not here: Model::forward
+// (src/model.cpp) picks the family's forward (families.h) by a switch on ModelConfig::family.
 #pragma once
 
 #include "../weight_source.h"

@@ -270,7 +270,7 @@ HeadSpec parse_heads(const Reader& r, const YAML::Node& n, bool allow_list_k) {
 }
 
 ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
-    const auto& kinds = intervention_names();
+    const auto& kinds = study_intervention_names();
     ModeSpec m;
     m.mark = mark_of(n);
     if (n.IsScalar()) {
@@ -311,7 +311,7 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     r.keys(n, "metric", {"kind", "data", "positions", "target"});
     if (!n["kind"]) r.fail(n, "metric: missing 'kind' (loss, accuracy, logit-diff, kl, prob, retrieval)");
     if (n["kind"].IsScalar() && n["kind"].Scalar() == "retrieval")
-        r.fail(n["kind"], "metric retrieval: needle tests run as `headscope retrieval` (its --ablate/--ablate-top options), not as a YAML metric");
+        r.fail(n["kind"], "metric retrieval: needle tests are not a YAML metric; the retrieval command runs them, with its own ablations");
     m.kind = r.pick(n["kind"], "kind", metric_names());
     if (!n["data"]) r.fail(n, "metric: missing 'data' (a dataset name)");
     m.data = r.str(n["data"], "data");

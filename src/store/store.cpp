@@ -126,7 +126,7 @@ ResultWriter::ResultWriter(const std::string& path, WriteMode mode) : path_(path
     remove_stale_temps(path);
     const bool exists = file_exists(path);
     if (exists && mode == WriteMode::kCreate)
-        throw StorageError(fmt::format("{}: exists (use --force to replace it or --append to add to it)", path));
+        throw StorageError(fmt::format("{}: exists", path), "overwrite");  // the tools name the flags (open_result)
     if (is_directory(path)) throw StorageError(fmt::format("{}: is a directory", path));
     // Claim the temporary name now, so that an unwritable folder fails before any work is done.
     std::FILE* probe = std::fopen(tmp_.c_str(), "wb");

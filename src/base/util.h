@@ -23,8 +23,9 @@ std::string trim(const std::string& s);
 // "1, 2,3" -> {1, 2, 3}, blank entries skipped; nullopt with *bad = the first entry that is not an
 // integer. The one integer-list reader: parse_token_list (data) and the tools' flag lists use it.
 std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string* bad);
-// "1,2,3" -> ids (DataError naming `what` on a bad entry or an empty list).
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what);
+// "1,2,3" -> ids. DataError on a bad entry or an empty list, with `where` the list came from in front
+// (a file's "FILE:LINE"; empty: none, and the error's param() is "token_list", for the tool's flag).
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& where = {});
 
 // Writes to "<path>.tmp-<pid>" and renames onto path in commit(); the destructor removes the
 // temporary file if commit() was never reached, so a failed run leaves nothing behind.

@@ -176,11 +176,12 @@ std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string
     return out;
 }
 
-std::vector<int64_t> parse_token_list(const std::string& s, const std::string& what) {
+std::vector<int64_t> parse_token_list(const std::string& s, const std::string& where) {
     std::string bad;
     auto ids = split_ints(s, &bad);
-    if (!ids) throw DataError(fmt::format("{}: '{}' is not a token id", what, bad));
-    if (ids->empty()) throw DataError(fmt::format("{}: no token ids", what));
+    const std::string at = where.empty() ? "" : where + ": ";
+    if (!ids) throw DataError(fmt::format("{}'{}' is not a token id", at, bad), "token_list");
+    if (ids->empty()) throw DataError(fmt::format("{}no token ids", at), "token_list");
     return *ids;
 }
 

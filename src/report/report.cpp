@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "heads.h"
+#include "schema.h"
 #include "store.h"
 #include "util.h"
 
@@ -274,8 +275,8 @@ std::string section(FileView& f, const std::string& title, const std::string& bo
 }
 
 std::string provenance(FileView& f) {
-    if (!f.r->exists("/meta")) return "<p class=\"note\">no /meta group: provenance unknown</p>";
-    Attrs a = f.r->attrs("/meta");
+    if (!f.r->exists(schema::meta())) return "<p class=\"note\">no /meta group: provenance unknown</p>";
+    Attrs a = schema::read_meta(*f.r);
     auto get = [&](const char* k) { return a.count(k) ? attr_to_string(a.at(k)) : std::string("?"); };
     std::string sha = get("weights_sha256");
     std::string s = fmt::format("<p class=\"desc\"><b>{}</b> ({}, {}): {} layers x {} heads ({} key/value), d_model {}, vocabulary "
@@ -317,35 +318,34 @@ std::string top_table(const std::string& probe, const std::vector<std::pair<std:
 bool signed_probe(const std::string& p) { return p == "dla" || p == "locos"; }
 
 // One /scores/<probe> group that holds a score [L, H] (and maybe other [L, H] datasets).
-std::string score_group(FileView& f, const std::string& g, const std::string& probe, int top_k) {
-    auto& r = *f.r;
-    Dataset sc = r.read_numbers(g + "/score");
+std::string score_group(FileView& f, const std::string& probe, int top_k) {
+    const auto st = schema::read_scores(*f.r, probe);
+    const Dataset& sc = st.score;
+    const std::string g = schema::scores(probe);
     if (!is_lh(sc, -1, -1)) return fmt::format("<p class=\"note\">{}/score has shape {}: not drawn</p>", esc(g), shape_str(sc.shape));
     const int64_t L = sc.shape[0], H = sc.shape[1];
-    Attrs ga = r.attrs(g);
-    Attrs sa = r.attrs(g + "/score");
-    for (const auto& [k, v] : sa) ga.emplace(k, v);
+    const Attrs& ga = st.attrs;
     std::string s;
     const std::string conv = attr_str(ga, "convention"), desc = attr_str(ga, "description");
     if (!conv.empty() || !desc.empty())
         s += fmt::format("<p class=\"desc\">{}{}</p>", conv.empty() ? "" : "<b>convention " + esc(conv) + ".</b> ", esc(desc));
-    Heatmap hm{g + "/score", probe, sc.values, L, H};
+    Heatmap hm{schema::scores(probe, "score"), probe, sc.values, L, H};
     hm.is_signed = signed_probe(probe);
     s += "<div class=\"row\">" + render_heatmap(hm);
     std::vector<std::pair<std::string, Dataset>> cols{{"score", sc}};
     std::vector<std::string> extra;
-    for (const auto& c : r.children(g)) {
-        if (c == "score" || r.is_group(g + "/" + c)) continue;
-        Dataset d = r.read_numbers(g + "/" + c);
-        if (is_lh(d, L, H)) cols.emplace_back(c, std::move(d)), extra.push_back(c);
+    const Dataset* baseline = nullptr;
+    const Dataset* samples = nullptr;
+    for (const auto& [c, d] : st.others) {
+        if (c == "baseline") baseline = &d;
+        if (c == "samples") samples = &d;
+        if (is_lh(d, L, H)) cols.emplace_back(c, d), extra.push_back(c);
     }
     s += top_table(probe, cols, H, top_k, fmt::format("top {} heads by score", std::min<int64_t>(top_k, L * H))) + "</div>";
-    if (probe == "locos" && ga.count("ci_level") == 0 && r.exists(g + "/ci_low"))
+    if (probe == "locos" && ga.count("ci_level") == 0 && f.r->exists(schema::scores(probe, "ci_low")))
         s += "<p class=\"note\">ci_low / ci_high: the bootstrap confidence interval of each head's LOCOS score.</p>";
-    if (r.exists(g + "/baseline")) {
-        Dataset b = r.read_numbers(g + "/baseline");
-        if (!b.values.empty()) s += fmt::format("<p>baseline (no head ablated): <b>{}</b></p>", num(b.values[0]));
-    }
+    if (baseline && !baseline->values.empty())
+        s += fmt::format("<p>baseline (no head ablated): <b>{}</b></p>", num(baseline->values[0]));
     // The other [L, H] maps of the group (copy suppression's rank summaries, LOCOS intervals, ...).
     if (!extra.empty() && L * H > 256) {
         s += "<p class=\"note\">other per-head maps of this group (" + esc(fmt::format("{}", fmt::join(extra, ", "))) +
@@ -355,23 +355,22 @@ std::string score_group(FileView& f, const std::string& g, const std::string& pr
         s += "<details><summary>other per-head maps in this group (" + esc(fmt::format("{}", fmt::join(extra, ", "))) +
              ")</summary><div class=\"row\">";
         for (size_t i = 1; i < cols.size(); ++i) {
-            Heatmap e{g + "/" + cols[i].first, probe + "/" + cols[i].first, cols[i].second.values, L, H};
+            Heatmap e{schema::scores(probe, cols[i].first), probe + "/" + cols[i].first, cols[i].second.values, L, H};
             e.is_signed = hm.is_signed;
             s += "<div><h4>" + esc(cols[i].first) + "</h4>" + render_heatmap(e) + "</div>";
         }
         s += "</div></details>";
     }
-    if (r.exists(g + "/samples")) {
-        Dataset d = r.read_numbers(g + "/samples");
-        if (d.shape.size() == 3) s += fmt::format("<p class=\"note\">per-sequence samples stored: {} rows.</p>", d.shape[0]);
-    }
+    if (samples && samples->shape.size() == 3)
+        s += fmt::format("<p class=\"note\">per-sequence samples stored: {} rows.</p>", samples->shape[0]);
     s += "<details><summary>attributes</summary>" + attrs_table(ga, {"description", "convention"}) + "</details>";
     return s;
 }
 
-std::string dla_extra(FileView& f, const std::string& g, int64_t L, int64_t H) {
+std::string dla_extra(FileView& f, int64_t L, int64_t H) {
     auto& r = *f.r;
-    Dataset sc = r.read_numbers(g + "/score");
+    auto ds = [](const std::string& name) { return schema::scores("dla", name); };
+    Dataset sc = r.read_numbers(ds("score"));
     std::vector<int64_t> idx(sc.values.size());
     std::iota(idx.begin(), idx.end(), 0);
     std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return std::fabs(sc.values[a]) > std::fabs(sc.values[b]); });
@@ -395,8 +394,8 @@ std::string dla_extra(FileView& f, const std::string& g, int64_t L, int64_t H) {
     s += "</svg>";
     // The decomposition, averaged over prompts: the terms sum to the logit difference.
     auto mean_of = [&](const std::string& name) -> double {
-        if (!r.exists(g + "/" + name)) return NAN;
-        Dataset d = r.read_numbers(g + "/" + name);
+        if (!r.exists(ds(name))) return NAN;
+        Dataset d = r.read_numbers(ds(name));
         if (d.values.empty()) return NAN;
         const int64_t P = d.shape.empty() ? 1 : d.shape[0];
         return std::accumulate(d.values.begin(), d.values.end(), 0.0) / static_cast<double>(P);
@@ -405,19 +404,20 @@ std::string dla_extra(FileView& f, const std::string& g, int64_t L, int64_t H) {
     s += "<table class=\"kv\"><caption>mean over prompts of each term (sums over layers)</caption>";
     s += fmt::format("<tr><th>all heads</th><td>{}</td></tr>", num(heads));
     for (const char* t : {"mlp", "attn_bias", "embed", "final_bias", "logit_diff"})
-        if (r.exists(g + "/" + t)) s += fmt::format("<tr><th>{}</th><td>{}</td></tr>", t, num(mean_of(t)));
+        if (r.exists(ds(t))) s += fmt::format("<tr><th>{}</th><td>{}</td></tr>", t, num(mean_of(t)));
     (void)L;
     return s + "</table>";
 }
 
-std::string maps_group(FileView& f, const std::string& g, int top_k) {
+std::string maps_group(FileView& f, int top_k) {
+    const std::string g = schema::maps_root();
     auto& r = *f.r;
     std::string table = "<table class=\"top\"><tr><th>relation</th><th>category</th><th>pairs</th><th>top heads (score)</th></tr>";
     std::string maps = "<div class=\"row\">";
     for (const auto& rel : r.children(g)) {
-        const std::string rg = g + "/" + rel;
-        if (!r.is_group(rg) || !r.exists(rg + "/score")) continue;
-        Dataset d = r.read_numbers(rg + "/score");
+        const std::string rg = schema::scores("maps/" + rel);
+        if (!r.is_group(rg) || !r.exists(schema::scores("maps/" + rel, "score"))) continue;
+        Dataset d = r.read_numbers(schema::scores("maps/" + rel, "score"));
         if (!is_lh(d, -1, -1)) continue;
         Attrs a = r.attrs(rg);
         auto idx = order_desc(d.values);
@@ -426,7 +426,7 @@ std::string maps_group(FileView& f, const std::string& g, int top_k) {
             tops += fmt::format("{}{} ({})", i ? ", " : "", head_name(idx[i], d.shape[1]), num(d.values[idx[i]]));
         table += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(rel), esc(attr_str(a, "category")),
                              esc(attr_str(a, "n_pairs_kept")), tops);
-        Heatmap hm{rg + "/score", "maps/" + rel, d.values, d.shape[0], d.shape[1]};
+        Heatmap hm{schema::scores("maps/" + rel, "score"), "maps/" + rel, d.values, d.shape[0], d.shape[1]};
         maps += "<div><h4>" + esc(rel) + "</h4>" + render_heatmap(hm) + "</div>";
     }
     (void)top_k;
@@ -437,18 +437,18 @@ std::string maps_group(FileView& f, const std::string& g, int top_k) {
 
 // ---- patching (/patching/<name>) ----
 
-std::string patching_group(FileView& f, const std::string& g, const std::string& name, int top_k) {
-    auto& r = *f.r;
-    Attrs a = r.attrs(g);
+std::string patching_group(FileView& f, const std::string& name, int top_k) {
+    const auto p = schema::read_patching(*f.r, name);
+    const std::string g = schema::patching(name);
+    const Attrs& a = p.attrs;
     std::string s;
-    auto scalar = [&](const char* ds) { return r.exists(g + "/" + ds) ? r.read_numbers(g + "/" + ds).values.at(0) : NAN; };
     s += fmt::format("<p class=\"desc\"><b>{}</b> patching of {} ({}), metric {}: clean {}, corrupted {}. Score = (M_patched - "
                      "M_corrupt) / (M_clean - M_corrupt): 1 = the clean behaviour restored.</p>",
                      esc(attr_str(a, "method")), esc(attr_str(a, "what")), esc(attr_str(a, "positions")), esc(attr_str(a, "metric")),
-                     num(scalar("metric_clean")), num(scalar("metric_corrupt")));
-    Dataset sc = r.read_numbers(g + "/scores");
-    if (sc.shape.size() == 1 && r.exists(g + "/path")) {  // path patching: one score per sender set
-        Dataset lab = r.read(g + "/path");
+                     num(p.metric_clean), num(p.metric_corrupt));
+    const Dataset& sc = p.scores;
+    if (sc.shape.size() == 1 && !p.path.shape.empty()) {  // path patching: one score per sender set
+        const Dataset& lab = p.path;
         std::string t = "<table><tr><th>path</th><th>score</th></tr>";
         for (size_t i = 0; i < sc.values.size() && i < lab.strings.size(); ++i)
             t += fmt::format("<tr><td>{}</td><td data-value=\"{}\">{}</td></tr>", esc(lab.strings[i]), exact(sc.values[i]),
@@ -469,7 +469,7 @@ std::string patching_group(FileView& f, const std::string& g, const std::string&
             }
         s += "<p class=\"note\">per position: each cell is the head's score at its position of largest |score|.</p>";
     }
-    Heatmap hm{g + "/scores", "patch", per_head.values, L, U};
+    Heatmap hm{schema::patching(name, "scores"), "patch", per_head.values, L, U};
     hm.is_signed = true;
     if (attr_str(a, "what") == "k" || attr_str(a, "what") == "v") hm.col_axis = "kv head";
     s += "<div class=\"row\">" + render_heatmap(hm);
@@ -478,20 +478,24 @@ std::string patching_group(FileView& f, const std::string& g, const std::string&
 }
 
 // ---- ablation (/ablation/<study>) ----
-std::string ablation_study(FileView& f, const std::string& g, const std::string& name) {
+std::string ablation_study(FileView& f, const std::string& name) {
     auto& r = *f.r;
+    const std::string g = schema::study(name);
     for (const char* need : {"masks", "metric", "kind"})
-        if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
-    Dataset masks = r.read_numbers(g + "/masks"), metric = r.read_numbers(g + "/metric"), kind = r.read(g + "/kind");
+        if (!r.exists(schema::study(name, need))) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
+    const auto st = schema::read_study(r, name);
+    if (st.masks.is_string || st.metric.is_string)
+        throw StorageError(fmt::format("{}: {}/masks and metric must hold numbers", r.path(), g));
+    const Dataset &masks = st.masks, &metric = st.metric, &kind = st.kind;
     if (masks.shape.size() != 3 || metric.values.size() != static_cast<size_t>(masks.shape[0]) ||
         kind.strings.size() != metric.values.size())
         return fmt::format("<p class=\"note\">{}: masks {}, metric {}, kind {} disagree; not drawn</p>", esc(g),
                            shape_str(masks.shape), shape_str(metric.shape), shape_str(kind.shape));
     const int64_t S = masks.shape[0], L = masks.shape[1], H = masks.shape[2];
     std::vector<double> kk(S, NAN), seed(S, -1);
-    if (r.exists(g + "/k")) kk = r.read_numbers(g + "/k").values;
-    if (r.exists(g + "/control_seed")) seed = r.read_numbers(g + "/control_seed").values;
-    Attrs a = r.attrs(g);
+    if (!st.k.shape.empty() && !st.k.is_string) kk = st.k.values;
+    if (!st.control_seed.shape.empty() && !st.control_seed.is_string) seed = st.control_seed.values;
+    const Attrs& a = st.attrs;
     const std::string metric_name = attr_str(a, "metric").empty() ? "metric" : attr_str(a, "metric");
     auto heads_of = [&](int64_t s) {
         std::vector<int64_t> h;
@@ -515,7 +519,7 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
                 auto h = heads_of(s);
                 if (h.size() == 1) d[h[0]] = metric.values[s] - base;
             }
-        Heatmap hm{g + "/metric", name + ":Δ" + metric_name, d, L, H};
+        Heatmap hm{schema::study(name, "metric"), name + ":Δ" + metric_name, d, L, H};
         hm.is_signed = true;
         out += "<h3>single-head ablation: change of " + esc(metric_name) + " from the baseline</h3>" + render_heatmap(hm);
     }
@@ -555,10 +559,10 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
         std::sort(p.pts.begin(), p.pts.end(), [](const ChartPoint& a, const ChartPoint& b) { return a.x < b.x; });
         out += "<h3>pruning curve</h3>" + render_chart({p}, "fraction of heads pruned", metric_name);
     }
-    if (r.exists(g + "/duo/alpha")) {  // duo-gates: the learned gates
-        Dataset al = r.read_numbers(g + "/duo/alpha");
-        if (al.shape == std::vector<int64_t>{L, H}) {
-            Heatmap hm{g + "/duo/alpha", name + ":alpha", al.values, L, H};
+    const Dataset al = schema::read_duo_alpha(r, name);
+    if (!al.shape.empty()) {  // duo-gates: the learned gates
+        if (al.shape == std::vector<int64_t>{L, H} && !al.is_string) {
+            Heatmap hm{schema::study(name, "duo/alpha"), name + ":alpha", al.values, L, H};
             hm.fixed_lo = 0, hm.fixed_hi = 1;
             out += "<h3>DuoAttention's gates: alpha (1 = needs full attention, 0 = streams)</h3>" + render_heatmap(hm);
         }
@@ -584,16 +588,17 @@ std::string ablation_study(FileView& f, const std::string& g, const std::string&
 }
 
 // ---- retrieval (/retrieval) ----
-std::string retrieval_trials(FileView& f, const std::string& g) {
+std::string retrieval_trials(FileView& f) {
     auto& r = *f.r;
+    const std::string g = schema::retrieval_trials();
     for (const char* need : {"length", "depth", "rouge1_recall"})
-        if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
-    auto len = r.read_numbers(g + "/length").values, dep = r.read_numbers(g + "/depth").values, rec = r.read_numbers(g + "/rouge1_recall").values;
+        if (!r.exists(schema::retrieval_trials(need))) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
+    auto len = r.read_numbers(schema::retrieval_trials("length")).values, dep = r.read_numbers(schema::retrieval_trials("depth")).values, rec = r.read_numbers(schema::retrieval_trials("rouge1_recall")).values;
     std::vector<double> passed(rec.size(), NAN), needle(rec.size(), -1);
-    if (r.exists(g + "/passed")) passed = r.read_numbers(g + "/passed").values;
-    if (r.exists(g + "/needle")) needle = r.read_numbers(g + "/needle").values;
+    if (r.exists(schema::retrieval_trials("passed"))) passed = r.read_numbers(schema::retrieval_trials("passed")).values;
+    if (r.exists(schema::retrieval_trials("needle"))) needle = r.read_numbers(schema::retrieval_trials("needle")).values;
     std::vector<std::string> resp;
-    if (r.exists(g + "/response")) resp = r.read(g + "/response").strings;
+    if (r.exists(schema::retrieval_trials("response"))) resp = r.read(schema::retrieval_trials("response")).strings;
     const size_t N = rec.size();
     if (len.size() != N || dep.size() != N)
         return fmt::format("<p class=\"note\">{}: length/depth/rouge1_recall sizes disagree; not drawn</p>", esc(g));
@@ -618,15 +623,15 @@ std::string retrieval_trials(FileView& f, const std::string& g) {
     std::string s = fmt::format("<p class=\"desc\">{} trials; {} passed ({:.1f}%). Rows: needle depth (% of the context); columns: "
                                 "context length (tokens). Mean ROUGE-1 recall of the answer per cell.</p>",
                                 N, total_pass, N ? 100.0 * total_pass / N : 0.0);
-    Heatmap hm{g + "/rouge1_recall", "recall", mean, static_cast<int64_t>(dv.size()), static_cast<int64_t>(lv.size())};
+    Heatmap hm{schema::retrieval_trials("rouge1_recall"), "recall", mean, static_cast<int64_t>(dv.size()), static_cast<int64_t>(lv.size())};
     hm.row_axis = "depth %", hm.col_axis = "context length";
     hm.row_labels = lab(dv, ""), hm.col_labels = lab(lv, "");
     hm.fixed_lo = 0, hm.fixed_hi = 1;
     hm.cell_name = [lv, dv](int64_t i, int64_t j) { return fmt::format("length={} depth={}%", lv[j], dv[i]); };
     s += "<div class=\"row\"><div><h4>mean ROUGE-1 recall</h4>" + render_heatmap(hm) + "</div>";
-    if (r.exists(g + "/passed")) {
+    if (r.exists(schema::retrieval_trials("passed"))) {
         Heatmap ha = hm;
-        ha.v = accm, ha.dataset = g + "/passed", ha.label = "accuracy";
+        ha.v = accm, ha.dataset = schema::retrieval_trials("passed"), ha.label = "accuracy";
         s += "<div><h4>accuracy (fraction passing)</h4>" + render_heatmap(ha) + "</div>";
     }
     s += "</div>";
@@ -654,19 +659,20 @@ std::string retrieval_trials(FileView& f, const std::string& g) {
     return s;
 }
 
-std::string retrieval_ablation(FileView& f, const std::string& g) {
+std::string retrieval_ablation(FileView& f) {
     auto& r = *f.r;
-    if (!r.exists(g + "/masks") || !r.exists(g + "/accuracy")) return "<p class=\"note\">" + esc(g) + ": no masks/accuracy; not drawn</p>";
-    Dataset masks = r.read_numbers(g + "/masks");
-    auto acc = r.read_numbers(g + "/accuracy").values;
+    const std::string g = schema::retrieval_ablation();
+    if (!r.exists(schema::retrieval_ablation("masks")) || !r.exists(schema::retrieval_ablation("accuracy"))) return "<p class=\"note\">" + esc(g) + ": no masks/accuracy; not drawn</p>";
+    Dataset masks = r.read_numbers(schema::retrieval_ablation("masks"));
+    auto acc = r.read_numbers(schema::retrieval_ablation("accuracy")).values;
     std::vector<double> rec, rl;
     int64_t N = 0;
-    if (r.exists(g + "/rouge1_recall")) {
-        Dataset d = r.read_numbers(g + "/rouge1_recall");
+    if (r.exists(schema::retrieval_ablation("rouge1_recall"))) {
+        Dataset d = r.read_numbers(schema::retrieval_ablation("rouge1_recall"));
         if (d.shape.size() == 2) N = d.shape[1], rec = d.values;
     }
-    if (N && r.exists(g + "/rougeL_f")) {
-        Dataset d = r.read_numbers(g + "/rougeL_f");
+    if (N && r.exists(schema::retrieval_ablation("rougeL_f"))) {
+        Dataset d = r.read_numbers(schema::retrieval_ablation("rougeL_f"));
         if (d.shape.size() == 2 && d.shape[1] == N && d.values.size() == rec.size()) rl = d.values;
     }
     if (masks.shape.size() != 3 || static_cast<size_t>(masks.shape[0]) != acc.size())
@@ -677,8 +683,8 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
     for (const char* k : {"baseline_accuracy", "baseline"})
         if (a.count(k) && std::holds_alternative<double>(a.at(k))) base = std::get<double>(a.at(k));
     for (const char* k : {"baseline_accuracy", "baseline"})
-        if (!std::isfinite(base) && r.exists(g + "/" + k) && !r.is_group(g + "/" + k)) {
-            auto d = r.read_numbers(g + "/" + k);
+        if (!std::isfinite(base) && r.exists(schema::retrieval_ablation(k)) && !r.is_group(schema::retrieval_ablation(k))) {
+            auto d = r.read_numbers(schema::retrieval_ablation(k));
             if (!d.values.empty()) base = d.values[0];
         }
     Series named{"heads under test (set 0)", "main", {}, false}, ctl{"random controls", "control", {}, false}, bl{"baseline", "base", {}};
@@ -708,24 +714,25 @@ std::string retrieval_ablation(FileView& f, const std::string& g) {
 }
 
 // Streaming heads (retrieval --stream-sweep): accuracy against the fraction of heads kept full.
-std::string retrieval_streaming(FileView& f, const std::string& g) {
+std::string retrieval_streaming(FileView& f) {
     auto& r = *f.r;
+    const std::string g = schema::retrieval_streaming();
     for (const char* need : {"fractions", "accuracy"})
-        if (!r.exists(g + "/" + need)) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
-    const auto fr = r.read_numbers(g + "/fractions").values;
-    Dataset acc = r.read_numbers(g + "/accuracy");
+        if (!r.exists(schema::retrieval_streaming(need))) return fmt::format("<p class=\"note\">{}: no {} dataset; not drawn</p>", esc(g), need);
+    const auto fr = r.read_numbers(schema::retrieval_streaming("fractions")).values;
+    Dataset acc = r.read_numbers(schema::retrieval_streaming("accuracy"));
     const int64_t F = static_cast<int64_t>(fr.size());
     if (acc.shape.size() != 2 || acc.shape[1] != F || acc.shape[0] < 1)
         return fmt::format("<p class=\"note\">{}: accuracy {} does not match {} fractions; not drawn</p>", esc(g),
                            shape_str(acc.shape), F);
     const int64_t O = acc.shape[0];
     std::vector<double> kv(F, NAN), rl;
-    if (r.exists(g + "/kv_budget")) {
-        auto d = r.read_numbers(g + "/kv_budget").values;
+    if (r.exists(schema::retrieval_streaming("kv_budget"))) {
+        auto d = r.read_numbers(schema::retrieval_streaming("kv_budget")).values;
         if (static_cast<int64_t>(d.size()) == F) kv = d;
     }
-    if (r.exists(g + "/rougeL_f")) {
-        auto d = r.read_numbers(g + "/rougeL_f").values;
+    if (r.exists(schema::retrieval_streaming("rougeL_f"))) {
+        auto d = r.read_numbers(schema::retrieval_streaming("rougeL_f")).values;
         if (d.size() == acc.values.size()) rl = d;
     }
     Attrs a = r.attrs(g);
@@ -774,50 +781,45 @@ std::string retrieval_streaming(FileView& f, const std::string& g) {
 std::string render_file(FileView& f, const ReportOptions& o) {
     auto& r = *f.r;
     std::string s = provenance(f);
-    if (r.is_group("/scores")) {
+    if (r.is_group(schema::scores_root())) {
         // The head-role probes first, in the order people read them; the rest alphabetically.
-        std::vector<std::string> probes = r.children("/scores");
+        std::vector<std::string> probes = r.children(schema::scores_root());
         const std::vector<std::string> order{"induction", "previous-token", "duplicate-token", "induction-loss", "attention-sink",
                                              "retrieval", "locos"};
         auto rank = [&](const std::string& p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
         std::stable_sort(probes.begin(), probes.end(), [&](const std::string& x, const std::string& y) { return rank(x) < rank(y); });
         for (const auto& p : probes) {
-            const std::string g = "/scores/" + p;
-            if (!r.is_group(g)) continue;
-            if (p == "maps" && !r.exists(g + "/score")) {
-                s += section(f, "MAPS", maps_group(f, g, o.top_k));
+            if (!r.is_group(schema::scores(p))) continue;
+            if (p == "maps" && !r.exists(schema::scores(p, "score"))) {
+                s += section(f, "MAPS", maps_group(f, o.top_k));
                 ++f.known;
-            } else if (r.exists(g + "/score")) {
-                std::string body = score_group(f, g, p, o.top_k);
-                Dataset sc = r.read_numbers(g + "/score");
-                if (p == "dla" && is_lh(sc, -1, -1)) body += dla_extra(f, g, sc.shape[0], sc.shape[1]);
+            } else if (r.exists(schema::scores(p, "score"))) {
+                std::string body = score_group(f, p, o.top_k);
+                Dataset sc = r.read_numbers(schema::scores(p, "score"));
+                if (p == "dla" && is_lh(sc, -1, -1)) body += dla_extra(f, sc.shape[0], sc.shape[1]);
                 s += section(f, "Score: " + p, body);
                 ++f.known;
             }
         }
     }
-    if (r.is_group("/ablation"))
-        for (const auto& st : r.children("/ablation"))
-            if (r.is_group("/ablation/" + st)) {
-                s += section(f, "Ablation: " + st, ablation_study(f, "/ablation/" + st, st));
-                ++f.known;
-            }
-    if (r.is_group("/patching"))
-        for (const auto& p : r.children("/patching"))
-            if (r.is_group("/patching/" + p) && r.exists("/patching/" + p + "/scores")) {
-                s += section(f, "Patching: " + p, patching_group(f, "/patching/" + p, p, o.top_k));
-                ++f.known;
-            }
-    if (r.is_group("/retrieval/trials")) {
-        s += section(f, "Retrieval trials", retrieval_trials(f, "/retrieval/trials"));
+    for (const auto& st : schema::study_names(r)) {
+        s += section(f, "Ablation: " + st, ablation_study(f, st));
         ++f.known;
     }
-    if (r.is_group("/retrieval/ablation")) {
-        s += section(f, "Retrieval: query ablation", retrieval_ablation(f, "/retrieval/ablation"));
+    for (const auto& p : schema::patching_names(r)) {
+        s += section(f, "Patching: " + p, patching_group(f, p, o.top_k));
         ++f.known;
     }
-    if (r.is_group("/retrieval/streaming")) {
-        s += section(f, "Retrieval: streaming heads", retrieval_streaming(f, "/retrieval/streaming"));
+    if (r.is_group(schema::retrieval_trials())) {
+        s += section(f, "Retrieval trials", retrieval_trials(f));
+        ++f.known;
+    }
+    if (r.is_group(schema::retrieval_ablation())) {
+        s += section(f, "Retrieval: query ablation", retrieval_ablation(f));
+        ++f.known;
+    }
+    if (r.is_group(schema::retrieval_streaming())) {
+        s += section(f, "Retrieval: streaming heads", retrieval_streaming(f));
         ++f.known;
     }
     return s;
@@ -826,19 +828,9 @@ std::string render_file(FileView& f, const ReportOptions& o) {
 // Probes with a score [L, H] in the file (maps relations as maps/<relation>).
 std::map<std::string, Dataset> scores_of(ResultReader& r) {
     std::map<std::string, Dataset> out;
-    if (!r.is_group("/scores")) return out;
-    for (const auto& p : r.children("/scores")) {
-        const std::string g = "/scores/" + p;
-        if (r.exists(g + "/score")) {
-            Dataset d = r.read_numbers(g + "/score");
-            if (is_lh(d, -1, -1)) out.emplace(p, std::move(d));
-        } else if (r.is_group(g)) {
-            for (const auto& c : r.children(g))
-                if (r.exists(g + "/" + c + "/score")) {
-                    Dataset d = r.read_numbers(g + "/" + c + "/score");
-                    if (is_lh(d, -1, -1)) out.emplace(p + "/" + c, std::move(d));
-                }
-        }
+    for (const auto& p : schema::score_probes(r)) {
+        Dataset d = r.read_numbers(schema::scores(p, "score"));
+        if (is_lh(d, -1, -1)) out.emplace(p, std::move(d));
     }
     return out;
 }

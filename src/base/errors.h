@@ -44,7 +44,7 @@ inline std::string one_line(const std::string& msg) {
 
 // `param` (optional) names the parameter the message is about in the library's words ("seq_len",
 // "token_range", "out"): the tool that knows which flag or YAML key carried it puts that in front
-// (tools/common.h with_flags). The message itself never names a flag.
+// (tools/common.h with_flag). The message itself never names a flag.
 class Error : public std::runtime_error {
 public:
     Error(ExitCode code, const std::string& msg, std::string param = {})

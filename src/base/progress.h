@@ -2,9 +2,12 @@
 // terminal (logs and CI stay clean); results never go to stderr.
 #pragma once
 
+#include <fmt/core.h>
+
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 namespace hs {
 
@@ -32,5 +35,16 @@ int verbosity();
 void log_info(const std::string& line);     // printed when verbosity >= 1
 void log_verbose(const std::string& line);  // printed when verbosity >= 2
 void log_warn(const std::string& line);     // always printed, prefixed "warning: "
+
+// The same from a format string and its arguments, formatted only when the line prints:
+// log_verbose("threads {}, BLAS {}", n, blas) costs a comparison at the default verbosity.
+template <class... A>
+void log_info(fmt::format_string<A...> f, A&&... a) {
+    if (verbosity() >= 1) log_info(fmt::format(f, std::forward<A>(a)...));
+}
+template <class... A>
+void log_verbose(fmt::format_string<A...> f, A&&... a) {
+    if (verbosity() >= 2) log_verbose(fmt::format(f, std::forward<A>(a)...));
+}
 
 }  // namespace hs

@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "heads.h"
+#include "intervention.h"
 #include "progress.h"
 #include "safetensors.h"
 #include "system.h"
@@ -275,7 +276,7 @@ struct CircuitSet {
 
 double metric_with_ablated(const Model& m, const EvalSets& s, const std::vector<std::pair<int, int>>& heads) {
     Hooks hooks;
-    for (auto [l, h] : heads) hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}});
+    apply_intervention(hooks, {Intervention::kZero}, heads, -1, {Intervention::kZero});
     return mean(metric_per_set(m, s, &hooks));
 }
 
@@ -330,7 +331,7 @@ json toy_ground_truth(const Model& m, ToyTask task, uint64_t eval_seed) {
     for (int l = 0; l < L; ++l)
         for (int h = 0; h < H; ++h) {
             Hooks hooks;
-            hooks.intervene_z(HeadIntervention{l, h, -1, HeadOp::kZero, 0.0, {}});
+            apply_intervention(hooks, {Intervention::kZero}, {{l, h}}, -1, {Intervention::kZero});
             ablated[l][h] = mean(metric_per_set(m, s, &hooks));
             harm[l][h] = ind ? ablated[l][h] - baseline : baseline - ablated[l][h];  // > 0 = worse
         }
@@ -562,7 +563,7 @@ StagedFolder::StagedFolder(const std::string& out, bool force) : out_(strip_slas
     if (fs::exists(out_, ec)) {
         if (!fs::is_directory(out_, ec)) throw StorageError(fmt::format("{}: exists and is not a folder", out_));
         if (!force && !fs::is_empty(out_, ec))
-            throw StorageError(fmt::format("{}: folder exists and is not empty (use --force to replace it)", out_));
+            throw StorageError(fmt::format("{}: folder exists and is not empty", out_), "overwrite");
     }
     tmp_ = temp_path_for(out_);
     const fs::path parent = fs::path(out_).parent_path();

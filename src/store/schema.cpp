@@ -1,0 +1,507 @@
+#include "schema.h"
+
+#include "errors.h"
+
+#include <cmath>
+#include <iterator>
+#include <regex>
+#include <type_traits>
+
+namespace hs::schema {
+
+namespace {
+using K = PathEntry::Kind;
+
+// The table itself (a table, not code: each row a path of docs/hdf5-schema.md).
+const PathEntry kLayout[] = {
+    {"/meta", K::kGroup, "meta"},
+    // scores: detect, run's probes:, qk-spectrum, dla, maps, copy-suppression
+    {"/scores/<probe>", K::kGroup, "scores"},
+    {"/scores/<probe>/score", K::kDataset, "scores"},
+    {"/scores/<probe>/samples", K::kDataset, "scores"},
+    {"/scores/<probe>/baseline", K::kDataset, "scores"},
+    {"/scores/qk_rank/singular_values", K::kDataset, "scores"},
+    {"/scores/dla/per_prompt", K::kDataset, "scores"},
+    {"/scores/dla/mlp", K::kDataset, "scores"},
+    {"/scores/dla/attn_bias", K::kDataset, "scores"},
+    {"/scores/dla/embed", K::kDataset, "scores"},
+    {"/scores/dla/final_bias", K::kDataset, "scores"},
+    {"/scores/dla/logit_diff", K::kDataset, "scores"},
+    {"/scores/dla/per_position/prompt_<i>", K::kDataset, "scores"},
+    {"/scores/maps", K::kGroup, "scores"},
+    {"/scores/maps/<relation>", K::kGroup, "scores"},
+    {"/scores/maps/<relation>/score", K::kDataset, "scores"},
+    {"/scores/maps/<relation>/suppression", K::kDataset, "scores"},
+    {"/scores/maps/<relation>/dynamic", K::kDataset, "scores"},
+    {"/scores/maps/<relation>/target_rank", K::kDataset, "scores"},
+    {"/scores/maps/<relation>/source_tokens", K::kDataset, "scores"},
+    {"/scores/maps/<relation>/target_tokens", K::kDataset, "scores"},
+    {"/scores/copy-suppression/ov_median_rank", K::kDataset, "scores"},
+    {"/scores/copy-suppression/ov_frac_rank0", K::kDataset, "scores"},
+    {"/scores/copy-suppression/ov_frac_rank_lt10", K::kDataset, "scores"},
+    {"/scores/copy-suppression/ov_log_rank_summary", K::kDataset, "scores"},
+    {"/scores/copy-suppression/qk_median_rank", K::kDataset, "scores"},
+    {"/scores/copy-suppression/qk_frac_rank0", K::kDataset, "scores"},
+    {"/scores/copy-suppression/qk_frac_rank_lt10", K::kDataset, "scores"},
+    {"/scores/copy-suppression/qk_log_rank_summary", K::kDataset, "scores"},
+    {"/scores/copy-suppression/scored_tokens", K::kDataset, "scores"},
+    {"/scores/copy-suppression/dynamic_frac_rank0", K::kDataset, "scores"},
+    {"/scores/copy-suppression/dynamic_n_pairs", K::kDataset, "scores"},
+    {"/scores/copy-suppression/dynamic_mean_effect", K::kDataset, "scores"},
+    {"/inputs/<probe>", K::kGroup, "inputs"},
+    {"/inputs/<probe>/tokens", K::kDataset, "inputs"},
+    {"/logits", K::kDataset, "logits"},
+    {"/tokens", K::kDataset, "logits"},
+    // the needle scan (tools/needle_store.cpp, tools/cmd_retrieval.cpp)
+    {"/scores/locos/ci_low", K::kDataset, "retrieval"},
+    {"/scores/locos/ci_high", K::kDataset, "retrieval"},
+    {"/retrieval", K::kGroup, "retrieval"},
+    {"/retrieval/trials", K::kGroup, "retrieval"},
+    {"/retrieval/trials/prompt_tokens", K::kDataset, "retrieval"},
+    {"/retrieval/trials/needle_span", K::kDataset, "retrieval"},
+    {"/retrieval/trials/answer_span", K::kDataset, "retrieval"},
+    {"/retrieval/trials/generated", K::kDataset, "retrieval"},
+    {"/retrieval/trials/response", K::kDataset, "retrieval"},
+    {"/retrieval/trials/rouge1_recall", K::kDataset, "retrieval"},
+    {"/retrieval/trials/rougeL_f", K::kDataset, "retrieval"},
+    {"/retrieval/trials/passed", K::kDataset, "retrieval"},
+    {"/retrieval/trials/length", K::kDataset, "retrieval"},
+    {"/retrieval/trials/depth", K::kDataset, "retrieval"},
+    {"/retrieval/trials/needle", K::kDataset, "retrieval"},
+    {"/retrieval/trials/answer_steps", K::kDataset, "retrieval"},
+    {"/retrieval/trials/retrieval", K::kDataset, "retrieval"},
+    {"/retrieval/trials/locos", K::kDataset, "retrieval"},
+    {"/retrieval/trials/done", K::kDataset, "retrieval"},
+    {"/retrieval/ablation", K::kGroup, "retrieval"},
+    {"/retrieval/ablation/masks", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/rouge1_recall", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/rougeL_f", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/passed", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/done", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/accuracy", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/baseline_rouge1_recall", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/baseline_rougeL_f", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/baseline_accuracy", K::kDataset, "retrieval"},
+    {"/retrieval/ablation/query_mean", K::kDataset, "retrieval"},
+    {"/retrieval/decoding", K::kGroup, "retrieval"},
+    {"/retrieval/decoding/rouge1_recall", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/rougeL_f", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/passed", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/answer_margin", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/base_margin", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/accuracy", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/mean_rougeL_f", K::kDataset, "retrieval"},
+    {"/retrieval/decoding/mean_answer_margin", K::kDataset, "retrieval"},
+    {"/retrieval/streaming", K::kGroup, "streaming"},
+    {"/retrieval/streaming/fractions", K::kDataset, "streaming"},
+    {"/retrieval/streaming/full_heads", K::kDataset, "streaming"},
+    {"/retrieval/streaming/order", K::kDataset, "streaming"},
+    {"/retrieval/streaming/masks", K::kDataset, "streaming"},
+    {"/retrieval/streaming/accuracy", K::kDataset, "streaming"},
+    {"/retrieval/streaming/rougeL_f", K::kDataset, "streaming"},
+    {"/retrieval/streaming/kv_budget", K::kDataset, "streaming"},
+    // an ablation experiment (`headscope run`, `merge`)
+    {"/experiment", K::kGroup, "study"},
+    {"/data/<name>", K::kGroup, "data"},
+    {"/data/<name>/tokens", K::kDataset, "data"},
+    {"/data/<name>/lengths", K::kDataset, "data"},
+    {"/data/<name>/answers", K::kDataset, "data"},
+    {"/data/<name>/counterfactuals", K::kDataset, "data"},
+    {"/data/<name>/variant", K::kDataset, "data"},
+    {"/ablation/<study>", K::kGroup, "study"},
+    {"/ablation/<study>/masks", K::kDataset, "study"},
+    {"/ablation/<study>/metric", K::kDataset, "study"},
+    {"/ablation/<study>/metric_rows", K::kDataset, "study"},
+    {"/ablation/<study>/kind", K::kDataset, "study"},
+    {"/ablation/<study>/label", K::kDataset, "study"},
+    {"/ablation/<study>/k", K::kDataset, "study"},
+    {"/ablation/<study>/control_seed", K::kDataset, "study"},
+    {"/ablation/<study>/done", K::kDataset, "study"},
+    {"/ablation/<study>/batch", K::kDataset, "study"},
+    {"/ablation/<study>/fraction", K::kDataset, "study"},
+    {"/ablation/<study>/order", K::kDataset, "study"},
+    {"/ablation/<study>/importance", K::kDataset, "study"},
+    {"/ablation/<study>/factor", K::kDataset, "study"},
+    {"/ablation/<study>/gates", K::kGroup, "gates"},
+    {"/ablation/<study>/gates/g0", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/g_plus", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/g_minus", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/roles", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/role", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/role_counts", K::kDataset, "gates"},
+    {"/ablation/<study>/gates/objective", K::kDataset, "gates"},
+    {"/ablation/<study>/duo", K::kGroup, "duo"},
+    {"/ablation/<study>/duo/alpha", K::kDataset, "duo"},
+    {"/ablation/<study>/duo/alpha_kv", K::kDataset, "duo"},
+    {"/ablation/<study>/duo/history", K::kDataset, "duo"},
+    {"/ablation/<study>/juice", K::kGroup, "juice"},
+    {"/ablation/<study>/juice/factors", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/variants", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/delta", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/up", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/down", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/enhance", K::kDataset, "juice"},
+    {"/ablation/<study>/juice/suppress", K::kDataset, "juice"},
+    // patching
+    {"/patching/<name>", K::kGroup, "patching"},
+    {"/patching/<name>/scores", K::kDataset, "patching"},
+    {"/patching/<name>/patched", K::kDataset, "patching"},
+    {"/patching/<name>/path", K::kDataset, "patching"},
+    {"/patching/<name>/metric_clean", K::kDataset, "patching"},
+    {"/patching/<name>/metric_corrupt", K::kDataset, "patching"},
+};
+
+}  // namespace
+
+const std::vector<PathEntry>& layout() {
+    static const std::vector<PathEntry> t(std::begin(kLayout), std::end(kLayout));
+    return t;
+}
+
+bool in_layout(const std::string& path) {
+    static const std::vector<std::regex> patterns = [] {
+        std::vector<std::regex> v;
+        for (const auto& e : layout()) {
+            std::string rx;
+            for (const char* c = e.pattern; *c; ++c) {
+                if (*c == '<') {
+                    while (*c && *c != '>') ++c;
+                    rx += "[^/]+";
+                    if (!*c) break;
+                } else if (std::string("\\^$.|?*+()[]{}").find(*c) != std::string::npos) {
+                    rx += std::string("\\") + *c;
+                } else {
+                    rx += *c;
+                }
+            }
+            v.emplace_back(rx);
+        }
+        return v;
+    }();
+    for (const auto& p : patterns)
+        if (std::regex_match(path, p)) return true;
+    return false;
+}
+
+namespace {
+
+std::string checked(std::string path) {
+    HS_REQUIRE(in_layout(path), "HDF5 path '" + path + "' is not in the schema (src/store/schema.cpp layout())");
+    return path;
+}
+std::string below(const std::string& group, const std::string& ds) { return ds.empty() ? group : group + "/" + ds; }
+
+// Reads a dataset when present (numbers, or strings for string datasets); empty shape otherwise.
+Dataset read_if(const ResultReader& r, const std::string& path) {
+    if (!r.exists(path) || r.is_group(path)) return {};
+    return r.read(path);
+}
+Attrs attrs_if(const ResultReader& r, const std::string& path) { return r.exists(path) ? r.attrs(path) : Attrs{}; }
+
+// Every write of this file goes through put() or attrs(), which refuse a path outside layout().
+template <class T>
+void put(ResultWriter& w, const std::string& path, const std::vector<T>& v, const std::vector<int64_t>& shape) {
+    w.write(checked(path), v, shape);
+}
+void put(ResultWriter& w, const std::string& path, const std::vector<std::string>& v) { w.write_strings(checked(path), v); }
+void attrs(ResultWriter& w, const std::string& path, const Attrs& a) { w.set_attrs(checked(path), a); }
+
+}  // namespace
+
+std::string meta() { return "/meta"; }
+std::string scores_root() { return "/scores"; }
+std::string scores(const std::string& probe) { return "/scores/" + probe; }
+std::string scores(const std::string& probe, const std::string& ds) { return "/scores/" + probe + "/" + ds; }
+std::string maps_root() { return "/scores/maps"; }
+std::string inputs(const std::string& probe) { return "/inputs/" + probe; }
+std::string input_tokens(const std::string& probe) { return "/inputs/" + probe + "/tokens"; }
+std::string logits() { return "/logits"; }
+std::string logit_tokens() { return "/tokens"; }
+std::string experiment() { return "/experiment"; }
+std::string data(const std::string& name) { return "/data/" + name; }
+std::string data(const std::string& name, const std::string& ds) { return "/data/" + name + "/" + ds; }
+std::string ablation_root() { return "/ablation"; }
+std::string study(const std::string& name) { return "/ablation/" + name; }
+std::string study(const std::string& name, const std::string& ds) { return "/ablation/" + name + "/" + ds; }
+std::string patching_root() { return "/patching"; }
+std::string patching(const std::string& name) { return "/patching/" + name; }
+std::string patching(const std::string& name, const std::string& ds) { return "/patching/" + name + "/" + ds; }
+std::string retrieval() { return "/retrieval"; }
+std::string retrieval_trials(const std::string& ds) { return below("/retrieval/trials", ds); }
+std::string retrieval_ablation(const std::string& ds) { return below("/retrieval/ablation", ds); }
+std::string retrieval_decoding(const std::string& ds) { return below("/retrieval/decoding", ds); }
+std::string retrieval_streaming(const std::string& ds) { return below("/retrieval/streaming", ds); }
+
+void write_array(ResultWriter& w, const std::string& path, const Array& a) {
+    std::visit(
+        [&](const auto& v) {
+            using V = std::decay_t<decltype(v)>;
+            if constexpr (std::is_same_v<V, std::vector<std::string>>) put(w, path, v);
+            else put(w, path, v, a.shape);
+        },
+        a.values);
+    if (!a.attrs.empty()) attrs(w, path, a.attrs);
+}
+
+// ---- /meta
+
+void write_meta(ResultWriter& w, const Attrs& a) { attrs(w, meta(), a); }
+Attrs read_meta(const ResultReader& r) { return attrs_if(r, meta()); }
+
+std::string attr_text(const ResultReader& r, const std::string& obj, const std::string& name) {
+    if (!r.exists(obj)) return "";
+    const auto a = r.attrs(obj);
+    return a.count(name) ? attr_to_string(a.at(name)) : "";
+}
+
+// ---- scores
+
+void write_scores(ResultWriter& w, const ScoreGroup& g) {
+    const std::string group = scores(g.probe);
+    if (w.exists(group)) w.remove(group);
+    for (const auto& [name, a] : g.datasets) write_array(w, scores(g.probe, name), a);
+    attrs(w, group, g.attrs);
+}
+
+std::vector<std::string> score_probes(const ResultReader& r) {
+    std::vector<std::string> out;
+    if (!r.is_group(scores_root())) return out;
+    for (const auto& p : r.children(scores_root())) {
+        const std::string g = scores_root() + "/" + p;
+        if (r.exists(g + "/score")) {
+            out.push_back(p);
+        } else if (r.is_group(g)) {
+            for (const auto& c : r.children(g))
+                if (r.exists(g + "/" + c + "/score")) out.push_back(p + "/" + c);
+        }
+    }
+    return out;
+}
+
+StoredScores read_scores(const ResultReader& r, const std::string& probe) {
+    const std::string g = scores_root() + "/" + probe;
+    StoredScores s;
+    s.probe = probe;
+    s.attrs = r.attrs(g);
+    for (const auto& [k, v] : r.attrs(g + "/score")) s.attrs.emplace(k, v);
+    s.score = r.read_numbers(g + "/score");
+    for (const auto& c : r.children(g)) {
+        if (c == "score" || r.is_group(g + "/" + c)) continue;
+        Dataset d = r.read(g + "/" + c);
+        if (!d.is_string) s.others.emplace_back(c, std::move(d));
+    }
+    return s;
+}
+
+// ---- inputs, logits
+
+void write_inputs(ResultWriter& w, const InputTokens& in) {
+    if (w.exists(inputs(in.probe))) w.remove(inputs(in.probe));
+    put(w, input_tokens(in.probe), in.tokens, {in.rows, in.cols});
+    attrs(w, inputs(in.probe), {{"padding", std::string(in.ragged ? "ragged: -1 past each sequence's end" : "none")},
+                                   {"pad_value", int64_t{-1}}});
+}
+
+void write_logits(ResultWriter& w, const Logits& l) {
+    if (w.exists(logits())) w.remove(logits());
+    if (w.exists(logit_tokens())) w.remove(logit_tokens());
+    const int64_t T = static_cast<int64_t>(l.tokens.size());
+    put(w, logits(), l.logits, {T, l.vocab});
+    put(w, logit_tokens(), l.tokens, {T});
+    attrs(w, logits(), {{"description", std::string("logits[t] predicts tokens[t+1]; float32 [T, V]")}});
+}
+
+// ---- an ablation experiment
+
+Attrs read_experiment(const ResultReader& r) { return attrs_if(r, experiment()); }
+void write_experiment(ResultWriter& w, const Attrs& a) { attrs(w, experiment(), a); }
+
+void write_data(ResultWriter& w, const DataRecord& d) {
+    put(w, data(d.name, "tokens"), d.tokens, {d.rows, d.cols});
+    put(w, data(d.name, "lengths"), d.lengths, {d.rows});
+    if (!d.answers.empty()) {
+        put(w, data(d.name, "answers"), d.answers, {d.rows});
+        put(w, data(d.name, "counterfactuals"), d.counterfactuals, {d.rows});
+    }
+    if (!d.variants.empty()) put(w, data(d.name, "variant"), d.variants, {d.rows});
+    attrs(w, data(d.name), d.attrs);
+}
+
+std::vector<int64_t> read_data_variants(const ResultReader& r, const std::string& name) {
+    std::vector<int64_t> out;
+    if (name.empty()) return out;
+    const std::string p = data(name, "variant");
+    if (r.exists(p))
+        for (double v : r.read_numbers(p).values) out.push_back(static_cast<int64_t>(v));
+    return out;
+}
+
+void write_study_results(ResultWriter& w, const StudyRecord& s) {
+    for (const char* ds : {"metric", "metric_rows", "done"})
+        if (w.exists(study(s.name, ds))) w.remove(study(s.name, ds));
+    put(w, study(s.name, "metric"), s.metric, {s.S});
+    put(w, study(s.name, "metric_rows"), s.metric_rows, {s.S, s.N});
+    put(w, study(s.name, "done"), s.done, {s.S});
+}
+
+void write_study(ResultWriter& w, const StudyRecord& s) {
+    put(w, study(s.name, "masks"), s.masks, {s.S, s.L, s.H});
+    put(w, study(s.name, "metric"), s.metric, {s.S});
+    put(w, study(s.name, "metric_rows"), s.metric_rows, {s.S, s.N});
+    put(w, study(s.name, "kind"), s.kind);
+    put(w, study(s.name, "label"), s.label);
+    put(w, study(s.name, "k"), s.k, {s.S});
+    put(w, study(s.name, "control_seed"), s.control_seed, {s.S});
+    put(w, study(s.name, "done"), s.done, {s.S});
+    put(w, study(s.name, "batch"), s.batch, {s.S});
+    if (!s.factor.empty()) put(w, study(s.name, "factor"), s.factor, {s.S});
+    if (!s.fraction.empty()) {
+        put(w, study(s.name, "fraction"), s.fraction, {s.S});
+        put(w, study(s.name, "order"), s.order, {static_cast<int64_t>(s.order.size())});
+        put(w, study(s.name, "importance"), s.importance, {static_cast<int64_t>(s.importance.size()) / std::max<int64_t>(1, s.L * s.H), s.L, s.H});
+    }
+}
+
+std::vector<std::string> study_names(const ResultReader& r) {
+    std::vector<std::string> out;
+    if (!r.is_group(ablation_root())) return out;
+    for (const auto& c : r.children(ablation_root()))
+        if (r.is_group(ablation_root() + "/" + c)) out.push_back(c);
+    return out;
+}
+
+StoredStudy read_study(const ResultReader& r, const std::string& name) {
+    StoredStudy s;
+    s.attrs = attrs_if(r, study(name));
+    s.masks = read_if(r, study(name, "masks"));
+    s.metric = read_if(r, study(name, "metric"));
+    s.metric_rows = read_if(r, study(name, "metric_rows"));
+    s.kind = read_if(r, study(name, "kind"));
+    s.label = read_if(r, study(name, "label"));
+    s.k = read_if(r, study(name, "k"));
+    s.control_seed = read_if(r, study(name, "control_seed"));
+    s.done = read_if(r, study(name, "done"));
+    s.batch = read_if(r, study(name, "batch"));
+    s.factor = read_if(r, study(name, "factor"));
+    return s;
+}
+
+void write_gates(ResultWriter& w, const std::string& study_name, const GatesRecord& g) {
+    const std::vector<int64_t> slh{g.starts, g.L, g.H};
+    put(w, study(study_name, "gates/g0"), g.g0, slh);
+    put(w, study(study_name, "gates/g_plus"), g.g_plus, slh);
+    put(w, study(study_name, "gates/g_minus"), g.g_minus, slh);
+    put(w, study(study_name, "gates/roles"), g.roles, slh);
+    put(w, study(study_name, "gates/role"), g.role, {g.L, g.H});
+    put(w, study(study_name, "gates/role_counts"), g.role_counts, {4, g.L, g.H});
+    put(w, study(study_name, "gates/objective"), g.objective, {3, g.starts});
+    attrs(w, study(study_name, "gates"), g.attrs);
+}
+
+void write_duo(ResultWriter& w, const std::string& study_name, const DuoRecord& d) {
+    put(w, study(study_name, "duo/alpha"), d.alpha, {d.L, d.H});
+    put(w, study(study_name, "duo/alpha_kv"), d.alpha_kv, {d.L, d.K});
+    put(w, study(study_name, "duo/history"), d.history, {d.steps, 2});
+    attrs(w, study(study_name, "duo"), d.attrs);
+}
+
+namespace {
+// A numeric dataset of exactly `shape`, as float or int64 values (StorageError otherwise).
+Dataset need(const ResultReader& r, const std::string& path, const std::vector<int64_t>& shape) {
+    if (!r.exists(path)) throw StorageError(r.path() + ": no dataset " + path);
+    Dataset d = r.read_numbers(path);
+    if (d.shape != shape) throw StorageError(r.path() + ": " + path + " has another shape than its group's");
+    return d;
+}
+std::vector<float> floats(const Dataset& d) { return {d.values.begin(), d.values.end()}; }
+std::vector<int64_t> longs(const Dataset& d) {
+    std::vector<int64_t> v;
+    for (double x : d.values) v.push_back(static_cast<int64_t>(x));
+    return v;
+}
+}  // namespace
+
+GatesRecord read_gates(const ResultReader& r, const std::string& study_name) {
+    GatesRecord g;
+    const Dataset g0 = r.read_numbers(study(study_name, "gates/g0"));
+    if (g0.shape.size() != 3) throw StorageError(r.path() + ": " + study(study_name, "gates/g0") + " is not [starts, L, H]");
+    g.starts = g0.shape[0], g.L = g0.shape[1], g.H = g0.shape[2];
+    const std::vector<int64_t> slh{g.starts, g.L, g.H};
+    g.g0 = floats(g0);
+    g.g_plus = floats(need(r, study(study_name, "gates/g_plus"), slh));
+    g.g_minus = floats(need(r, study(study_name, "gates/g_minus"), slh));
+    g.roles = longs(need(r, study(study_name, "gates/roles"), slh));
+    g.role = longs(need(r, study(study_name, "gates/role"), {g.L, g.H}));
+    g.role_counts = longs(need(r, study(study_name, "gates/role_counts"), {4, g.L, g.H}));
+    g.objective = floats(need(r, study(study_name, "gates/objective"), {3, g.starts}));
+    g.attrs = r.attrs(study(study_name, "gates"));
+    return g;
+}
+
+DuoRecord read_duo(const ResultReader& r, const std::string& study_name) {
+    DuoRecord d;
+    const Dataset alpha = r.read_numbers(study(study_name, "duo/alpha")), kv = r.read_numbers(study(study_name, "duo/alpha_kv"));
+    if (alpha.shape.size() != 2 || kv.shape.size() != 2 || kv.shape[0] != alpha.shape[0])
+        throw StorageError(r.path() + ": " + study(study_name, "duo") + ": alpha and alpha_kv are not [L, H] and [L, K]");
+    d.L = alpha.shape[0], d.H = alpha.shape[1], d.K = kv.shape[1];
+    d.alpha = floats(alpha), d.alpha_kv = floats(kv);
+    const Dataset h = r.read_numbers(study(study_name, "duo/history"));
+    if (h.shape.size() != 2 || h.shape[1] != 2) throw StorageError(r.path() + ": " + study(study_name, "duo/history") + " is not [steps, 2]");
+    d.steps = h.shape[0], d.history = floats(h);
+    d.attrs = r.attrs(study(study_name, "duo"));
+    return d;
+}
+
+Dataset read_duo_alpha(const ResultReader& r, const std::string& study_name) {
+    return read_if(r, study(study_name, "duo/alpha"));
+}
+
+void write_juice(ResultWriter& w, const std::string& study_name, const JuiceRecord& j) {
+    const std::string g = study(study_name, "juice");
+    if (w.exists(g)) w.remove(g);
+    put(w, study(study_name, "juice/factors"), j.factors, {j.F});
+    put(w, study(study_name, "juice/variants"), j.variants, {j.V});
+    put(w, study(study_name, "juice/delta"), j.delta, {j.V, j.L, j.H, j.F});
+    put(w, study(study_name, "juice/up"), j.up, {j.V, j.L, j.H});
+    put(w, study(study_name, "juice/down"), j.down, {j.V, j.L, j.H});
+    put(w, study(study_name, "juice/enhance"), j.enhance, {j.L, j.H});
+    put(w, study(study_name, "juice/suppress"), j.suppress, {j.L, j.H});
+    attrs(w, g, j.attrs);
+}
+
+// ---- patching
+
+void write_patching(ResultWriter& w, const PatchingRecord& p) {
+    const std::string g = patching(p.name);
+    if (w.exists(g)) w.remove(g);
+    put(w, patching(p.name, "scores"), p.scores, p.shape);
+    put(w, patching(p.name, "patched"), p.patched, p.shape);
+    if (!p.paths.empty()) put(w, patching(p.name, "path"), p.paths);
+    put(w, patching(p.name, "metric_clean"), std::vector<float>{p.metric_clean}, {1});
+    put(w, patching(p.name, "metric_corrupt"), std::vector<float>{p.metric_corrupt}, {1});
+    attrs(w, g, p.attrs);
+}
+
+std::vector<std::string> patching_names(const ResultReader& r) {
+    std::vector<std::string> out;
+    if (!r.is_group(patching_root())) return out;
+    for (const auto& c : r.children(patching_root()))
+        if (r.is_group(patching_root() + "/" + c) && r.exists(patching_root() + "/" + c + "/scores")) out.push_back(c);
+    return out;
+}
+
+StoredPatching read_patching(const ResultReader& r, const std::string& name) {
+    StoredPatching p;
+    p.attrs = attrs_if(r, patching(name));
+    p.scores = r.read_numbers(patching(name, "scores"));
+    p.path = read_if(r, patching(name, "path"));
+    auto scalar = [&](const char* ds) {
+        const std::string path = patching(name, ds);
+        return r.exists(path) ? r.read_numbers(path).values.at(0) : NAN;
+    };
+    p.metric_clean = scalar("metric_clean");
+    p.metric_corrupt = scalar("metric_corrupt");
+    return p;
+}
+
+}  // namespace hs::schema

@@ -1,0 +1,212 @@
+// The HDF5 layout in one place, as llama.cpp keeps its tensor-name table: every group and dataset a
+// result file holds (layout(), in docs/hdf5-schema.md's words; tests/test_schema.cpp checks the two
+// agree both ways), the path builders every other file uses, and for each result type one struct
+// with one write and one read function. A path built here must match a layout() pattern (HS_REQUIRE:
+// writing a name the schema does not know is a bug), so a new dataset is added here and in the doc.
+//
+// The needle scan's /retrieval and /scores/{retrieval,locos} paths have their builders here; their
+// records are still written and read by tools/needle_store.cpp and tools/cmd_retrieval.cpp (issue 33).
+#pragma once
+
+#include "store.h"
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+namespace hs::schema {
+
+// ---- the layout
+
+// One path of the layout: placeholders in angle brackets stand for one name each (<probe>,
+// <relation>, <name>, <study>, <i>). kGroup entries carry attributes (and are listed where the doc
+// lists them: /meta, /experiment, ...); kDataset entries are datasets.
+struct PathEntry {
+    enum class Kind { kGroup, kDataset };
+    const char* pattern;
+    Kind kind;
+    const char* result;  // the result type: meta, scores, inputs, logits, retrieval, streaming, study, data, gates, duo, juice, patching
+};
+const std::vector<PathEntry>& layout();
+// `path` as one of layout()'s patterns (a placeholder matches one name: no '/'; <probe> of a
+// dataset also matches "maps/<relation>"-style nesting only where the layout lists it).
+bool in_layout(const std::string& path);
+
+// ---- path builders (each checks its result against layout())
+
+std::string meta();                                                   // /meta
+std::string scores_root();                                            // /scores
+std::string scores(const std::string& probe);                         // /scores/<probe>
+std::string scores(const std::string& probe, const std::string& ds);  // /scores/<probe>/<ds>
+std::string maps_root();                                              // /scores/maps
+std::string inputs(const std::string& probe);                         // /inputs/<probe>
+std::string input_tokens(const std::string& probe);                   // /inputs/<probe>/tokens
+std::string logits();                                                 // /logits
+std::string logit_tokens();                                           // /tokens
+std::string experiment();                                             // /experiment
+std::string data(const std::string& name);                            // /data/<name>
+std::string data(const std::string& name, const std::string& ds);     // /data/<name>/<ds>
+std::string ablation_root();                                          // /ablation
+std::string study(const std::string& name);                           // /ablation/<study>
+std::string study(const std::string& name, const std::string& ds);    // /ablation/<study>/<ds> (gates/g0, duo/alpha, ...)
+std::string patching_root();                                          // /patching
+std::string patching(const std::string& name);                        // /patching/<name>
+std::string patching(const std::string& name, const std::string& ds); // /patching/<name>/<ds>
+// The needle scan (docs/hdf5-schema.md, "Needle in a haystack").
+std::string retrieval();                                          // /retrieval
+std::string retrieval_trials(const std::string& ds = {});         // /retrieval/trials[/<ds>]
+std::string retrieval_ablation(const std::string& ds = {});       // /retrieval/ablation[/<ds>]
+std::string retrieval_decoding(const std::string& ds = {});       // /retrieval/decoding[/<ds>]
+std::string retrieval_streaming(const std::string& ds = {});      // /retrieval/streaming[/<ds>]
+
+// ---- stored arrays
+
+// One dataset as written: its shape, its values in the stored element type, its attributes.
+using Values = std::variant<std::vector<float>, std::vector<int32_t>, std::vector<int64_t>, std::vector<uint8_t>,
+                            std::vector<std::string>>;
+struct Array {
+    std::vector<int64_t> shape;
+    Values values;
+    Attrs attrs;  // on the dataset (none when empty)
+};
+void write_array(ResultWriter& w, const std::string& path, const Array& a);
+
+// ---- /meta (every file): the attributes tools/common.cpp write_meta collects
+void write_meta(ResultWriter& w, const Attrs& a);
+Attrs read_meta(const ResultReader& r);  // empty when the file has no /meta
+// One attribute of a group as text ("" when the group or the attribute is absent).
+std::string attr_text(const ResultReader& r, const std::string& obj, const std::string& name);
+
+// ---- scores: /scores/<probe> (detect, run's probes:, qk-spectrum, dla, maps, copy-suppression)
+struct ScoreGroup {
+    std::string probe;  // "induction", "qk_rank", "dla", "copy-suppression", "maps/<relation>"
+    Attrs attrs;        // on the group
+    std::vector<std::pair<std::string, Array>> datasets;  // "score" [L, H] first, then the group's others
+};
+void write_scores(ResultWriter& w, const ScoreGroup& g);  // an existing group of that name is replaced
+struct StoredScores {
+    std::string probe;
+    Attrs attrs;        // the group's, then the score dataset's (the group's win)
+    Dataset score;      // numeric
+    std::vector<std::pair<std::string, Dataset>> others;  // the group's other numeric datasets, by name
+};
+// Every probe with a score dataset, sorted; a group without one (maps) contributes its children
+// ("maps/<relation>").
+std::vector<std::string> score_probes(const ResultReader& r);
+StoredScores read_scores(const ResultReader& r, const std::string& probe);
+
+// ---- /inputs/<probe>/tokens: the token ids a probe ran on
+struct InputTokens {
+    std::string probe;
+    std::vector<int32_t> tokens;  // [N, T], -1 past a ragged row's end
+    int64_t rows = 0, cols = 0;
+    bool ragged = false;
+};
+void write_inputs(ResultWriter& w, const InputTokens& in);
+
+// ---- /logits and /tokens (`headscope logits`)
+struct Logits {
+    std::vector<float> logits;  // [T, V]
+    std::vector<int32_t> tokens;  // [T]
+    int64_t vocab = 0;
+};
+void write_logits(ResultWriter& w, const Logits& l);
+
+// ---- an ablation experiment (`headscope run`, `merge`): /experiment, /data/<name>, /ablation/<study>
+Attrs read_experiment(const ResultReader& r);  // /experiment's attributes (empty when absent)
+void write_experiment(ResultWriter& w, const Attrs& a);
+struct DataRecord {
+    std::string name;
+    std::vector<int64_t> tokens;  // [N, T], -1 past each row's end
+    std::vector<int64_t> lengths, answers, counterfactuals, variants;  // [N] each; answers.. empty when none
+    int64_t rows = 0, cols = 0;
+    Attrs attrs;
+};
+void write_data(ResultWriter& w, const DataRecord& d);
+std::vector<int64_t> read_data_variants(const ResultReader& r, const std::string& name);  // empty when absent
+
+// One study: S configurations over N rows of L x H heads.
+struct StudyRecord {
+    std::string name;
+    int64_t S = 0, N = 0, L = 0, H = 0;
+    std::vector<uint8_t> masks;        // [S, L, H]
+    std::vector<float> metric;         // [S]
+    std::vector<float> metric_rows;    // [S, N]
+    std::vector<std::string> kind, label;  // [S]
+    std::vector<int64_t> k, control_seed, batch;  // [S]
+    std::vector<uint8_t> done;         // [S]
+    std::vector<float> factor;         // [S] scale-grid, else empty
+    std::vector<float> fraction;       // [S] prune, else empty
+    std::vector<int64_t> order;        // [P] prune
+    std::vector<float> importance;     // [steps, L, H] prune
+    Attrs attrs;
+};
+void write_study(ResultWriter& w, const StudyRecord& s);
+// The per-configuration results alone (metric, metric_rows, done: merge rewrites them).
+void write_study_results(ResultWriter& w, const StudyRecord& s);
+std::vector<std::string> study_names(const ResultReader& r);  // groups below /ablation
+// A study as the file holds it, each dataset as read (a missing one has an empty shape): callers
+// check the shapes they rely on (merge and --resume refuse a damaged shard in their own words).
+struct StoredStudy {
+    Attrs attrs;
+    Dataset masks, metric, metric_rows, kind, label, k, control_seed, done, batch, factor;
+};
+StoredStudy read_study(const ResultReader& r, const std::string& name);
+
+// gating sweeps: /ablation/<study>/gates
+struct GatesRecord {
+    int64_t starts = 0, L = 0, H = 0;
+    std::vector<float> g0, g_plus, g_minus;     // [starts, L, H]
+    std::vector<int64_t> roles;                 // [starts, L, H]
+    std::vector<int64_t> role;                  // [L, H]
+    std::vector<int64_t> role_counts;           // [4, L, H]
+    std::vector<float> objective;               // [3, starts]
+    Attrs attrs;
+};
+void write_gates(ResultWriter& w, const std::string& study_name, const GatesRecord& g);
+// StorageError naming the file when a dataset is missing or of another shape.
+GatesRecord read_gates(const ResultReader& r, const std::string& study_name);
+// duo-gates sweeps: /ablation/<study>/duo
+struct DuoRecord {
+    int64_t L = 0, H = 0, K = 0, steps = 0;
+    std::vector<float> alpha;     // [L, H]
+    std::vector<float> alpha_kv;  // [L, K]
+    std::vector<float> history;   // [steps, 2]
+    Attrs attrs;
+};
+void write_duo(ResultWriter& w, const std::string& study_name, const DuoRecord& d);
+DuoRecord read_duo(const ResultReader& r, const std::string& study_name);  // StorageError as read_gates
+Dataset read_duo_alpha(const ResultReader& r, const std::string& study_name);  // empty shape when absent
+// scale-grid sweeps: /ablation/<study>/juice (replaced when present)
+struct JuiceRecord {
+    int64_t V = 0, L = 0, H = 0, F = 0;
+    std::vector<float> factors;                // [F]
+    std::vector<int64_t> variants;             // [V]
+    std::vector<float> delta;                  // [V, L, H, F]
+    std::vector<float> up, down;               // [V, L, H]
+    std::vector<float> enhance, suppress;      // [L, H]
+    Attrs attrs;
+};
+void write_juice(ResultWriter& w, const std::string& study_name, const JuiceRecord& j);
+
+// ---- patching: /patching/<name>
+struct PatchingRecord {
+    std::string name;
+    std::vector<int64_t> shape;        // of scores and patched: [L, U], [L, U, T] or [P] (path)
+    std::vector<float> scores, patched;
+    std::vector<std::string> paths;    // path patching: [P], else empty
+    float metric_clean = 0, metric_corrupt = 0;
+    Attrs attrs;
+};
+void write_patching(ResultWriter& w, const PatchingRecord& p);  // an existing group of that name is replaced
+std::vector<std::string> patching_names(const ResultReader& r);  // groups holding scores
+struct StoredPatching {
+    Attrs attrs;
+    Dataset scores, path;                    // path: strings, empty shape unless path patching
+    double metric_clean = 0, metric_corrupt = 0;  // NaN when absent
+};
+StoredPatching read_patching(const ResultReader& r, const std::string& name);
+
+}  // namespace hs::schema
