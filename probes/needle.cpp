@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <map>
@@ -149,8 +150,15 @@ static void prefill_rows(const Model& m, const at::Tensor& ids, const std::vecto
     auto row0 = ids.narrow(0, 0, 1);
     for (int64_t q0 = u; q0 < shared; q0 += chunk) m.forward(row0.index({Slice(), Slice(q0, q0 + chunk)}), h, &cache, opts);
     if (shared > u) {
-        prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
-        prefix->cache = cache;  // a copy: the forwards below write into the cache's own buffers
+        int64_t bytes = 0;
+        for (size_t l = 0; l < cache.k.size(); ++l)
+            if (cache.k[l].defined()) bytes += 2 * cache.k[l].numel() * static_cast<int64_t>(cache.k[l].element_size());
+        if (prefix->max_bytes > 0 && bytes > prefix->max_bytes) {
+            prefix->tokens.clear(), prefix->cache = KVCache{};  // too large to keep a copy of
+        } else {
+            prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
+            prefix->cache = cache;  // a copy: the forwards below write into the cache's own buffers
+        }
     }
     if (D > 1)
         for (size_t l = 0; l < cache.k.size(); ++l)
@@ -206,6 +214,9 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     ForwardOptions no_logits = fold;
     no_logits.compute_logits = false;
     const int64_t chunk = std::max<int64_t>(1, s.prefill_chunk);
+    using Clock = std::chrono::steady_clock;
+    auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
+    const auto t_prefill = Clock::now();
     // The prefill. Rows whose prefill is the same computation share it: with per-row sets and scope
     // decode (an unablated prefill) each distinct trial is prefilled once and its cache copied to its
     // rows; with one set for every row (or none), the rows' common whole chunks are computed once.
@@ -237,6 +248,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         }
     }
 
+    if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);
     std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);
     std::vector<char> done(B, 0);
@@ -244,9 +256,12 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
     int64_t active = B;
     for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
+        const auto t_step = Clock::now();
         auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
         auto logits = m.forward(in, &step, &cache, fold);  // [B, 1, V]
         auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
+        if (s.times) s.times->decode += since(t_step);
+        const auto t_score = Clock::now();
         const int64_t keys = cache.length();
         for (int64_t b = 0; b < B; ++b) {
             if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
@@ -274,6 +289,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         }
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());
+        if (s.times) s.times->score += since(t_score);
     }
     auto stack = [&](const std::vector<at::Tensor>& v) {
         return v.empty() ? torch::zeros({0, L, cfg.n_heads}, torch::kDouble) : torch::stack(v);
@@ -392,6 +408,7 @@ std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Tria
 DecodeSettings NeedleTest::ablation_settings() const {
     DecodeSettings s = c_.decode;
     s.score = false;
+    s.times = &times_;
     s.max_new_tokens = c_.ablation_max_new_tokens;
     return s;
 }
@@ -417,6 +434,7 @@ PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate, bool ablation_trials)
     if (key != prefix_key_) {
         prefix_reused_ += prefix_.reused, prefix_computed_ += prefix_.computed;
         prefix_ = PrefixCache{};
+        prefix_.max_bytes = c_.prefix_max_bytes;
         prefix_key_ = key;
     }
     return &prefix_;
@@ -480,6 +498,7 @@ std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
     for (auto i : g) ptrs.push_back(&trials_[static_cast<size_t>(i)]);
     DecodeSettings s = c_.decode;
     s.score = true;
+    s.times = &times_;
     const auto outs = decode_batch(m_, ptrs, s, stopper(), nullptr, prefix_for(nullptr, false));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(scored(g[k], outs[k]));

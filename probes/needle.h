@@ -44,11 +44,18 @@ struct HeadSet {
     void apply(Hooks& hooks, int64_t row = -1) const;  // row >= 0: that batch row only
 };
 
+// Where a needle test's time goes (seconds, summed over its decodes): the prefill forwards, the
+// decode steps' forwards, the per-step scoring.
+struct DecodeTimes {
+    double prefill = 0, decode = 0, score = 0;
+};
+
 struct DecodeSettings {
     int64_t max_new_tokens = 50;
     int64_t prefill_chunk = 512;
     bool score = true;  // capture rows and compute per-step scores
     bool keep_stop = false;  // StopOrder::kAfter: a stop token is kept and scored, then the row ends (Wu)
+    DecodeTimes* times = nullptr;  // optional: time accumulated here
     AblationScope scope = AblationScope::kAll;
     // NeedleTest: keep the last prompt's KV cache and prefill only past the prefix the next batch
     // shares with it (PrefixCache). Off: every trial prefilled whole.
@@ -69,6 +76,7 @@ struct PrefixCache {
     KVCache cache;                // batch 1
     int64_t reused = 0;           // prompt positions (summed over rows) taken from here or shared across rows
     int64_t computed = 0;         // prompt positions (summed over rows) prefilled
+    int64_t max_bytes = 0;        // > 0: a prefix whose keys and values take more is not kept
 };
 
 // LOCOS's mean-query calibration (nolima_ablation.py calibrate_mean_activations): one prefill
@@ -147,6 +155,7 @@ struct NeedleConfig {
     int64_t batch = 1;             // trials of equal prompt length decoded as rows of one forward
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
     bool keep_steps = false;       // TrialResult::steps_* of the scored pass (--dump-steps)
+    int64_t prefix_max_bytes = int64_t{4} << 30;  // the kept prefix's bound (PrefixCache::max_bytes)
 };
 
 // One trial's outcome. retrieval [L, H] (sum of the per-step credit), locos [L, H] (mean of
@@ -226,6 +235,7 @@ public:
     // Prompt positions taken from the prefix cache (or shared by a batch's rows) and prefilled, over
     // every decode of this test so far (config.decode.reuse_prefix).
     std::pair<int64_t, int64_t> prefix_stats() const;
+    const DecodeTimes& times() const { return times_; }
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
     // One ablation batch under each of `sets` (nullptr or no heads: unablated) as rows of shared
@@ -252,6 +262,7 @@ private:
     mutable std::string prefix_key_;
     mutable PrefixCache prefix_;
     mutable int64_t prefix_reused_ = 0, prefix_computed_ = 0;
+    mutable DecodeTimes times_;
 };
 
 // Bootstrap over trials: `resamples` draws of N trial indices with replacement (std::mt19937_64

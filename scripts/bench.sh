@@ -21,7 +21,8 @@
 # default "1:128 1:512 8:128 8:512"; at 8 x 512 each GPT-2-small forward takes ~12 s here),
 # HEADSCOPE_PEERS_VENV (the peers' environment, default .venv-peers), NEEDLE_LENGTHS (default "1000 4000"),
 # NEEDLE_STEPS (decode steps per needle trial, default 16), PEERS_ONLY=1 (sections 6 only),
-# PEERS_PARTS (default "forward needle ablation": which parts of section 6 run).
+# PEERS_PARTS (default "forward needle study ablation": which parts of section 6 run; study =
+# scripts/bench_needle_study.sh, the whole needle study against the reference pipeline).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 SMOKE=0; [ "${1:-}" = "--smoke" ] && SMOKE=1
@@ -228,7 +229,7 @@ print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_l
              ${TOKDIR:+--tokenizer "$TOKDIR"} 2>"$DIR/peer.err" | tail -1) && [ -n "$o" ]; then echo "$o"
     else echo "{}"; echo "peer $1 ${2}x$3 failed: $(tail -1 "$DIR/peer.err")" >&2; fi
   }
-  PARTS=" ${PEERS_PARTS:-forward needle ablation} "
+  PARTS=" ${PEERS_PARTS:-forward needle study ablation} "
   [[ "$PARTS" == *" forward "* ]] || SHAPES_P=""
   for s in ${SHAPES_P-$SHAPES}; do
     B=${s%:*}; T=${s#*:}
@@ -272,6 +273,10 @@ print("torch", v("torch"), "| transformers", v("transformers"), "| transformer_l
         fi
       done
     done
+    if [[ "$PARTS" == *" study "* ]]; then
+      echo "-- 6d. needle study: scan, top-3 ablation and 5 random controls (Wu's protocol) against the reference pipeline"
+      HEADSCOPE_BIN="$HS" THREADS="$THREADS" STUDY_MODEL="$MODEL" bash scripts/bench_needle_study.sh "$DIR/study" || fail=1
+    fi
     if [[ "$PARTS" == *" ablation "* ]]; then
       echo "-- 6c. 144-head zero-ablation sweep against TransformerLens run_with_hooks (scripts/bench_ablation.sh)"
       HEADSCOPE_BIN="$HS" bash scripts/bench_ablation.sh "${BENCH_ABLATION_DIR:-$DIR/ablation}" "$THREADS" || fail=1

@@ -624,7 +624,9 @@ namespace hs {
 
 bool fused_attention_enabled(const LoadOptions& o) {
     if (!compat::has_fused_attention()) return false;
-    return o.attention == AttentionKernel::kFused || (o.attention == AttentionKernel::kAuto && o.device.is_cuda());
+    // auto: wherever this libtorch has the kernel, CUDA or CPU (torch 2.x's CPU flash kernel); a layer
+    // whose pattern or scores someone observes, or that has windows or per-row rows, stays blocked.
+    return o.attention == AttentionKernel::kFused || o.attention == AttentionKernel::kAuto;
 }
 
 }  // namespace hs

@@ -43,7 +43,7 @@ struct ModelWeights {
 // "Attention kernels"). Wherever a hook observes or edits scores or pattern, a window or a soft-cap
 // acts, or rows need per-row exactness, the blocked attention runs whatever is chosen here.
 enum class AttentionKernel {
-    kAuto,     // fused on CUDA (where libtorch has it), blocked on the CPU
+    kAuto,     // fused where libtorch has it (libtorch >= 2.1, CUDA or CPU) and nothing needs the pattern
     kBlocked,  // headscope's query-blocked attention (blocks::attention) everywhere
     kFused,    // libtorch's fused scaled-dot-product attention (libtorch >= 2.1) on any device
 };
@@ -54,7 +54,7 @@ struct LoadOptions {
     AttentionKernel attention = AttentionKernel::kAuto;
 };
 // Whether `o` lets the forward hand attention to libtorch's fused kernel at all (this libtorch has
-// one, and kFused, or kAuto on CUDA); blocks::uses_fused_attention then decides per layer.
+// one, and kFused or kAuto); blocks::uses_fused_attention then decides per layer.
 bool fused_attention_enabled(const LoadOptions& o);
 
 // Keys and values of earlier positions, per layer: k, v [B, S, K, d]. The forward appends through

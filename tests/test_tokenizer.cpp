@@ -431,6 +431,12 @@ TEST_CASE("tokenizer: GPT-2 and TinyStories special tokens") {
     CHECK(tiny->decode_piece(1, 80) == "");
     // Normalized added tokens are matched in normalized text: "<|start_story|>" as "▁<|start_story|>".
     CHECK(tiny->encode("<|start_story|>Hello", false, true).front() == 1);
+    // ... and decoded as that form when kept (tokenizers 0.23: id_to_token(1) == "▁<|start_story|>",
+    // decode([85, 10, 1, 1, 80, 147, 201], skip_special_tokens=False) == "a. <|start_story|> <|start_story|> Once "),
+    // so Wu's decode/encode round trips give the reference's prompts.
+    CHECK(tiny->token_text(1) == "\u2581<|start_story|>");
+    CHECK(tiny->decode({85, 10, 1, 1, 80, 147, 201}, false) == "a. <|start_story|> <|start_story|> Once ");
+    CHECK(tiny->decode({1, 80, 147}, false) == "<|start_story|> On");
     CHECK(tiny->encode("Hello world <|end_story|>", false, true).back() == 2);
     CHECK(tiny->decode({1, 80, 1288, 139, 410, 555, 2}) == "Hello world");
 }

@@ -46,6 +46,7 @@ struct RetrievalOptions {
     std::string stop_order = "before", stop_ids, haystack_format = "raw", haystack_repeat = "tokens", rng = "headscope";
     int64_t ablation_max_new_tokens = 50;
     bool dump_steps = false;
+    int64_t prefix_cache_mib = 4096;
     std::set<std::string> given;
     std::string lengths = "1000,2000,4000";
     std::string lengths_range;
@@ -466,6 +467,7 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
     c.decode.reuse_prefix = !o.no_prefix_reuse;
     c.decode.scope = p.proto.scope;
     c.keep_steps = o.dump_steps;
+    c.prefix_max_bytes = o.prefix_cache_mib << 20;
     if (p.proto.max_new_tokens < 1 || p.proto.ablation_max_new_tokens < 1)
         throw UsageError("--max-new-tokens / --ablation-max-new-tokens: need at least 1");
     if (!o.stop_ids.empty()) p.extra_stop_ids = parse_int_list(o.stop_ids, "--stop-ids");
@@ -1107,6 +1109,10 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
         log_info(fmt::format("prefill: {} of {} prompt positions ({:.0f}%) taken from the trial before's chunks or shared "
                              "by a batch's rows (--no-prefix-reuse prefills every trial whole)",
                              reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
+    {
+        const auto& t = test.times();
+        log_info(fmt::format("time: prefill {:.2f} s, decode steps {:.2f} s, scoring {:.2f} s", t.prefill, t.decode, t.score));
+    }
     scan.write(scan.n_sets_planned());
     sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(p.proto.seed), o.flag_threshold, p.proto.rng);
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
@@ -1216,6 +1222,10 @@ void setup_retrieval(CLI::App& app) {
                   "prefill every trial whole; by default a trial takes the whole --prefill-chunk chunks it shares with "
                   "the trial before from a kept cache (bit for bit what it would compute), and a batch's rows compute "
                   "their shared chunks once");
+    sub->add_option("--prefix-cache-mib", o->prefix_cache_mib,
+                    "the kept prefix (one prompt's keys and values, copied) is not kept past this many MiB")
+        ->check(at_least(1))
+        ->capture_default_str();
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
         ->check(at_least(1))
         ->capture_default_str();

@@ -59,8 +59,8 @@ void add_model_args(CLI::App* app, ModelArgs& a) {
         ->capture_default_str();
     app->add_option("--device", a.device, "cpu, cuda or cuda:N")->capture_default_str();
     app->add_option("--attention", a.attention,
-                    "attention kernel where no pattern is observed: auto (libtorch's fused kernel on CUDA, blocked on "
-                    "the CPU), blocked, fused (libtorch >= 2.1); docs/forward.md")
+                    "attention kernel where no pattern is observed: auto (libtorch's fused kernel where it has one: "
+                    "libtorch >= 2.1, CUDA or CPU; else blocked), blocked, fused (libtorch >= 2.1); docs/forward.md")
         ->check(CLI::IsMember({"auto", "blocked", "fused"}))
         ->capture_default_str();
     app->add_option("--threads", a.threads, "intra-op threads (default: every core)");

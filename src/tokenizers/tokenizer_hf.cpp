@@ -60,6 +60,10 @@ public:
                 std::string c = a.content;
                 if (p_.normalizer) p_.normalizer->normalize(c);
                 norm_matcher_.add(c, a.id);
+                // ... and keep it as the token's text (Tokenizer.id_to_token(1) is "▁<|start_story|>"
+                // in tinystories-656k's file), so a decode that keeps specials writes " <|start_story|>"
+                // mid-text as the crate does (tokenizers 0.23), and re-encoding finds it again.
+                id_to_token_[a.id] = c;
             }
         }
     }

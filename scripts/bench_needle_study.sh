@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# The needle study against the reference pipeline (scripts/bench.sh section 6d; docs/performance.md
+# "The needle study"). On the GPT-2-small-shaped random checkpoint with GPT-2's tokenizer, one grid
+# of lengths x depths x needles under `--protocol wu` (Retrieval_Head's trials), 16 greedy steps a
+# trial (--stop none: the same work on both sides):
+#   (a) the scan alone: `headscope retrieval --score retrieval` against the reference detection loop
+#       (bench_peers.py needle: sdpa prefill, eager decode with output_attentions, retrieval_calculate);
+#   (b) the whole study: the scan, then the top 3 heads' queries zeroed at decode steps (Wu's
+#       masking) and 5 random control sets, against the detection loop followed by
+#       needle_in_haystack_with_mask.py's loop once per head set (bench_peers.py study), in one warm
+#       process.
+# headscope is timed as a whole process (model load included); the reference from its loaded model.
+# Every greedy token and score is compared before a ratio is printed.
+#   bash scripts/bench_needle_study.sh [OUT_DIR]
+# Env: HEADSCOPE_BIN (default build/headscope), HEADSCOPE_PEERS_VENV (default .venv-peers), THREADS
+# (default: every core), STUDY_LENGTHS (512,1024,1536,2048), STUDY_DEPTHS (0,20,40,60,80,100),
+# STUDY_NEEDLES (2), STUDY_STEPS (16), STUDY_MODEL (a checkpoint folder; default: made by
+# scripts/make_bench_model.py).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DIR="${1:-/tmp/headscope-bench/study}"
+mkdir -p "$DIR"
+HS="${HEADSCOPE_BIN:-build/headscope}"
+PP="${HEADSCOPE_PEERS_VENV:-$PWD/.venv-peers}/bin/python"
+THREADS="${THREADS:-$(nproc)}"
+TOKDIR=../shared/testdata/gpt2-tokenizer
+LENGTHS="${STUDY_LENGTHS:-512,1024,1536,2048}"
+DEPTHS="${STUDY_DEPTHS:-0,20,40,60,80,100}"
+STEPS="${STUDY_STEPS:-16}"
+[ -x "$HS" ] || { echo "bench_needle_study.sh: no headscope binary at $HS" >&2; exit 2; }
+[ -x "$PP" ] && "$PP" -c 'import torch, transformers, h5py' 2>/dev/null ||
+  { echo "needle study: skipped (no peers' environment at $PP: bash scripts/setup_peers.sh)"; exit 0; }
+[ -d "$TOKDIR" ] || { echo "needle study: skipped (no $TOKDIR)"; exit 0; }
+MODEL="${STUDY_MODEL:-/tmp/headscope-bench/gpt2s-llama}"
+[ -f "$MODEL/config.json" ] || "$PP" scripts/make_bench_model.py "$MODEL" >/dev/null
+head -"${STUDY_NEEDLES:-2}" datasets/needles/study_needles.jsonl > "$DIR/needles.jsonl"
+common=("$MODEL" --tokenizer "$TOKDIR" --protocol wu --haystack datasets/needles/haystack.txt --needles "$DIR/needles.jsonl"
+        --lengths "$LENGTHS" --depths "$DEPTHS" --max-new-tokens "$STEPS" --stop none --score retrieval --threads "$THREADS")
+
+secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }
+run_hs() {  # run_hs OUT LOG ARGS...: headscope's whole-process seconds
+  local out="$1" log="$2"; shift 2
+  local t0; t0=$(date +%s.%N)
+  "$HS" retrieval "${common[@]}" "$@" --out "$out" --force >"$log.out" 2>"$log.err" ||
+    { echo "headscope failed: $(grep -m1 error "$log.err")" >&2; return 1; }
+  secs "$t0"
+}
+
+echo "needle study: $(basename "$MODEL"), lengths $LENGTHS x depths $DEPTHS x $(wc -l <"$DIR/needles.jsonl") needles, $STEPS steps, $THREADS threads"
+# (a) the scan alone
+hs_scan=$(run_hs "$DIR/scan.h5" "$DIR/scan")
+ref_scan=$("$PP" scripts/bench_peers.py needle "$MODEL" "$DIR/scan.h5" --tokenizer "$TOKDIR" --threads "$THREADS" | tail -1)
+# (b) the whole study
+hs_study=$(run_hs "$DIR/study.h5" "$DIR/study" --ablate-top 3 --random-controls 5)
+ref_study=$("$PP" scripts/bench_peers.py study "$MODEL" "$DIR/study.h5" --tokenizer "$TOKDIR" --threads "$THREADS" | tail -1)
+
+"$PP" - "$hs_scan" "$ref_scan" "$hs_study" "$ref_study" "$DIR" <<'EOF'
+import json, sys
+hs_scan, ref_scan, hs_study, ref_study, d = float(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+scan_ref_s = sum(ref_scan["per_trial_s"])
+ok_a = ref_scan["same_tokens"] and ref_scan["max_score_diff"] <= 1e-5
+ok_b = ref_study["same_tokens"] and ref_study["same_ablated_tokens"] and ref_study["max_score_diff"] <= 1e-5
+def times(f):
+    return [l.strip() for l in open(f) if l.startswith(("time:", "prefill:"))]
+print(f"trials {ref_scan['trials']}, prompt tokens {min(ref_scan['prompt_tokens'])}-{max(ref_scan['prompt_tokens'])}; "
+      f"{ref_study['sets']} head sets; torch {ref_scan['torch']}, transformers {ref_scan.get('transformers', '?')}")
+print("(a) scan alone:    headscope %7.1f s  reference %7.1f s  %s" % (
+    hs_scan, scan_ref_s, f"{scan_ref_s / hs_scan:.2f}x" if ok_a else "NOT COMPARED: tokens or scores differ " + json.dumps(ref_scan)))
+print("    headscope " + "; ".join(times(d + "/scan.err")))
+print("(b) whole study:   headscope %7.1f s  reference %7.1f s  %s" % (
+    hs_study, ref_study["study_s"], f"{ref_study['study_s'] / hs_study:.2f}x" if ok_b else "NOT COMPARED: tokens or scores differ " + json.dumps({k: ref_study[k] for k in ("same_tokens", "same_ablated_tokens", "max_score_diff")})))
+print("    reference: detection loop %.1f s, masked loops %.1f s; headscope %s" % (
+    ref_study["scan_s"], ref_study["masked_s"], "; ".join(times(d + "/study.err"))))
+print(json.dumps({"scan": {"headscope_s": hs_scan, "reference_s": scan_ref_s}, "study": {"headscope_s": hs_study, **ref_study}}))
+sys.exit(0 if ok_a and ok_b else 1)
+EOF
