@@ -300,7 +300,9 @@ def step_scores(run, out, cache, y, prompt, answer_span, needle_span, tie):
         if a0 >= 0:
             for h in range(H):
                 k = keys[h]
-                if a0 <= k < a1 and prompt[k] == y:            # WU:226 / BH:273-276
+                # A key past the prompt (an answer window cut short at its end, WU:254) would
+                # index past prompt_ids at WU:226 (an IndexError there): no credit here.
+                if a0 <= k < a1 and k < len(prompt) and prompt[k] == y:  # WU:226 / BH:273-276
                     credit[l, h] += 1.0 / (a1 - a0)            # WU:227 / BH:277-283
         if lplus is None:
             continue
