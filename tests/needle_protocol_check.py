@@ -262,6 +262,11 @@ def main():
     A = f[NAMES["ablation"]] if NAMES["ablation"] in f else None
     if S is None:
         rep.general.append(f"no {NAMES['steps']} (run headscope with --dump-steps): per-step scores not compared")
+    base_set = None
+    if A is not None and "masks" in A and NAMES["ablated_generated"] in A:
+        masks = A["masks"][()]
+        if masks.shape[0] > 1 and not masks[-1].any():
+            base_set = masks.shape[0] - 1
     seen = set()
     missing_steps = set()
     wu = meta.get("protocol") == "wu"
@@ -337,9 +342,15 @@ def main():
                 arr = col(NAMES["ablated_generated"], A)
                 got = unpad(arr[0, i] if arr.ndim == 3 else arr[i])
                 rep.exact(key, "ablated generated (set 0)", r["ablated_generated"], got)
-        if "eval_generated" in r and A is not None and NAMES["baseline_generated"] in A:
-            arr = col(NAMES["baseline_generated"], A)
-            rep.exact(key, "ablation baseline generated", r["eval_generated"], unpad(arr[i]))
+        if "eval_generated" in r and A is not None:
+            # LOCOS's ablation baseline decodes NA's prompts: a dataset of its own, or the last
+            # ablation set when that set ablates no head.
+            if NAMES["baseline_generated"] in A:
+                rep.exact(key, "ablation baseline generated", r["eval_generated"],
+                          unpad(col(NAMES["baseline_generated"], A)[i]))
+            elif base_set is not None:
+                rep.exact(key, f"ablation baseline generated (set {base_set}, no head ablated)", r["eval_generated"],
+                          unpad(col(NAMES["ablated_generated"], A)[base_set, i]))
     for name in sorted(missing_steps):
         rep.general.append(f"no {NAMES['steps']}/{name}")
     extra = [i for i in range(len(lengths)) if i not in seen]
