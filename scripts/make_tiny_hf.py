@@ -11,8 +11,10 @@ TESTDATA/gpt2-tokenizer (vocab.json + merges.txt), seeded with torch.manual_seed
   [50256, 13]: <|endoftext|> and "." (GPT-2 id 13), so LOCOS's stop rule (get_stop_token_ids:
   tokenizer.eos_token_id plus every generation_config id) has something to stop on in a short
   greedy decode; Wu et al.'s decode stops on the newline only and runs on past it),
-  tokenizer.json (+ tokenizer_config.json) written by transformers from the tokenizers library,
-  so headscope's C++ reader and transformers read the same file.
+  tokenizer.json (+ tokenizer_config.json) written by transformers from the tokenizers library
+  and saved again as transformers 5 loads it for a qwen2 checkpoint (Qwen2Tokenizer: NFC and
+  Qwen2's split regex before the byte-level step; see below), so that headscope's C++ reader,
+  transformers and the reference codes tokenize alike.
 Weights: transformers' own init (normal, std = initializer_range 0.2, larger than the usual 0.02 so
 that greedy steps are far from ties between the two implementations' float32 rounding), norms 1;
 the lm_head rows of "." and the newline scaled by STOP_ROW_SCALE so that greedy decodes stop now
@@ -79,6 +81,19 @@ def main():
         model.lm_head.weight[198] *= STOP_ROW_SCALE
     model.generation_config = GenerationConfig(bos_token_id=50256, eos_token_id=[50256, 13])
     model.save_pretrained(out, safe_serialization=True)
+
+    # transformers 5 picks the tokenizer class from config.json's model_type: a qwen2 checkpoint
+    # always loads as Qwen2Tokenizer, which rebuilds the pipeline with Qwen2's own pre-tokenizer
+    # (NFC, then a Split on Qwen's regex: "(?i:'s|...)|...| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|...")
+    # whatever tokenizer.json says, so ".\n\n" next to text encodes as [13, 628] there and as
+    # GPT-2's [13, 198, 198] from a GPT-2 tokenizer.json. Saving the tokenizer as transformers loads
+    # it writes that pipeline into tokenizer.json, so that headscope (which reads the file),
+    # transformers and the reference codes (AutoTokenizer) all tokenize alike: GPT-2's vocabulary
+    # and merges under Qwen2's pre-tokenizer, as a real Qwen2 checkpoint's tokenizer.json has it.
+    from transformers import AutoTokenizer
+    AutoTokenizer.from_pretrained(out).save_pretrained(out)
+    back = json.load(open(os.path.join(out, "tokenizer.json")))
+    assert back["pre_tokenizer"]["type"] == "Sequence", back["pre_tokenizer"]
 
     # headscope reads rope_theta at the top level (llama_load.cpp); transformers 5 may write it
     # only under rope_parameters. Write both so that neither reader falls back to a default.
