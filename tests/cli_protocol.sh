@@ -10,13 +10,19 @@
 # perturbed copy fails. Needs the peers' venv ($HEADSCOPE_PEERS_VENV, else .venv-peers: torch,
 # transformers, rouge_score, h5py) and ../shared/testdata; skips, saying so, without them, and skips
 # the headscope comparison while `retrieval --help` has no --protocol.
-# Usage: cli_protocol.sh path/to/headscope
+# Usage: cli_protocol.sh path/to/headscope   (HEADSCOPE_PROTOCOL_KEEP=DIR keeps the JSONL, HDF5 and
+# check outputs there)
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 source "$(dirname "$0")/lib_cli.sh"
 N="$ROOT/datasets/needles"
-skip() { echo "cli-protocol: skipped: $1"; echo "cli-protocol: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }
+keep() {
+  [ -n "${HEADSCOPE_PROTOCOL_KEEP:-}" ] || return 0
+  mkdir -p "$HEADSCOPE_PROTOCOL_KEEP" && cp -r "$TMP"/*.jsonl "$TMP"/*.h5 "$TMP"/check-*.txt "$TMP/data" "$TMP/models" "$HEADSCOPE_PROTOCOL_KEEP"/ 2>/dev/null
+  echo "kept the runs in $HEADSCOPE_PROTOCOL_KEEP"
+}
+skip() { keep; echo "cli-protocol: skipped: $1"; echo "cli-protocol: $pass passed, $fail failed"; [ "$fail" -eq 0 ]; exit; }
 
 venv="${HEADSCOPE_PEERS_VENV:-$ROOT/.venv-peers}"
 PY="$venv/bin/python"
@@ -86,5 +92,6 @@ compare ts-locos "$TS" locos "$TMP/data/ts-json" mean-query
 compare qw-wu "$QW" wu "$TMP/data/qw-raw" zero-query
 compare qw-locos "$QW" locos "$TMP/data/qw-json" zero-query
 
+keep
 echo "cli-protocol: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
