@@ -205,12 +205,18 @@ def rouge(reference, response):
 
 class Runner:
     def __init__(self, model_dir, dtype, threads):
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
         torch.set_num_threads(threads)
-        # WU:163 and LC:1079 ask for use_fast=False (the SentencePiece/Python tokenizers);
-        # transformers 5 has only the tokenizers-backed classes for these models, so both
-        # protocols read the checkpoint's tokenizer.json (the file headscope reads too).
-        self.tok = AutoTokenizer.from_pretrained(model_dir)
+        # WU:163 and LC:1079 ask AutoTokenizer for use_fast=False (the SentencePiece/Python
+        # tokenizers). transformers 5 has only the tokenizers-backed classes for these models, and
+        # its AutoTokenizer REBUILDS a llama or qwen2 checkpoint's pipeline from the class instead
+        # of reading tokenizer.json's (LlamaTokenizer: a Metaspace pre-tokenizer, prepend_scheme
+        # "first", where tinystories-656k's file has a Prepend + Replace normalizer, so " The"
+        # loses one "▁" and text after a special token gets none; Qwen2Tokenizer: Qwen2's regex).
+        # Substituted: the checkpoint's tokenizer.json as written (tokenizers' own semantics, what
+        # transformers 4's fast tokenizers and headscope read), with tokenizer_config.json's
+        # special tokens.
+        self.tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
         dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         # LC:1119-1125: eager attention (output_attentions needs it); CPU, float32 here.
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation="eager").eval()
