@@ -217,7 +217,7 @@ class Runner:
         # transformers 4's fast tokenizers and headscope read), with tokenizer_config.json's
         # special tokens.
         self.tok = PreTrainedTokenizerFast.from_pretrained(model_dir)
-        dt = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+        dt = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
         # LC:1119-1125: eager attention (output_attentions needs it); CPU, float32 here.
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dt, attn_implementation="eager").eval()
         cfg = self.model.config
@@ -659,7 +659,8 @@ def main():
     ap.add_argument("--ablation-max-tokens", type=int, default=100, help="NA:783 --max-tokens 100 (locos)")
     ap.add_argument("--num-calibration", type=int, default=50, help="NA:778 --num-calibration 50")
     ap.add_argument("--seed", type=int, default=42, help="NA's --seed 42 (calibration shuffle)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16", "float16"],
+                    help="float32 (the comparison); float64 measures float32 rounding's own share of a difference")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", required=True)
     a = ap.parse_args()

@@ -80,9 +80,15 @@ fi
   skip "the harness ran; this headscope has no retrieval --protocol yet, so nothing to compare it with"
 
 compare() {  # compare NAME MODEL PROTOCOL DATA ABLATION
-  ok "headscope $1" -- "$HS" -q retrieval "$2" --protocol "$3" --haystack-dir "$4" "${GRID[@]}" \
-    --ablate L0H1,L1H2 --ablation "$5" --dump-steps --threads 1 --out "$TMP/$1.h5"
-  "$PY" "$ROOT/tests/needle_protocol_check.py" "$TMP/$1.jsonl" "$TMP/$1.h5" >"$TMP/check-$1.txt" 2>&1
+  if ! "$HS" -q retrieval "$2" --protocol "$3" --haystack-dir "$4" "${GRID[@]}" \
+      --ablate L0H1,L1H2 --ablation "$5" --dump-steps --threads 1 --out "$TMP/$1.h5" >"$TMP/hs-$1.txt" 2>&1; then
+    fail=$((fail+1)); echo "FAIL headscope $1 (the reference ran this grid):"; tail -3 "$TMP/hs-$1.txt"; return
+  fi
+  pass=$((pass+1))
+  # --rtol 1e-5: L+ and L- per step reach |30| on tinystories-656k, where two float32 forwards differ
+  # by more than 1e-5 absolute (the harness in float32 against itself in float64: up to 8.1e-5,
+  # within 1e-5 + 2.2e-6 |x|); every other quantity stays within 1e-5 absolute.
+  "$PY" "$ROOT/tests/needle_protocol_check.py" "$TMP/$1.jsonl" "$TMP/$1.h5" --rtol 1e-5 >"$TMP/check-$1.txt" 2>&1
   local rc=$?
   tail -2 "$TMP/check-$1.txt"
   if [ "$rc" -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $1: headscope differs from the reference:"; head -60 "$TMP/check-$1.txt"; fi

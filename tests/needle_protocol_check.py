@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
 """Compares scripts/needle_reference.py's JSONL with headscope's HDF5 result of the same grid.
 
-Usage: needle_protocol_check.py REFERENCE.jsonl HEADSCOPE.h5 [--tol 1e-5] [--max-lines 40]
+Usage: needle_protocol_check.py REFERENCE.jsonl HEADSCOPE.h5 [--tol 1e-5] [--rtol 0] [--max-lines 40]
        needle_protocol_check.py REFERENCE.jsonl OUT.h5 --emulate   (writes the JSONL in headscope's file
            layout, for testing this check itself: tests/cli_protocol.sh perturbs it and expects a failure)
 
 Trials are matched by (length, depth, needle). Exact: prompt ids, needle span, answer span,
 generated tokens, passed, the number of answer steps, the ablated pass's tokens. Within --tol
-(absolute): rouge1_recall, rougeL_f, retrieval [L, H], lplus/lminus/locos [L, H] (null in the JSONL
+(absolute) + --rtol x |reference value|: rouge1_recall, rougeL_f, retrieval [L, H], lplus/lminus/locos [L, H] (null in the JSONL
 = NaN in the file), and with headscope's --dump-steps the per-step credit/lplus/lminus [steps, L, H].
 Prints each trial's differences and, per quantity, the largest difference seen; exit 0 when
 everything agrees, 1 with the per-trial differences otherwise, 2 when a file cannot be read.
@@ -66,8 +66,8 @@ def as_str(x):
 
 
 class Report:
-    def __init__(self, tol, max_lines):
-        self.tol, self.max_lines = tol, max_lines
+    def __init__(self, tol, max_lines, rtol=0.0):
+        self.tol, self.max_lines, self.rtol = tol, max_lines, rtol
         self.maxdiff = {}
         self.lines = {}
         self.n_bad = 0
@@ -96,8 +96,10 @@ class Report:
         d = np.where(nan_r, 0.0, np.abs(r - g))
         m = float(d.max()) if d.size else 0.0
         self.maxdiff[qty] = max(self.maxdiff.get(qty, 0.0), m)
-        if m > self.tol:
-            idx = tuple(int(i) for i in np.unravel_index(int(d.argmax()), d.shape)) if d.ndim else ()
+        excess = d - (self.tol + self.rtol * np.where(nan_r, 0.0, np.abs(r)))
+        if d.size and excess.max() > 0:
+            idx = tuple(int(i) for i in np.unravel_index(int(excess.argmax()), d.shape)) if d.ndim else ()
+            m = float(d[idx])
             self.add(key, f"{qty}: max |diff| {m:.3g} at {idx}: reference {r[idx]:.9g}, headscope {g[idx]:.9g}")
 
     @staticmethod
@@ -200,6 +202,8 @@ def main():
     ap.add_argument("reference")
     ap.add_argument("h5")
     ap.add_argument("--tol", type=float, default=1e-5)
+    ap.add_argument("--rtol", type=float, default=0.0,
+                    help="also allow rtol x |reference| (default 0: --tol absolute only)")
     ap.add_argument("--max-lines", type=int, default=40)
     ap.add_argument("--emulate", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -220,7 +224,7 @@ def main():
     meta = next((r["meta"] for r in recs if "meta" in r), {})
     ref_trials = [r for r in recs if "length" in r]
     cal = next((r for r in recs if "calibration_mean" in r), None)
-    rep = Report(a.tol, a.max_lines)
+    rep = Report(a.tol, a.max_lines, a.rtol)
 
     if NAMES["trials"] not in f:
         print(f"FAIL {a.h5}: no {NAMES['trials']}")
