@@ -2,6 +2,7 @@
 
 #include "errors.h"
 #include "guard.h"
+#include "reference_rng.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -23,186 +24,12 @@ namespace hs {
 using torch::indexing::None;
 using torch::indexing::Slice;
 
-const char* const kDefaultTemplate = "{context}Based on the content of the book, Question: {question}\nAnswer:";
-
-// ---- needles file ----
-
-std::vector<Needle> read_needles(const std::string& path) {
-    const std::string text = read_utf8_text_file(path);
-    std::vector<Needle> out;
-    int line_no = 0;
-    for (const auto& raw : split(text, '\n')) {
-        ++line_no;
-        const std::string line = trim(raw);
-        if (line.empty()) continue;
-        const std::string where = fmt::format("{}:{}", path, line_no);
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(line);
-        } catch (const std::exception&) {
-            throw DataError(fmt::format("{}: not a JSON object (expected {{\"needle\": ..., \"question\": ..., \"answer\": ...}})", where));
-        }
-        if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", where));
-        Needle n;
-        n.line = line_no;
-        for (const char* key : {"needle", "question", "answer"}) {
-            if (!j.contains(key) || !j[key].is_string())
-                throw DataError(fmt::format("{}: missing string field \"{}\"", where, key));
-            const std::string v = j[key].get<std::string>();
-            if (trim(v).empty()) throw DataError(fmt::format("{}: field \"{}\" is empty", where, key));
-            (key[0] == 'n' ? n.needle : key[0] == 'q' ? n.question : n.answer) = v;
-        }
-        // Every word of the answer must occur in the needle's text (case-insensitive).
-        std::string low;
-        for (unsigned char c : n.needle) low += static_cast<char>(std::tolower(c));
-        for (const auto& w : rouge_tokens(n.answer, false))
-            if (low.find(w) == std::string::npos)
-                throw DataError(fmt::format("{}: the answer \"{}\" is not in the needle (word \"{}\" missing)", where,
-                                            n.answer, w));
-        if (rouge_tokens(n.answer, false).empty())
-            throw DataError(fmt::format("{}: the answer \"{}\" has no word (letters or digits)", where, n.answer));
-        out.push_back(std::move(n));
-    }
-    if (out.empty()) throw DataError(fmt::format("{}: no needles (the file is empty)", path));
-    return out;
-}
-
-// ---- template ----
-
-PromptTemplate parse_template(const std::string& text) {
-    const auto c = text.find("{context}");
-    if (c == std::string::npos || text.find("{context}", c + 1) != std::string::npos)
-        throw UsageError(fmt::format("needs {{context}} exactly once (got \"{}\")", text));
-    if (text.find("{question}") == std::string::npos)
-        throw UsageError(fmt::format("has no {{question}} placeholder (got \"{}\")", text));
-    return PromptTemplate{text};
-}
-
-static std::string substitute(std::string s, const std::string& question) {
-    const std::string key = "{question}";
-    for (size_t p = s.find(key); p != std::string::npos; p = s.find(key, p + question.size()))
-        s.replace(p, key.size(), question);
-    return s;
-}
-
-std::string PromptTemplate::prefix(const std::string& q) const { return substitute(text.substr(0, text.find("{context}")), q); }
-std::string PromptTemplate::suffix(const std::string& q) const {
-    return substitute(text.substr(text.find("{context}") + 9), q);
-}
-
-// ---- tokens ----
-
-const NameTable<StopRule>& stop_rule_names() {
-    static const NameTable<StopRule> t = {{StopRule::kNewline, "newline"}, {StopRule::kEos, "eos"}, {StopRule::kNone, "none"}};
-    return t;
-}
-
-bool TokenFacts::stop(int64_t id) const {
-    if (stop_rule == StopRule::kNone) return false;
-    if (std::find(eos_ids.begin(), eos_ids.end(), id) != eos_ids.end()) return true;
-    return stop_rule == StopRule::kNewline && std::find(newline_ids.begin(), newline_ids.end(), id) != newline_ids.end();
-}
-
-TokenFacts token_facts(const Tokenizer& tok, StopRule rule) {
-    TokenFacts f;
-    f.stop_rule = rule;
-    const auto with = tok.encode("a", true), without = tok.encode("a", false);
-    // The specials before the text: what `with` has before `without` begins.
-    for (size_t i = 0; i + without.size() <= with.size(); ++i)
-        if (std::equal(without.begin(), without.end(), with.begin() + i)) {
-            f.bos_prefix.assign(with.begin(), with.begin() + i);
-            break;
-        }
-    const Tokenizer* t = &tok;
-    auto cache = std::make_shared<std::map<int64_t, std::string>>();
-    auto text_of = [t, cache](int64_t id) -> const std::string& {
-        auto it = cache->find(id);
-        if (it != cache->end()) return it->second;
-        return (*cache)[id] = t->decode({static_cast<int32_t>(id)}, true);
-    };
-    f.sentence_end = [text_of](int64_t id) {
-        const std::string& s = text_of(id);
-        return !s.empty() && (s.back() == '.' || s.back() == '!' || s.back() == '?' || s.back() == '\n');
-    };
-    if (const auto eos = tok.eos_id()) f.eos_ids.push_back(*eos);
-    // Every token that decodes to exactly "\n" (a byte-fallback <0x0A>, GPT-2's "\u010a", ...), not
-    // tokens that merely contain one (".\n", "\n\n"): those are text and do not end a response.
-    for (int32_t id = 0; id < tok.vocab_size(); ++id)
-        if (!tok.is_special(id) && tok.decode({id}, false) == "\n") f.newline_ids.push_back(id);
-    return f;
-}
-
-std::optional<std::pair<int64_t, int64_t>> answer_span(const Tokenizer& tok, const std::vector<int64_t>& needle,
-                                                       const std::string& answer) {
-    // ends[i] = length of the decoded text of needle[0, i]: token i adds chars [ends[i-1], ends[i]).
-    const int64_t n = static_cast<int64_t>(needle.size());
-    std::vector<int32_t> ids;
-    std::vector<size_t> ends;
-    std::string text;
-    for (int64_t i = 0; i < n; ++i) {
-        ids.push_back(static_cast<int32_t>(needle[i]));
-        text = tok.decode(ids, true);
-        ends.push_back(text.size());
-    }
-    auto lower = [](std::string s) {
-        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        return s;
-    };
-    const std::string a = lower(trim(answer));
-    if (a.empty()) return std::nullopt;
-    const size_t at = lower(text).find(a);
-    if (at == std::string::npos) return std::nullopt;
-    int64_t first = -1, last = -1;
-    for (int64_t i = 0; i < n; ++i) {
-        const size_t b = i == 0 ? 0 : ends[i - 1], e = ends[i];
-        if (e > at && b < at + a.size()) {
-            if (first < 0) first = i;
-            last = i;
-        }
-    }
-    if (first < 0) return std::nullopt;
-    return std::make_pair(first, last + 1);
-}
-
-Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack, const std::vector<int64_t>& prefix,
-                  const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
-                  int needle_index, std::pair<int64_t, int64_t> answer) {
-    const int64_t n = static_cast<int64_t>(needle.size());
-    HS_REQUIRE(answer.first >= 0 && answer.second <= n && answer.first < answer.second,
-               "build_trial: the answer span lies outside the needle");
-    if (n >= length)
-        throw DataError(fmt::format("needle {} has {} tokens, no shorter than the context length {}", needle_index, n, length));
-    if (haystack.empty()) throw DataError("the haystack has no tokens");
-    const int64_t n_hay = length - n;
-    std::vector<int64_t> hay(n_hay);
-    for (int64_t i = 0; i < n_hay; ++i) hay[i] = haystack[i % haystack.size()];
-    int64_t at = depth >= 100.0 ? n_hay : static_cast<int64_t>(static_cast<double>(n_hay) * depth / 100.0);
-    if (depth < 100.0)
-        while (at > 0 && !facts.sentence_end(hay[at - 1])) --at;  // back to the previous sentence end
-    Trial t;
-    t.length = length, t.depth = depth, t.needle = needle_index;
-    t.prompt = prefix;
-    t.prompt.insert(t.prompt.end(), hay.begin(), hay.begin() + at);
-    t.needle_start = static_cast<int64_t>(t.prompt.size());
-    t.prompt.insert(t.prompt.end(), needle.begin(), needle.end());
-    t.needle_end = static_cast<int64_t>(t.prompt.size());
-    t.answer_start = t.needle_start + answer.first, t.answer_end = t.needle_start + answer.second;
-    t.prompt.insert(t.prompt.end(), hay.begin() + at, hay.end());
-    t.prompt.insert(t.prompt.end(), suffix.begin(), suffix.end());
-    return t;
-}
-
 // ---- ablation ----
 
 const std::vector<Intervention>& needle_ablations() {
     static const std::vector<Intervention> v = {Intervention::kZeroQuery, Intervention::kMeanQuery, Intervention::kZero,
                                                 Intervention::kStream};
     return v;
-}
-
-const NameTable<AblationScope>& ablation_scope_names() {
-    static const NameTable<AblationScope> t = {{AblationScope::kAll, "all"}, {AblationScope::kDecode, "decode"}};
-    return t;
 }
 
 void HeadSet::apply(Hooks& hooks, int64_t row) const {
@@ -293,6 +120,48 @@ static int64_t common_prefix(const std::vector<int64_t>& a, const std::vector<in
     return n;
 }
 
+// Prefills rows `ids` [D, P] (their prompts but the last token) into `cache`. With `prefix`: the whole
+// prefill chunks [0, shared) that every row shares are computed in row 0 alone, as a batch-1 prefill
+// from position 0 computes them: those already in the kept cache (same tokens) are taken from it,
+// the rest computed and kept for the next decode. The keys and values of a chunk depend only on the
+// tokens up to its end, so a kept chunk holds the bits this prefill would compute. Then the cache is
+// copied to every row and the rows prefill from `shared` on, in chunks as before.
+static void prefill_rows(const Model& m, const at::Tensor& ids, const std::vector<const Trial*>& trials, int64_t chunk,
+                         Hooks* h, const ForwardOptions& opts, PrefixCache* prefix, KVCache& cache) {
+    const int64_t D = ids.size(0), P = ids.size(1);
+    if (!prefix) {
+        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
+            m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), h, &cache, opts);
+        return;
+    }
+    const auto& p0v = trials[0]->prompt;
+    int64_t c = P - 1;
+    for (int64_t b = 1; b < D; ++b) c = common_prefix(p0v, trials[static_cast<size_t>(b)]->prompt, c);
+    const int64_t shared = c / chunk * chunk;
+    const int64_t u = common_prefix(prefix->tokens, p0v, shared) / chunk * chunk;
+    if (u > 0) {
+        cache.k.assign(prefix->cache.k.size(), at::Tensor());
+        cache.v.assign(prefix->cache.v.size(), at::Tensor());
+        for (size_t l = 0; l < prefix->cache.k.size(); ++l)
+            if (prefix->cache.k[l].defined())
+                cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
+    }
+    auto row0 = ids.narrow(0, 0, 1);
+    for (int64_t q0 = u; q0 < shared; q0 += chunk) m.forward(row0.index({Slice(), Slice(q0, q0 + chunk)}), h, &cache, opts);
+    if (shared > u) {
+        prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
+        prefix->cache = cache;  // a copy: the forwards below write into the cache's own buffers
+    }
+    if (D > 1)
+        for (size_t l = 0; l < cache.k.size(); ++l)
+            if (cache.k[l].defined())
+                cache.k[l] = cache.k[l].expand({D, -1, -1, -1}), cache.v[l] = cache.v[l].expand({D, -1, -1, -1});
+    for (int64_t q0 = shared; q0 < P - 1; q0 += chunk)
+        m.forward(ids.index({Slice(), Slice(q0, std::min(P - 1, q0 + chunk))}), h, &cache, opts);
+    prefix->reused += u + (D - 1) * shared;
+    prefix->computed += (shared - u) + D * (P - 1 - shared);
+}
+
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
                                                const HeadSet* ablate, const std::vector<const HeadSet*>* per_row,
@@ -337,63 +206,35 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     ForwardOptions no_logits = fold;
     no_logits.compute_logits = false;
     const int64_t chunk = std::max<int64_t>(1, s.prefill_chunk);
-    // An unablated prefill (scope decode) with rows sharing a trial: each distinct trial is prefilled
-    // once and its cache copied to its rows.
-    std::vector<int64_t> row_of;  // row -> index of its trial among the distinct ones
-    std::vector<int64_t> firsts;  // distinct trials' first rows
-    if (per_row && s.scope == AblationScope::kDecode) {
-        std::map<const Trial*, int64_t> seen;
-        for (int64_t b = 0; b < B; ++b) {
-            auto [it, fresh] = seen.emplace(trials[static_cast<size_t>(b)], static_cast<int64_t>(firsts.size()));
-            if (fresh) firsts.push_back(b);
-            row_of.push_back(it->second);
-        }
-    }
-    if (!firsts.empty() && static_cast<int64_t>(firsts.size()) < B) {
-        auto uids = ids.index_select(0, torch::tensor(firsts, torch::kLong).to(dev));
-        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
-            m.forward(uids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), nullptr, &cache, no_logits);
-        auto expand = torch::tensor(row_of, torch::kLong).to(dev);
-        for (size_t l = 0; l < cache.k.size(); ++l)
-            if (cache.k[l].defined())
-                cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
-    } else if (prefix && !per_row) {
-        // The whole prefill chunks [0, shared) that every row shares are computed in row 0 alone, as a
-        // batch-1 prefill from position 0 computes them: those already in the kept cache (same
-        // tokens) are taken from it, the rest computed and kept for the next decode. The keys and
-        // values of a chunk depend only on the tokens up to its end, so a kept chunk holds the bits
-        // this prefill would compute. Then the cache is copied to every row and the rows prefill
-        // from `shared` on, in chunks as before.
-        const auto& p0v = trials[0]->prompt;
-        int64_t c = P - 1;
-        for (int64_t b = 1; b < B; ++b) c = common_prefix(p0v, trials[static_cast<size_t>(b)]->prompt, c);
-        const int64_t shared = c / chunk * chunk;
-        const int64_t u = common_prefix(prefix->tokens, p0v, shared) / chunk * chunk;
-        if (u > 0) {
-            cache.k.assign(prefix->cache.k.size(), at::Tensor());
-            cache.v.assign(prefix->cache.v.size(), at::Tensor());
-            for (size_t l = 0; l < prefix->cache.k.size(); ++l)
-                if (prefix->cache.k[l].defined())
-                    cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
-        }
-        auto row0 = ids.narrow(0, 0, 1);
-        for (int64_t q0 = u; q0 < shared; q0 += chunk)
-            m.forward(row0.index({Slice(), Slice(q0, q0 + chunk)}), &prefill, &cache, no_logits);
-        if (shared > u) {
-            prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
-            prefix->cache = cache;  // the forwards below replace the cache's tensors, they do not write into them
-        }
-        if (B > 1)
-            for (size_t l = 0; l < cache.k.size(); ++l)
-                if (cache.k[l].defined())
-                    cache.k[l] = cache.k[l].expand({B, -1, -1, -1}), cache.v[l] = cache.v[l].expand({B, -1, -1, -1});
-        for (int64_t q0 = shared; q0 < P - 1; q0 += chunk)
-            m.forward(ids.index({Slice(), Slice(q0, std::min(P - 1, q0 + chunk))}), &prefill, &cache, no_logits);
-        prefix->reused += u + (B - 1) * shared;
-        prefix->computed += (shared - u) + B * (P - 1 - shared);
-    } else {
+    // The prefill. Rows whose prefill is the same computation share it: with per-row sets and scope
+    // decode (an unablated prefill) each distinct trial is prefilled once and its cache copied to its
+    // rows; with one set for every row (or none), the rows' common whole chunks are computed once.
+    // Per-row sets acting in the prefill (scope all) prefill every row with its own interventions.
+    if (per_row && s.scope == AblationScope::kAll) {
         for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
             m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
+    } else {
+        std::vector<int64_t> row_of;  // row -> index of its trial among the distinct ones
+        std::vector<int64_t> firsts;  // distinct trials' first rows
+        std::map<const Trial*, int64_t> seen;
+        for (int64_t b = 0; b < B; ++b) {
+            const Trial* t = per_row ? trials[static_cast<size_t>(b)] : nullptr;  // without sets every row is its own
+            auto [it, fresh] = per_row ? seen.emplace(t, static_cast<int64_t>(firsts.size()))
+                                       : std::make_pair(seen.end(), true);
+            if (fresh) firsts.push_back(b);
+            row_of.push_back(per_row ? it->second : b);
+        }
+        std::vector<const Trial*> distinct;
+        for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
+        const int64_t D = static_cast<int64_t>(distinct.size());
+        auto dids = D == B ? ids : ids.index_select(0, torch::tensor(firsts, torch::kLong).to(dev));
+        prefill_rows(m, dids, distinct, chunk, per_row ? nullptr : &prefill, no_logits, prefix, cache);
+        if (D < B) {
+            auto expand = torch::tensor(row_of, torch::kLong).to(dev);
+            for (size_t l = 0; l < cache.k.size(); ++l)
+                if (cache.k[l].defined())
+                    cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
+        }
     }
 
     std::vector<DecodeOut> out(B);
@@ -411,12 +252,14 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
             const int64_t y = ys[b].item<int64_t>();
             out[b].peak_keys = keys;
-            if (stop(y)) {
+            const bool stops = stop(y);
+            if (stops && !s.keep_stop) {
                 done[b] = 1, --active;
                 continue;
             }
             out[b].generated.push_back(y);
             next[b] = y;
+            if (stops) done[b] = 1, --active;  // kept and scored below, then the row ends (Wu's order)
             if (!s.score) continue;
             const Trial& tr = *trials[b];
             auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
@@ -446,8 +289,9 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
 
 std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
                                          const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
-                                         const std::function<bool(int64_t)>& stop) {
-    return decode_rows_impl(m, trials, s, stop, nullptr, &sets, nullptr);
+                                         const std::function<bool(int64_t)>& stop, PrefixCache* prefix) {
+    HS_REQUIRE(!prefix || s.scope == AblationScope::kDecode, "decode_batch_sets: kept prefill chunks need an unablated prefill");
+    return decode_rows_impl(m, trials, s, stop, nullptr, &sets, prefix);
 }
 
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
@@ -470,7 +314,7 @@ std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_
     std::vector<std::pair<size_t, size_t>> range;
     for (auto id : gen) {
         const size_t b = all.size();
-        all += tok.decode({static_cast<int32_t>(id)}, true);
+        all += tok.decode({static_cast<int32_t>(id)}, false);  // contrastive.py: tokenizer.decode([tid]) keeps specials
         range.push_back({b, all.size()});
     }
     auto lower = [](std::string s) {
@@ -487,71 +331,84 @@ std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_
 
 // ---- the experiment ----
 
-NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, std::vector<Needle> needles, const std::string& needles_path,
-                       std::vector<int64_t> haystack, TokenFacts facts, NeedleConfig config)
-    : m_(m), tok_(tok), needles_(std::move(needles)), haystack_(std::move(haystack)), facts_(std::move(facts)),
-      c_(std::move(config)) {
-    // The answer's tokens inside each needle's tokens (Wu et al.'s real_needle span), found once.
-    for (const auto& nd : needles_) {
-        const auto nt = encode(nd.needle);
-        const auto span = answer_span(tok_, nt, nd.answer);
-        if (!span)
-            throw DataError(fmt::format("{}:{}: the answer \"{}\" is not in the needle's decoded tokens (\"{}\"); "
-                                        "the retrieval score credits copies of the answer's tokens",
-                                        needles_path, nd.line, nd.answer,
-                                        tok_.decode(std::vector<int32_t>(nt.begin(), nt.end()), true)));
-        answer_spans_.push_back(*span);
-    }
+NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builder, NeedleConfig config)
+    : m_(m), tok_(tok), builder_(std::move(builder)), c_(std::move(config)) {
+    const auto& p = builder_.protocol();
+    separate_ = p.ablation_assembly != p.assembly || c_.ablation_tmpl.text != c_.tmpl.text ||
+                c_.ablation_max_new_tokens != c_.decode.max_new_tokens;
+    auto check_fits = [&](const Trial& t, int64_t steps) {
+        const int64_t positions = static_cast<int64_t>(t.prompt.size()) + steps - 1;
+        if (c_.max_positions > 0 && positions > c_.max_positions)
+            throw UsageError(fmt::format("length {}: the prompt ({} tokens) plus {} new tokens needs {} positions, beyond the "
+                                         "model's context of {}",
+                                         t.length, t.prompt.size(), steps, positions, c_.max_positions));
+    };
     for (auto len : c_.lengths)
         for (auto dep : c_.depths)
-            for (size_t ni = 0; ni < needles_.size(); ++ni) {
-                const auto& nd = needles_[ni];
-                const int64_t n = static_cast<int64_t>(encode(nd.needle).size());
-                if (n >= len)
-                    throw DataError(fmt::format("{}:{}: the needle has {} tokens, no shorter than the context length {}",
-                                                needles_path, nd.line, n, len));
-                const int64_t tmpl_tokens = static_cast<int64_t>(facts_.bos_prefix.size() + encode(c_.tmpl.prefix(nd.question)).size() +
-                                                                 encode(c_.tmpl.suffix(nd.question)).size());
-                const int64_t positions = tmpl_tokens + len + c_.decode.max_new_tokens - 1;
-                if (c_.max_positions > 0 && positions > c_.max_positions)
-                    throw UsageError(fmt::format("length {}: the prompt ({} template + {} context tokens) plus {} new tokens "
-                                                 "needs {} positions, beyond the model's context of {}",
-                                                 len, tmpl_tokens, len, c_.decode.max_new_tokens, positions, c_.max_positions));
-                trials_.push_back(make_trial(len, dep, ni));
+            for (size_t ni = 0; ni < needles().size(); ++ni) {
+                trials_.push_back(builder_.build(len, dep, static_cast<int>(ni), p.assembly, c_.tmpl));
+                check_fits(trials_.back(), c_.decode.max_new_tokens);
+                if (!separate_) continue;
+                abl_trials_.push_back(builder_.build(len, dep, static_cast<int>(ni), p.ablation_assembly, c_.ablation_tmpl));
+                check_fits(abl_trials_.back(), c_.ablation_max_new_tokens);
             }
-    // Batches of up to config.batch trials with equal prompt lengths (rows of one forward).
+    groups_ = make_groups(trials_);
+    if (separate_) abl_groups_ = make_groups(abl_trials_);
+}
+
+// Batches of up to config.batch trials of equal prompt length (rows of one forward), taken in the
+// order of the prompts (lexicographic by token): a trial then shares the longest possible prefix with
+// the trial before it, and the kept prefill chunks (PrefixCache) are a depth-first walk of the grid's
+// prefix tree, every distinct chunk computed once.
+std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Trial>& trials) const {
+    std::vector<int64_t> order(trials.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        const auto &pa = trials[static_cast<size_t>(a)].prompt, &pb = trials[static_cast<size_t>(b)].prompt;
+        return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
+    });
+    std::vector<std::vector<int64_t>> groups;
     std::map<size_t, std::vector<int64_t>> open;
-    for (int64_t i = 0; i < static_cast<int64_t>(trials_.size()); ++i) {
-        auto& g = open[trials_[i].prompt.size()];
+    for (auto i : order) {
+        auto& g = open[trials[static_cast<size_t>(i)].prompt.size()];
         g.push_back(i);
-        if (static_cast<int64_t>(g.size()) == std::max<int64_t>(1, c_.batch)) groups_.push_back(std::move(g)), g.clear();
+        if (static_cast<int64_t>(g.size()) == std::max<int64_t>(1, c_.batch)) groups.push_back(std::move(g)), g.clear();
     }
+    std::vector<std::vector<int64_t>> rest;
     for (auto& [len, g] : open)
-        if (!g.empty()) groups_.push_back(g);
+        if (!g.empty()) rest.push_back(std::move(g));
+    std::sort(rest.begin(), rest.end(), [&](const auto& a, const auto& b) {
+        const auto &pa = trials[static_cast<size_t>(a[0])].prompt, &pb = trials[static_cast<size_t>(b[0])].prompt;
+        return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
+    });
+    groups.insert(groups.end(), rest.begin(), rest.end());
+    return groups;
 }
 
-std::vector<int64_t> NeedleTest::encode(const std::string& s) const {
-    const auto e = s.empty() ? std::vector<int32_t>{} : tok_.encode(s, false);
-    return std::vector<int64_t>(e.begin(), e.end());
+DecodeSettings NeedleTest::ablation_settings() const {
+    DecodeSettings s = c_.decode;
+    s.score = false;
+    s.max_new_tokens = c_.ablation_max_new_tokens;
+    return s;
 }
 
-Trial NeedleTest::make_trial(int64_t length, double depth, size_t ni) const {
-    const auto& nd = needles_[ni];
-    std::vector<int64_t> prefix = facts_.bos_prefix, body = encode(c_.tmpl.prefix(nd.question));
-    prefix.insert(prefix.end(), body.begin(), body.end());
-    return build_trial(facts_, haystack_, prefix, encode(nd.needle), encode(c_.tmpl.suffix(nd.question)), length, depth,
-                       static_cast<int>(ni), answer_spans_[ni]);
+std::function<bool(int64_t)> NeedleTest::stopper() const {
+    const TokenFacts* f = &builder_.facts();
+    return [f](int64_t id) { return f->stop(id); };
 }
 
-PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate) const {
+PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate, bool ablation_trials) const {
     if (!c_.decode.reuse_prefix) return nullptr;
-    // What the prefill runs under: nothing (the baseline, or any pass with scope decode), or the set.
-    std::string key = "none";
-    if (ablate && c_.decode.scope == AblationScope::kAll) {
-        key = fmt::format("{} {} {} {} {} {}", intervention_name(ablate->mode), ablate->window.sink, ablate->window.recent,
-                          ablate->window.compensate, ablate->q_mean.defined() ? ablate->q_mean.data_ptr() : nullptr,
-                          ablate->heads.size());
+    // What the prefill runs under: nothing (the baseline, or any pass with scope decode), or the set;
+    // and which trials (the scan's, or the ablation passes' own).
+    std::string key = ablation_trials && separate_ ? "ablation-trials " : "scan-trials ";
+    if (ablate && c_.decode.scope == AblationScope::kAll && !ablate->heads.empty()) {
+        key += fmt::format("{} {} {} {} {} {}", intervention_name(ablate->mode), ablate->window.sink, ablate->window.recent,
+                           ablate->window.compensate, ablate->q_mean.defined() ? ablate->q_mean.data_ptr() : nullptr,
+                           ablate->heads.size());
         for (auto [l, h] : ablate->heads) key += fmt::format(" {}.{}", l, h);
+    } else {
+        key += "none";
     }
     if (key != prefix_key_) {
         prefix_reused_ += prefix_.reused, prefix_computed_ += prefix_.computed;
@@ -565,22 +422,11 @@ std::pair<int64_t, int64_t> NeedleTest::prefix_stats() const {
     return {prefix_reused_ + prefix_.reused, prefix_computed_ + prefix_.computed};
 }
 
-void NeedleTest::run(const DecodeSettings& s, const HeadSet* ablate,
-                     const std::function<void(int64_t, const DecodeOut&)>& f) const {
-    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
-    for (const auto& g : groups_) {
-        std::vector<const Trial*> ptrs;
-        for (auto i : g) ptrs.push_back(&trials_[i]);
-        auto outs = decode_batch(m_, ptrs, s, stop, ablate, prefix_for(ablate));
-        for (size_t k = 0; k < g.size(); ++k) f(g[k], outs[k]);
-    }
-}
-
 TrialResult NeedleTest::judge(int64_t i, const std::vector<int64_t>& generated) const {
     TrialResult r;
     r.generated = generated;
     r.response = trim(tok_.decode(std::vector<int32_t>(generated.begin(), generated.end()), true));
-    const std::string& answer = needles_[trials_[i].needle].answer;
+    const std::string& answer = needles()[static_cast<size_t>(trials_[static_cast<size_t>(i)].needle)].answer;
     r.rouge1_recall = rouge1(answer, r.response).recall;
     r.rougeL_f = rougeL(answer, r.response).fmeasure;
     r.passed = r.rouge1_recall > c_.pass_threshold;
@@ -589,45 +435,60 @@ TrialResult NeedleTest::judge(int64_t i, const std::vector<int64_t>& generated) 
 
 std::vector<TrialResult> NeedleTest::run_baseline(const std::function<void()>& tick) const {
     std::vector<TrialResult> out(trials_.size());
-    DecodeSettings s = c_.decode;
-    s.score = true;
-    run(s, nullptr, [&](int64_t i, const DecodeOut& d) {
-        out[i] = scored(i, d);
-        if (tick) tick();
-    });
+    for (size_t g = 0; g < groups_.size(); ++g) {
+        auto rs = run_baseline_batch(static_cast<int64_t>(g));
+        for (size_t k = 0; k < rs.size(); ++k) {
+            out[static_cast<size_t>(groups_[g][k])] = std::move(rs[k]);
+            if (tick) tick();
+        }
+    }
     return out;
 }
 
 TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
     const int L = m_.config.n_layers, H = m_.config.n_heads;
+    const Trial& t = trials_[static_cast<size_t>(i)];
     TrialResult r = judge(i, d.generated);
     r.retrieval = d.credit.sum(0);
-    const auto steps = answer_steps(tok_, d.generated, needles_[trials_[i].needle].answer);
+    const auto steps = answer_steps(tok_, d.generated, needles()[static_cast<size_t>(t.needle)].answer);
     r.answer_steps = static_cast<int64_t>(steps.size());
-    r.locos = steps.empty() ? torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble)
-                            : (d.lplus - d.lminus).index_select(0, torch::tensor(steps, torch::kLong)).mean(0);
+    const auto nan = torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble);
+    if (steps.empty() || t.needle_start < 0) {  // no answer step, or the needle's span was not found
+        r.locos = r.lplus = r.lminus = nan;
+    } else {
+        const auto idx = torch::tensor(steps, torch::kLong);
+        r.lplus = d.lplus.index_select(0, idx).mean(0);
+        r.lminus = d.lminus.index_select(0, idx).mean(0);
+        r.locos = (d.lplus - d.lminus).index_select(0, idx).mean(0);
+    }
+    if (c_.keep_steps) {
+        r.steps_credit = d.credit;
+        const bool found = t.needle_start >= 0;
+        r.steps_lplus = found ? d.lplus : torch::full_like(d.lplus, std::numeric_limits<double>::quiet_NaN());
+        r.steps_lminus = found ? d.lminus : torch::full_like(d.lminus, std::numeric_limits<double>::quiet_NaN());
+    }
     return r;
 }
 
 std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
     const auto& g = groups_.at(static_cast<size_t>(batch));
     std::vector<const Trial*> ptrs;
-    for (auto i : g) ptrs.push_back(&trials_[i]);
+    for (auto i : g) ptrs.push_back(&trials_[static_cast<size_t>(i)]);
     DecodeSettings s = c_.decode;
     s.score = true;
-    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, nullptr, prefix_for(nullptr));
+    const auto outs = decode_batch(m_, ptrs, s, stopper(), nullptr, prefix_for(nullptr, false));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(scored(g[k], outs[k]));
     return res;
 }
 
 std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, int64_t batch) const {
-    const auto& g = groups_.at(static_cast<size_t>(batch));
+    const auto& g = ablation_batches().at(static_cast<size_t>(batch));
+    const auto& trials = ablation_trials();
     std::vector<const Trial*> ptrs;
-    for (auto i : g) ptrs.push_back(&trials_[i]);
-    DecodeSettings s = c_.decode;
-    s.score = false;
-    const auto outs = decode_batch(m_, ptrs, s, [this](int64_t id) { return facts_.stop(id); }, &ablate, prefix_for(&ablate));
+    for (auto i : g) ptrs.push_back(&trials[static_cast<size_t>(i)]);
+    const HeadSet* set = ablate.heads.empty() ? nullptr : &ablate;
+    const auto outs = decode_batch(m_, ptrs, ablation_settings(), stopper(), set, prefix_for(set, true));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(judge(g[k], outs[k].generated));
     return res;
@@ -635,12 +496,44 @@ std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, in
 
 std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const std::function<void()>& tick) const {
     std::vector<TrialResult> out(trials_.size());
-    DecodeSettings s = c_.decode;
-    s.score = false;
-    run(s, &ablate, [&](int64_t i, const DecodeOut& d) {
-        out[i] = judge(i, d.generated);
-        if (tick) tick();
-    });
+    const auto& groups = ablation_batches();
+    for (size_t g = 0; g < groups.size(); ++g) {
+        auto rs = run_ablated_batch(ablate, static_cast<int64_t>(g));
+        for (size_t k = 0; k < rs.size(); ++k) {
+            out[static_cast<size_t>(groups[g][k])] = std::move(rs[k]);
+            if (tick) tick();
+        }
+    }
+    return out;
+}
+
+std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const std::vector<const HeadSet*>& sets,
+                                                                         int64_t batch, int64_t max_rows) const {
+    const int64_t S = static_cast<int64_t>(sets.size());
+    const auto& g = ablation_batches().at(static_cast<size_t>(batch));
+    const auto& trials = ablation_trials();
+    const DecodeSettings s = ablation_settings();
+    const int64_t n = static_cast<int64_t>(g.size());
+    const int64_t per = std::max<int64_t>(1, max_rows / n);  // sets per forward
+    std::vector<std::vector<TrialResult>> out(static_cast<size_t>(S));
+    for (int64_t s0 = 0; s0 < S; s0 += per) {
+        const int64_t s1 = std::min(S, s0 + per);
+        std::vector<const Trial*> ptrs;
+        std::vector<const HeadSet*> hs;
+        for (int64_t j = s0; j < s1; ++j)
+            for (auto i : g) {
+                ptrs.push_back(&trials[static_cast<size_t>(i)]);
+                const HeadSet* set = sets[static_cast<size_t>(j)];
+                hs.push_back(set && !set->heads.empty() ? set : nullptr);
+            }
+        // Unablated prefills (scope decode) share the kept chunks of the trials before.
+        PrefixCache* prefix = s.scope == AblationScope::kDecode ? prefix_for(nullptr, true) : nullptr;
+        const auto outs = decode_batch_sets(m_, ptrs, hs, s, stopper(), prefix);
+        for (int64_t j = s0; j < s1; ++j)
+            for (int64_t k = 0; k < n; ++k)
+                out[static_cast<size_t>(j)].push_back(
+                    judge(g[static_cast<size_t>(k)], outs[static_cast<size_t>((j - s0) * n + k)].generated));
+    }
     return out;
 }
 
@@ -648,43 +541,36 @@ std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets(const std::ve
                                                                    const std::function<void()>& tick) const {
     const int64_t S = static_cast<int64_t>(sets.size());
     std::vector<std::vector<TrialResult>> out(static_cast<size_t>(S), std::vector<TrialResult>(trials_.size()));
-    DecodeSettings s = c_.decode;
-    s.score = false;
-    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
-    for (const auto& g : groups_) {
-        const int64_t n = static_cast<int64_t>(g.size());
-        const int64_t per = std::max<int64_t>(1, max_rows / n);  // sets per forward
-        for (int64_t s0 = 0; s0 < S; s0 += per) {
-            const int64_t s1 = std::min(S, s0 + per);
-            std::vector<const Trial*> ptrs;
-            std::vector<const HeadSet*> hs;
-            for (int64_t j = s0; j < s1; ++j)
-                for (auto i : g) ptrs.push_back(&trials_[static_cast<size_t>(i)]), hs.push_back(&sets[static_cast<size_t>(j)]);
-            const auto outs = decode_batch_sets(m_, ptrs, hs, s, stop);
-            for (int64_t j = s0; j < s1; ++j)
-                for (int64_t k = 0; k < n; ++k) {
-                    const int64_t i = g[static_cast<size_t>(k)];
-                    out[static_cast<size_t>(j)][static_cast<size_t>(i)] = judge(i, outs[static_cast<size_t>((j - s0) * n + k)].generated);
-                    if (tick) tick();
-                }
-        }
+    std::vector<const HeadSet*> ptrs;
+    for (const auto& hs : sets) ptrs.push_back(&hs);
+    const auto& groups = ablation_batches();
+    for (size_t g = 0; g < groups.size(); ++g) {
+        auto rs = run_ablated_sets_batch(ptrs, static_cast<int64_t>(g), max_rows);
+        for (int64_t j = 0; j < S; ++j)
+            for (size_t k = 0; k < groups[g].size(); ++k) {
+                out[static_cast<size_t>(j)][static_cast<size_t>(groups[g][k])] = std::move(rs[static_cast<size_t>(j)][k]);
+                if (tick) tick();
+            }
     }
     return out;
 }
 
 std::vector<NeedleTest::Decoded> NeedleTest::run_decoding(DecodingSpec spec, const std::function<void()>& tick) const {
-    spec.max_new_tokens = c_.decode.max_new_tokens;
-    const std::function<bool(int64_t)> stop = [this](int64_t id) { return facts_.stop(id); };
+    spec.max_new_tokens = c_.ablation_max_new_tokens;
+    const auto stop = stopper();
+    const auto& trials = ablation_trials();
     std::vector<Decoded> out;
-    out.reserve(trials_.size());
-    for (size_t i = 0; i < trials_.size(); ++i) {
-        const Trial& t = trials_[i];
+    out.reserve(trials.size());
+    for (size_t i = 0; i < trials.size(); ++i) {
+        const Trial& t = trials[i];
         const DecodingOut d = decode_rows(m_, t.prompt, spec, stop, c_.decode.prefill_chunk);
         Decoded r;
         r.result = judge(static_cast<int64_t>(i), d.tokens);
-        const int64_t first = t.prompt[static_cast<size_t>(t.answer_start)];  // the answer's first token
-        r.answer_margin = token_margin(d.first_scores, first);
-        r.base_margin = token_margin(d.first_base, first);
+        // The answer's first token as the needle holds it (no span found: the margin is NaN).
+        const int64_t a = t.answer_start;
+        const bool found = a >= 0 && a < static_cast<int64_t>(t.prompt.size());
+        r.answer_margin = found ? token_margin(d.first_scores, t.prompt[static_cast<size_t>(a)]) : std::numeric_limits<double>::quiet_NaN();
+        r.base_margin = found ? token_margin(d.first_base, t.prompt[static_cast<size_t>(a)]) : std::numeric_limits<double>::quiet_NaN();
         out.push_back(std::move(r));
         if (tick) tick();
     }
@@ -697,16 +583,24 @@ at::Tensor NeedleTest::calibrate(int64_t n, uint64_t seed, int64_t max_tokens, s
     n = std::min(n, N);
     std::vector<int64_t> order(N);
     for (int64_t i = 0; i < N; ++i) order[i] = i;
-    std::mt19937_64 rng(seed);
-    for (int64_t i = 0; i < n; ++i) {  // partial Fisher-Yates
-        std::uniform_int_distribution<int64_t> pick(i, N - 1);
-        std::swap(order[i], order[pick(rng)]);
+    if (builder_.protocol().rng == RngKind::kReference) {
+        // nolima_ablation.py lines 322-325: rng = random.Random(seed); rng.shuffle(trials); [:n]
+        PythonRandom rng(seed);
+        order = rng.shuffle_order(N);
+    } else {
+        std::mt19937_64 rng(seed);
+        for (int64_t i = 0; i < n; ++i) {  // partial Fisher-Yates
+            std::uniform_int_distribution<int64_t> pick(i, N - 1);
+            std::swap(order[i], order[pick(rng)]);
+        }
     }
     order.resize(n);
     std::vector<std::vector<int64_t>> prompts;
+    const Assembly a = builder_.protocol().ablation_assembly;
     for (auto i : order) {
-        const Trial& t = trials_[i];
-        auto p = t.length > max_tokens ? make_trial(max_tokens, t.depth, t.needle).prompt : t.prompt;
+        const Trial& t = trials_[static_cast<size_t>(i)];
+        const bool same = a == builder_.protocol().assembly && t.length <= max_tokens;
+        auto p = same ? t.prompt : builder_.build(std::min(t.length, max_tokens), t.depth, t.needle, a, c_.tmpl).prompt;
         if (static_cast<int64_t>(p.size()) > max_tokens) p.resize(max_tokens);
         prompts.push_back(std::move(p));
     }
@@ -752,6 +646,50 @@ std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples, int64_
             for (int64_t r = 0; r < resamples; ++r) col[r] = acc[r][c];
             low[c] = percentile_linear(col, 2.5);
             high[c] = percentile_linear(col, 97.5);
+        }
+    }
+    auto shape = samples.sizes().slice(1).vec();
+    return {low.view(shape), high.view(shape)};
+}
+
+std::pair<at::Tensor, at::Tensor> bootstrap_ci_numpy(const at::Tensor& samples, int64_t resamples, uint32_t seed) {
+    const int64_t N = samples.size(0);
+    int64_t C = 1;
+    for (int64_t i = 1; i < samples.dim(); ++i) C *= samples.size(i);
+    auto flat = samples.to(torch::kFloat).reshape({N, C}).contiguous();
+    const float* x = flat.data_ptr<float>();
+    auto low = torch::full({C}, std::numeric_limits<float>::quiet_NaN(), torch::kFloat), high = low.clone();
+    if (N > 0 && resamples > 0) {
+        NumpyRandomState rng(seed);
+        std::vector<float> means(static_cast<size_t>(resamples * C));
+        std::vector<float> acc(static_cast<size_t>(C));
+        for (int64_t r = 0; r < resamples; ++r) {
+            const auto idx = rng.randint(0, N, N);  // rng.randint(0, len(S_arr), size=len(S_arr))
+            std::fill(acc.begin(), acc.end(), 0.0f);
+            for (auto i : idx)  // S_arr[idx].mean(axis=0): float32 sums in draw order, then / N
+                for (int64_t c = 0; c < C; ++c) acc[static_cast<size_t>(c)] += x[i * C + c];
+            for (int64_t c = 0; c < C; ++c) means[static_cast<size_t>(r * C + c)] = acc[static_cast<size_t>(c)] / static_cast<float>(N);
+        }
+        // np.percentile(boot_means, q, axis=0), method "linear": virtual index (n - 1) * (q / 100),
+        // numpy's _lerp in float64 between the float32 neighbours (from the upper one when the
+        // fraction is >= 0.5), then .astype(np.float32).
+        auto pct = [&](std::vector<float>& col, double q) {
+            const double index = static_cast<double>(resamples - 1) * (q / 100.0);
+            const int64_t lo = static_cast<int64_t>(std::floor(index)), hi = std::min<int64_t>(lo + 1, resamples - 1);
+            const double t = index - static_cast<double>(lo);
+            const float a = col[static_cast<size_t>(lo)], b = col[static_cast<size_t>(hi)];
+            const float diff = b - a;
+            const double v = t >= 0.5 ? static_cast<double>(b) - static_cast<double>(diff) * (1.0 - t)
+                                      : static_cast<double>(a) + static_cast<double>(diff) * t;
+            return static_cast<float>(v);
+        };
+        auto lo_a = low.accessor<float, 1>(), hi_a = high.accessor<float, 1>();
+        std::vector<float> col(static_cast<size_t>(resamples));
+        for (int64_t c = 0; c < C; ++c) {
+            for (int64_t r = 0; r < resamples; ++r) col[static_cast<size_t>(r)] = means[static_cast<size_t>(r * C + c)];
+            std::sort(col.begin(), col.end());
+            lo_a[c] = pct(col, 2.5);
+            hi_a[c] = pct(col, 97.5);
         }
     }
     auto shape = samples.sizes().slice(1).vec();

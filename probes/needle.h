@@ -9,6 +9,7 @@
 #pragma once
 
 #include "decoding.h"
+#include "needle_trials.h"
 #include "heads.h"
 #include "hooks.h"
 #include "intervention.h"
@@ -28,67 +29,6 @@
 
 namespace hs {
 
-struct Needle {
-    std::string needle, question, answer;
-    int line = 0;  // 1-based line in the needles file
-};
-
-// One JSON object a line with string fields needle, question, answer; blank lines skipped.
-// DataError naming "file:line" on a bad line, an answer whose words are not all in the needle, or
-// an empty file.
-std::vector<Needle> read_needles(const std::string& path);
-
-
-// The prompt template split at {context}, {question} substituted. UsageError when {context} is not
-// there exactly once or {question} is missing.
-struct PromptTemplate {
-    std::string text;
-    std::string prefix(const std::string& question) const;
-    std::string suffix(const std::string& question) const;
-};
-PromptTemplate parse_template(const std::string& text);
-extern const char* const kDefaultTemplate;
-
-struct Trial {
-    int64_t length = 0;  // context tokens: haystack + needle
-    double depth = 0;    // percent
-    int needle = 0;      // index into the needles
-    std::vector<int64_t> prompt;
-    int64_t needle_start = 0, needle_end = 0;  // [start, end) in prompt positions: LOCOS's L+ keys
-    int64_t answer_start = 0, answer_end = 0;  // the answer's tokens inside the needle: Wu's span
-};
-
-// When the decode loop stops (before keeping or scoring the token): kNewline on any token that
-// decodes to exactly "\n" (LOCOS: the id of encode("\n"); Wu: "<0x0A>") and on EOS; kEos on EOS
-// only; kNone never (max_new_tokens steps).
-enum class StopRule { kNewline, kEos, kNone };
-const NameTable<StopRule>& stop_rule_names();  // newline, eos, none
-inline const char* stop_rule_name(StopRule r) { return name_in(stop_rule_names(), r); }
-
-// Token-level facts about the tokenizer the trials need, computed once.
-struct TokenFacts {
-    std::vector<int64_t> bos_prefix;  // specials encode() puts before text (BOS), possibly empty
-    std::vector<int64_t> newline_ids;  // tokens that decode to exactly "\n"
-    std::vector<int64_t> eos_ids;      // the tokenizer's EOS (callers may add config.json's)
-    StopRule stop_rule = StopRule::kNewline;
-    std::function<bool(int64_t)> sentence_end;  // token text ends in . ! ? or a newline
-    bool stop(int64_t id) const;                 // by stop_rule
-};
-TokenFacts token_facts(const Tokenizer& tok, StopRule rule = StopRule::kNewline);
-
-// The answer's tokens inside the needle's tokens: the shortest run of needle tokens whose decoded
-// text covers the first case-insensitive occurrence of the answer in the decoded needle (offsets
-// from decoding growing prefixes, so a token's text is what it adds in context). [start, end)
-// relative to the needle's first token; nullopt when the decoded needle does not contain the answer.
-std::optional<std::pair<int64_t, int64_t>> answer_span(const Tokenizer& tok, const std::vector<int64_t>& needle,
-                                                       const std::string& answer);
-
-// Builds one trial. haystack: the haystack file's tokens (repeated to fill); answer: the answer's
-// span inside the needle (answer_span). Throws DataError when the needle does not fit the length.
-Trial build_trial(const TokenFacts& facts, const std::vector<int64_t>& haystack, const std::vector<int64_t>& prefix,
-                  const std::vector<int64_t>& needle, const std::vector<int64_t>& suffix, int64_t length, double depth,
-                  int needle_index, std::pair<int64_t, int64_t> answer);
-
 // The interventions a needle test can run (src/intervention.h), in the order --help lists them.
 const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero, stream
 
@@ -104,17 +44,11 @@ struct HeadSet {
     void apply(Hooks& hooks, int64_t row = -1) const;  // row >= 0: that batch row only
 };
 
-// Which forwards an ablation acts in: kAll = the prefill and every decode step (LOCOS,
-// nolima_ablation.py: hooks on q_proj during generate); kDecode = decode steps only (Wu et al.,
-// needle_in_haystack_with_mask.py: block_list is passed to the decode loop, not to the prefill).
-enum class AblationScope { kAll, kDecode };
-const NameTable<AblationScope>& ablation_scope_names();  // all, decode
-inline const char* ablation_scope_name(AblationScope s) { return name_in(ablation_scope_names(), s); }
-
 struct DecodeSettings {
     int64_t max_new_tokens = 50;
     int64_t prefill_chunk = 512;
     bool score = true;  // capture rows and compute per-step scores
+    bool keep_stop = false;  // StopOrder::kAfter: a stop token is kept and scored, then the row ends (Wu)
     AblationScope scope = AblationScope::kAll;
     // NeedleTest: keep the last prompt's KV cache and prefill only past the prefix the next batch
     // shares with it (PrefixCache). Off: every trial prefilled whole.
@@ -169,10 +103,11 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
 // *sets[b] (nullptr: unablated); one trial may fill several rows. The rows share each GEMM
 // (GemmMode::kFolded: a row equals its run alone up to fp rounding, docs/forward.md "Batch rows and
 // GEMMs"). With AblationScope::kDecode the prefill is unablated, so each distinct trial is prefilled
-// once and its KV cache copied to its rows.
+// once and its KV cache copied to its rows, and `prefix` (optional, scope decode only) serves its chunks
+// as for decode_batch.
 std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
                                          const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
-                                         const std::function<bool(int64_t)>& stop);
+                                         const std::function<bool(int64_t)>& stop, PrefixCache* prefix = nullptr);
 
 // The spans one step is scored on (prompt positions, [start, end)) and the first key the layer's
 // heads can see (0, or the sliding window's start).
@@ -204,59 +139,74 @@ std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_
 struct NeedleConfig {
     std::vector<int64_t> lengths;  // context tokens (haystack + needle)
     std::vector<double> depths;    // percent
-    PromptTemplate tmpl;
-    DecodeSettings decode;         // max_new_tokens, prefill_chunk, scope (score is set per pass)
+    PromptTemplate tmpl;           // the scan's prompts
+    PromptTemplate ablation_tmpl;  // the ablated and decoding passes' prompts (LOCOS: a chat format)
+    DecodeSettings decode;         // max_new_tokens, prefill_chunk, scope, keep_stop (score is set per pass)
+    int64_t ablation_max_new_tokens = 50;  // the ablated and decoding passes' (LOCOS's ablation runs: 100)
     double pass_threshold = 0.5;   // ROUGE-1 recall > this passes
     int64_t batch = 1;             // trials of equal prompt length decoded as rows of one forward
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
+    bool keep_steps = false;       // TrialResult::steps_* of the scored pass (--dump-steps)
 };
 
 // One trial's outcome. retrieval [L, H] (sum of the per-step credit), locos [L, H] (mean of
-// L+ - L- over the answer steps; NaN without one). The ablated passes fill only the ROUGE fields.
+// L+ - L- over the answer steps; NaN without one, or when the needle span was not found), lplus and
+// lminus [L, H] (their means over the answer steps, NaN likewise). steps_* [steps, L, H]: each
+// step's credit, L+ and L- (NeedleConfig::keep_steps). The ablated passes fill only generated and
+// the ROUGE fields.
 struct TrialResult {
     std::vector<int64_t> generated;
     std::string response;  // decoded, stripped
     double rouge1_recall = 0, rougeL_f = 0;
     bool passed = false;
     int64_t answer_steps = 0;
-    at::Tensor retrieval, locos;
+    at::Tensor retrieval, locos, lplus, lminus;
+    at::Tensor steps_credit, steps_lplus, steps_lminus;
 };
 
 // The trials of a grid (lengths x depths x needles, needle fastest) and the passes over them:
-// the scored baseline, LOCOS's mean-query calibration and ablated reruns. Trials of equal prompt
-// length run as rows of one batch (config.batch). Methods: docs/methods.md.
+// the scored baseline, LOCOS's mean-query calibration and ablated reruns. Trials are built by a
+// TrialBuilder (the protocol's choices); the ablated and decoding passes have trials of their own
+// when the protocol assembles them differently (LOCOS: the scan's tracked prompts, the ablation
+// runs' joined ones), else they decode the scan's. Trials of equal prompt length run as rows of one
+// batch (config.batch); batches run in the order of their prompts (lexicographic by token), so that
+// each shares the longest prefix with the one before and takes its kept prefill chunks
+// (PrefixCache): over the grid, every distinct prefix chunk is computed once a pass. Methods:
+// docs/methods.md.
 class NeedleTest {
 public:
-    // Builds every trial. DataError naming "needles_path:line" for a needle whose answer is not in
-    // its decoded tokens or that is not shorter than a length; UsageError ("length N: ...") for a
-    // length whose prompt plus max_new_tokens - 1 positions exceed config.max_positions (checked
-    // before the trial is built).
-    NeedleTest(const Model& m, const Tokenizer& tok, std::vector<Needle> needles, const std::string& needles_path,
-               std::vector<int64_t> haystack, TokenFacts facts, NeedleConfig config);
+    // Builds every trial. DataError naming "needles_path:line" for a needle that does not fit a
+    // length; UsageError ("length N: ...") for a length whose prompt plus max_new_tokens - 1 positions
+    // exceed config.max_positions.
+    NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builder, NeedleConfig config);
 
     const std::vector<Trial>& trials() const { return trials_; }
-    const std::vector<Needle>& needles() const { return needles_; }
+    // The ablated and decoding passes' trials (the scan's unless the protocol assembles them apart).
+    const std::vector<Trial>& ablation_trials() const { return separate_ ? abl_trials_ : trials_; }
+    bool separate_ablation_trials() const { return separate_; }
+    const std::vector<Needle>& needles() const { return builder_.needles(); }
+    const TrialBuilder& builder() const { return builder_; }
     const NeedleConfig& config() const { return c_; }
 
     // The unablated, scored decode of every trial; tick() after each trial.
     std::vector<TrialResult> run_baseline(const std::function<void()>& tick = {}) const;
-    // Every trial decoded with `ablate` (unscored): ROUGE and the pass flag only.
+    // Every ablation trial decoded with `ablate` (unscored): generated, ROUGE and the pass flag only.
+    // A set with no heads is the unablated decode of the ablation trials.
     std::vector<TrialResult> run_ablated(const HeadSet& ablate, const std::function<void()>& tick = {}) const;
-    // Every trial decoded under each of `sets` (unscored), the sets as rows of shared forwards
-    // (decode_batch_sets): each batch of trials (batches()) with as many sets as keep the rows of one
-    // forward <= max_rows (at least one set). [set][trial]; tick() per (set, trial).
+    // Every ablation trial decoded under each of `sets` (unscored), the sets as rows of shared forwards
+    // (decode_batch_sets): each batch of trials (ablation_batches()) with as many sets as keep the rows
+    // of one forward <= max_rows (at least one set). [set][trial]; tick() per (set, trial).
     std::vector<std::vector<TrialResult>> run_ablated_sets(const std::vector<HeadSet>& sets, int64_t max_rows,
                                                            const std::function<void()>& tick = {}) const;
-    // LOCOS's calibration (nolima_ablation.py): n trials drawn from the whole grid by
-    // std::mt19937_64(seed) (partial Fisher-Yates; their indices into trials() in *chosen), each
-    // rebuilt at min(length, max_tokens) context tokens and cut to max_tokens prompt tokens, then
-    // calibrate_query_mean over their prompts. tick() after each prompt.
+    // LOCOS's calibration (nolima_ablation.py calibrate_mean_activations): n trials drawn from the
+    // whole grid (headscope: std::mt19937_64(seed), a partial Fisher-Yates; RngKind::kReference:
+    // random.Random(seed).shuffle of the grid, the first n), their indices in *chosen; each rebuilt
+    // at min(length, max_tokens) context tokens as the ablation passes assemble prompts (with the
+    // scan's template: LOCOS calibrates without the chat format) and cut to max_tokens prompt tokens,
+    // then calibrate_query_mean over their prompts. tick() after each prompt.
     at::Tensor calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
                          const std::function<void()>& tick = {}) const;
 
-    // The batches the passes decode (trial indices, each a row of one forward), and one batch of a
-    // pass on its own: its trials' results in the batch's order, equal to what the whole pass gives
-    // them (the same forwards). For sharded and resumable runs (headscope retrieval --shard, --resume).
     // Every trial decoded under `spec` (probes/decoding.h: DeCoRe's or JUICE's two rows, one trial
     // a forward of those rows, the prompt prefilled in chunks of the decode's prefill_chunk; at most
     // max_new_tokens steps, the stop rule as above): ROUGE and the pass flag of the combined output,
@@ -268,31 +218,37 @@ public:
     };
     std::vector<Decoded> run_decoding(DecodingSpec spec, const std::function<void()>& tick = {}) const;
 
+    // The batches the passes decode (trial indices, each a row of one forward), and one batch of a
+    // pass on its own: its trials' results in the batch's order, equal to what the whole pass gives
+    // them (the same forwards). For sharded and resumable runs (headscope retrieval --shard, --resume).
     const std::vector<std::vector<int64_t>>& batches() const { return groups_; }
+    const std::vector<std::vector<int64_t>>& ablation_batches() const { return separate_ ? abl_groups_ : groups_; }
     // Prompt positions taken from the prefix cache (or shared by a batch's rows) and prefilled, over
     // every decode of this test so far (config.decode.reuse_prefix).
     std::pair<int64_t, int64_t> prefix_stats() const;
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
+    // One ablation batch under each of `sets` (nullptr or no heads: unablated) as rows of shared
+    // forwards, as run_ablated_sets decodes it: [set][k], k in the batch's order.
+    std::vector<std::vector<TrialResult>> run_ablated_sets_batch(const std::vector<const HeadSet*>& sets, int64_t batch,
+                                                                 int64_t max_rows) const;
 
 private:
-    Trial make_trial(int64_t length, double depth, size_t needle) const;
-    std::vector<int64_t> encode(const std::string& s) const;
-    void run(const DecodeSettings& s, const HeadSet* ablate, const std::function<void(int64_t, const DecodeOut&)>& f) const;
+    std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials) const;
+    DecodeSettings ablation_settings() const;
+    std::function<bool(int64_t)> stopper() const;
     TrialResult judge(int64_t i, const std::vector<int64_t>& generated) const;
     TrialResult scored(int64_t i, const DecodeOut& d) const;  // judge + the head scores
 
     const Model& m_;
     const Tokenizer& tok_;
-    std::vector<Needle> needles_;
-    std::vector<int64_t> haystack_;
-    TokenFacts facts_;
+    TrialBuilder builder_;
     NeedleConfig c_;
-    std::vector<std::pair<int64_t, int64_t>> answer_spans_;  // per needle, inside its tokens
-    std::vector<Trial> trials_;
-    std::vector<std::vector<int64_t>> groups_;  // trial indices decoded together
+    std::vector<Trial> trials_, abl_trials_;
+    bool separate_ = false;
+    std::vector<std::vector<int64_t>> groups_, abl_groups_;  // trial indices decoded together, in prefix order
     // The prefix cache of the pass that ran last, keyed by its prefill interventions (prefill_key).
-    PrefixCache* prefix_for(const HeadSet* ablate) const;
+    PrefixCache* prefix_for(const HeadSet* ablate, bool ablation_trials) const;
     mutable std::string prefix_key_;
     mutable PrefixCache prefix_;
     mutable int64_t prefix_reused_ = 0, prefix_computed_ = 0;
@@ -305,5 +261,10 @@ std::vector<std::vector<int64_t>> bootstrap_indices(int64_t n, int64_t resamples
 std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples /* [N, L, H] */, int64_t resamples,
                                                uint64_t seed);
 double percentile_linear(std::vector<double> v, double q);  // q in [0, 100]
+// LOCOS's bootstrap as logit_contrib.py computes it (lines 1387-1396), to the last float32 digit:
+// numpy's RandomState(seed).randint(0, N, size=N) per resample, the float32 mean over the drawn
+// trials (numpy sums axis 0 in order), np.percentile 2.5 / 97.5 (float64 interpolation between float32
+// neighbours), cast to float32. samples [N, ...] float.
+std::pair<at::Tensor, at::Tensor> bootstrap_ci_numpy(const at::Tensor& samples, int64_t resamples, uint32_t seed);
 
 }  // namespace hs

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <set>
 
 namespace hs {
 
@@ -75,7 +76,7 @@ std::vector<Head> top_heads(const at::Tensor& score, int64_t k) {
 }
 
 std::vector<std::vector<Head>> random_head_sets(int L, int H, const std::vector<Head>& exclude, int64_t n_sets,
-                                                uint64_t seed) {
+                                                uint64_t seed, int64_t* possible) {
     std::vector<Head> pool;
     for (int l = 0; l < L; ++l)
         for (int h = 0; h < H; ++h)
@@ -83,9 +84,31 @@ std::vector<std::vector<Head>> random_head_sets(int L, int H, const std::vector<
     const size_t k = exclude.size();
     if (pool.size() < k)
         throw UsageError(fmt::format("{} heads outside the ablated set, fewer than the {} a control needs", pool.size(), k));
-    std::mt19937_64 rng(seed);
+    // How many distinct sets the pool holds: C(|pool|, k), counted up to n_sets + 1.
+    int64_t distinct = 1;
+    for (size_t i = 0; i < k && distinct <= n_sets; ++i)
+        distinct = static_cast<int64_t>(static_cast<double>(distinct) * static_cast<double>(pool.size() - i) / static_cast<double>(i + 1) + 0.5);
+    if (possible) *possible = std::min(distinct, n_sets + 1);
     std::vector<std::vector<Head>> out;
-    for (int64_t s = 0; s < n_sets; ++s) {
+    if (distinct <= n_sets) {
+        // Every set the pool holds, in order (k-combinations of the pool's order).
+        std::vector<size_t> idx(k);
+        for (size_t i = 0; i < k; ++i) idx[i] = i;
+        while (true) {
+            std::vector<Head> set;
+            for (auto i : idx) set.push_back(pool[i]);
+            out.push_back(set);
+            size_t i = k;
+            while (i > 0 && idx[i - 1] == pool.size() - k + (i - 1)) --i;
+            if (i == 0) break;
+            ++idx[i - 1];
+            for (size_t j = i; j < k; ++j) idx[j] = idx[j - 1] + 1;
+        }
+        return out;
+    }
+    std::mt19937_64 rng(seed);
+    std::set<std::vector<Head>> seen;
+    while (static_cast<int64_t>(out.size()) < n_sets) {
         auto p = pool;
         for (size_t i = 0; i < k; ++i) {  // partial Fisher-Yates
             std::uniform_int_distribution<size_t> d(i, p.size() - 1);
@@ -93,7 +116,7 @@ std::vector<std::vector<Head>> random_head_sets(int L, int H, const std::vector<
         }
         p.resize(k);
         std::sort(p.begin(), p.end());
-        out.push_back(p);
+        if (seen.insert(p).second) out.push_back(p);  // a set drawn before is drawn again
     }
     return out;
 }

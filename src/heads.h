@@ -37,11 +37,14 @@ std::vector<Head> top_heads(const at::Tensor& score, int64_t k);
 // reproduce bit for bit:
 // - random_head_sets (the needle harness, `headscope retrieval`): ONE std::mt19937_64(seed) for
 //   all n_sets; each set is a partial Fisher-Yates draw (uniform_int_distribution) of |exclude|
-//   heads from the heads NOT in `exclude`, returned sorted. UsageError when too few heads remain.
+//   heads from the heads NOT in `exclude`, returned sorted; a set drawn before is drawn again, so
+//   the sets are distinct. When the pool holds no more than n_sets distinct sets, all of them are
+//   returned (fewer than asked, in combination order) and *possible says how many exist
+//   (min(C(pool, k), n_sets + 1)). UsageError when too few heads remain.
 // - random_subset (YAML studies, `headscope run`): one std::mt19937_64(seed) per set; the pool is
 //   std::shuffle'd and its first k entries are the set (in shuffled order).
 std::vector<std::vector<Head>> random_head_sets(int L, int H, const std::vector<Head>& exclude, int64_t n_sets,
-                                                uint64_t seed);
+                                                uint64_t seed, int64_t* possible = nullptr);
 std::vector<int64_t> random_subset(const std::vector<int64_t>& pool, int64_t k, uint64_t seed);
 
 // A score [L, H] read from a result file, named "FILE.h5:DATASET" (split at the last ".h5:", else

@@ -18,14 +18,25 @@ using namespace hs;
 
 TEST_CASE("heads: random controls never draw the ablated heads; head lists and top-k") {
     const std::vector<Head> ex = {{1, 0}, {1, 1}, {1, 2}};
-    const auto sets = random_head_sets(2, 4, ex, 50, 9);
-    REQUIRE(sets.size() == 50);
+    // 5 heads outside the set hold C(5, 3) = 10 distinct sets: asked for 50, all 10 come back.
+    int64_t possible = 0;
+    const auto sets = random_head_sets(2, 4, ex, 50, 9, &possible);
+    CHECK(possible == 10);
+    REQUIRE(sets.size() == 10);
+    CHECK(std::set<std::vector<Head>>(sets.begin(), sets.end()).size() == 10);
     for (const auto& s : sets) {
         CHECK(s.size() == 3);
         CHECK(std::set<Head>(s.begin(), s.end()).size() == 3);
         for (const auto& h : s) CHECK(std::find(ex.begin(), ex.end(), h) == ex.end());
     }
     CHECK(random_head_sets(2, 4, ex, 50, 9) == sets);
+    // A larger pool: as many distinct random sets as asked, reproducible from the seed.
+    const auto drawn = random_head_sets(4, 4, ex, 20, 9, &possible);
+    CHECK(possible == 21);  // counted up to n_sets + 1: more than enough
+    REQUIRE(drawn.size() == 20);
+    CHECK(std::set<std::vector<Head>>(drawn.begin(), drawn.end()).size() == 20);
+    CHECK(random_head_sets(4, 4, ex, 20, 9) == drawn);
+    CHECK(random_head_sets(4, 4, ex, 20, 10) != drawn);
     CHECK_THROWS_AS(random_head_sets(2, 2, ex, 1, 9), UsageError);  // 2 heads left for sets of 3
     CHECK(parse_head_list("L1H0, L0H3", 2, 4) == std::vector<Head>{{1, 0}, {0, 3}});
     CHECK(parse_head_list("L1H0,L1H0", 2, 4) == std::vector<Head>{{1, 0}});

@@ -15,6 +15,8 @@
 
 #include <torch/torch.h>
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <thread>
 
 namespace hs::cli {
@@ -32,8 +35,18 @@ struct RetrievalOptions {
     ModelArgs model;
     OutputArgs out;
     std::string scores = "retrieval,locos";
-    std::string haystack, needles;
+    std::string haystack, needles, haystack_dir;
     std::string tmpl = kDefaultTemplate;
+    std::string ablation_template;
+    // The protocol (probes/needle_trials.h) and its choices, each overriding the protocol's default
+    // when given (the flags given are in `given`).
+    std::string protocol = "headscope";
+    int64_t buffer = 0;
+    std::string assembly = "tokens", ablation_assembly = "same", insertion = "sentence-end", answer_span = "decoded";
+    std::string stop_order = "before", stop_ids, haystack_format = "raw", haystack_repeat = "tokens", rng = "headscope";
+    int64_t ablation_max_new_tokens = 50;
+    bool dump_steps = false;
+    std::set<std::string> given;
     std::string lengths = "1000,2000,4000";
     std::string lengths_range;
     std::string depths = "0,25,50,75,100";
@@ -142,6 +155,29 @@ static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_
 }
 
 
+// A grid's trials: prompts (-1 padded), needle and answer spans (-1 where a search found none),
+// length, depth and needle index.
+static void write_trial_arrays(ResultWriter& w, const std::string& g, const std::vector<Trial>& trials) {
+    const int64_t N = static_cast<int64_t>(trials.size());
+    int64_t Tmax = 0;
+    for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
+    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), aspan(N * 2), len_v(N), needle_v(N);
+    std::vector<float> depth_v(N);
+    for (int64_t i = 0; i < N; ++i) {
+        const auto& t = trials[i];
+        std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
+        span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
+        aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
+        len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
+    }
+    w.write(g + "/prompt_tokens", prompt_tokens, {N, Tmax});
+    w.write(g + "/needle_span", span, {N, 2});
+    w.write(g + "/answer_span", aspan, {N, 2});
+    w.write(g + "/length", len_v, {N});
+    w.write(g + "/depth", depth_v, {N});
+    w.write(g + "/needle", needle_v, {N});
+}
+
 // The parts of the file that do not depend on the trials' results: the trials' prompts and spans,
 // the parameters, the score groups' descriptions (needle_store.h writes the rest).
 static void write_needle_static(ResultWriter& w, const NeedleTest& test, const Attrs& params, bool want_ret,
@@ -168,26 +204,8 @@ static void write_needle_static(ResultWriter& w, const NeedleTest& test, const A
                           {"bootstrap_seed", seed},
                           {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
                                              "NaN when fewer than 10 trials are scored (the reference's rule)")}}));
-    const auto& trials = test.trials();
-    const int64_t N = static_cast<int64_t>(trials.size());
-    int64_t Tmax = 0;
-    for (const auto& t : trials) Tmax = std::max<int64_t>(Tmax, t.prompt.size());
-    std::vector<int64_t> prompt_tokens(N * Tmax, -1), span(N * 2), aspan(N * 2), len_v(N), needle_v(N);
-    std::vector<float> depth_v(N);
-    for (int64_t i = 0; i < N; ++i) {
-        const auto& t = trials[i];
-        std::copy(t.prompt.begin(), t.prompt.end(), prompt_tokens.begin() + i * Tmax);
-        span[2 * i] = t.needle_start, span[2 * i + 1] = t.needle_end;
-        aspan[2 * i] = t.answer_start, aspan[2 * i + 1] = t.answer_end;
-        len_v[i] = t.length, depth_v[i] = static_cast<float>(t.depth), needle_v[i] = t.needle;
-    }
     const std::string tg = "/retrieval/trials";
-    w.write(tg + "/prompt_tokens", prompt_tokens, {N, Tmax});
-    w.write(tg + "/needle_span", span, {N, 2});
-    w.write(tg + "/answer_span", aspan, {N, 2});
-    w.write(tg + "/length", len_v, {N});
-    w.write(tg + "/depth", depth_v, {N});
-    w.write(tg + "/needle", needle_v, {N});
+    write_trial_arrays(w, tg, test.trials());
     w.set_attrs("/retrieval", params);
     w.set_attrs(tg, {{"padding", std::string("-1 past each prompt's end and each generation's end")},
                      {"locos_without_answer_steps", std::string("NaN")},
@@ -268,7 +286,7 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
 // /retrieval/streaming to `out` (docs/hdf5-schema.md) and prints the curve. `score`: the order's
 // score (stream_order_score), or undefined for this run's locos / retrieval in `sum`.
 static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
-                             const std::string& out, at::Tensor score, const std::string& source) {
+                             const std::string& out, at::Tensor score, const std::string& source, int64_t seed) {
     const int L = m.config.n_layers, H = m.config.n_heads;
     const int64_t LH = int64_t{L} * H;
     std::vector<double> fractions;
@@ -280,9 +298,9 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
     std::vector<int64_t> all(LH);
     for (int64_t i = 0; i < LH; ++i) all[i] = i;
     for (int64_t r = 0; r < o.random_orders; ++r)
-        orders.push_back(random_subset(all, LH, static_cast<uint64_t>(o.seed) + 3 + static_cast<uint64_t>(r)));
+        orders.push_back(random_subset(all, LH, static_cast<uint64_t>(seed) + 3 + static_cast<uint64_t>(r)));
     const int64_t R = static_cast<int64_t>(orders.size()), F = static_cast<int64_t>(fractions.size());
-    const auto& trials = test.trials();
+    const auto& trials = test.ablation_trials();
     const int64_t N = static_cast<int64_t>(trials.size());
 
     // Configurations: the streaming heads of (order, fraction); identical sets decode once, the
@@ -346,7 +364,7 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
                     {"order_source", source},
                     {"random_orders", o.random_orders},
                     {"sweep_rows", o.sweep_rows},
-                    {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", o.seed)},
+                    {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", seed)},
                     {"baseline_accuracy", sum.accuracy},
                     {"baseline_rougeL_f", sum.rougeL},
                     {"scope", std::string(ablation_scope_name(test.config().decode.scope))},
@@ -377,13 +395,53 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
 struct RetrievalPlan {
     bool want_ret = false, want_locos = false;
     WriteMode mode = WriteMode::kCreate;
-    NeedleConfig cfg;  // all but max_positions (the model's)
-    StopRule stop_rule = StopRule::kNewline;
+    NeedleProtocol proto;  // every construction, stop and seed choice, resolved
+    NeedleConfig cfg;      // all but max_positions (the model's)
+    std::vector<int64_t> extra_stop_ids;
     Intervention ablation = Intervention::kZeroQuery;
     bool ablating = false;
     Shard shard;
     CombineRule decoding = CombineRule::kIndependent;  // independent = greedy (no decoding pass)
 };
+
+// --protocol's defaults, then each choice whose own flag was given.
+static NeedleProtocol resolve_protocol(const RetrievalOptions& o) {
+    const Protocol pr = with_flag("--protocol", [&] { return parse_name(protocol_names(), o.protocol, "protocol"); });
+    NeedleProtocol p = protocol_defaults(pr);
+    auto given = [&](const char* flag) { return o.given.count(flag) > 0; };
+    if (given("--buffer")) p.buffer = o.buffer;
+    if (given("--assembly")) p.assembly = with_flag("--assembly", [&] { return parse_name(assembly_names(), o.assembly, "assembly"); });
+    if (given("--ablation-assembly"))
+        p.ablation_assembly = o.ablation_assembly == "same" ? p.assembly : with_flag("--ablation-assembly", [&] {
+            return parse_name(assembly_names(), o.ablation_assembly, "assembly");
+        });
+    else if (pr == Protocol::kHeadscope || given("--assembly"))
+        p.ablation_assembly = p.assembly;
+    if (given("--insertion"))
+        p.insertion = with_flag("--insertion", [&] { return parse_name(insertion_names(), o.insertion, "insertion"); });
+    if (given("--answer-span"))
+        p.answer = with_flag("--answer-span", [&] { return parse_name(answer_search_names(), o.answer_span, "answer span"); });
+    if (given("--stop")) p.stop = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
+    if (given("--stop-order"))
+        p.stop_order = with_flag("--stop-order", [&] { return parse_name(stop_order_names(), o.stop_order, "stop order"); });
+    if (given("--haystack-format"))
+        p.haystack_format =
+            with_flag("--haystack-format", [&] { return parse_name(haystack_format_names(), o.haystack_format, "haystack format"); });
+    if (given("--haystack-repeat"))
+        p.repeat = with_flag("--haystack-repeat", [&] { return parse_name(haystack_repeat_names(), o.haystack_repeat, "repeat rule"); });
+    if (given("--rng")) p.rng = with_flag("--rng", [&] { return parse_name(rng_kind_names(), o.rng, "random streams"); });
+    if (given("--ablation-scope"))
+        p.scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
+    if (given("--seed")) p.seed = o.seed;
+    if (given("--max-new-tokens")) p.max_new_tokens = o.max_new_tokens;
+    p.ablation_max_new_tokens = given("--ablation-max-new-tokens") ? o.ablation_max_new_tokens
+                                : pr == Protocol::kLocos                ? p.ablation_max_new_tokens
+                                                                        : p.max_new_tokens;
+    if (p.buffer < 0) throw UsageError(fmt::format("--buffer: {} is negative", p.buffer));
+    if (p.rng == RngKind::kReference && (p.seed < 0 || p.seed > 0xFFFFFFFFLL))
+        throw UsageError(fmt::format("--seed: {} is outside [0, 2^32) (numpy's RandomState seeds, --rng reference)", p.seed));
+    return p;
+}
 
 static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given) {
     RetrievalPlan p;
@@ -395,21 +453,31 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
     }
     if (!p.want_ret && !p.want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
     p.mode = write_mode(o.out);
+    p.proto = resolve_protocol(o);
     NeedleConfig& c = p.cfg;
     c.tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
+    c.ablation_tmpl = o.ablation_template.empty() ? c.tmpl : with_flag("--ablation-template", [&] { return parse_template(o.ablation_template); });
     c.lengths = parse_lengths(o, range_given);
     c.depths = parse_depths(o.depths);
     c.pass_threshold = o.pass_threshold, c.batch = o.batch;
-    c.decode.max_new_tokens = o.max_new_tokens, c.decode.prefill_chunk = o.prefill_chunk;
+    c.decode.max_new_tokens = p.proto.max_new_tokens, c.decode.prefill_chunk = o.prefill_chunk;
+    c.decode.keep_stop = p.proto.stop_order == StopOrder::kAfter;
+    c.ablation_max_new_tokens = p.proto.ablation_max_new_tokens;
     c.decode.reuse_prefix = !o.no_prefix_reuse;
-    c.decode.scope = with_flag("--ablation-scope", [&] { return parse_name(ablation_scope_names(), o.ablation_scope, "ablation scope"); });
-    p.stop_rule = with_flag("--stop", [&] { return parse_name(stop_rule_names(), o.stop, "stop rule"); });
+    c.decode.scope = p.proto.scope;
+    c.keep_steps = o.dump_steps;
+    if (p.proto.max_new_tokens < 1 || p.proto.ablation_max_new_tokens < 1)
+        throw UsageError("--max-new-tokens / --ablation-max-new-tokens: need at least 1");
+    if (!o.stop_ids.empty()) p.extra_stop_ids = parse_int_list(o.stop_ids, "--stop-ids");
+    if (!o.haystack.empty() && !o.haystack_dir.empty()) throw UsageError("give at most one of --haystack and --haystack-dir");
     if (!o.ablate.empty() && o.ablate_top > 0) throw UsageError("give at most one of --ablate and --ablate-top");
     if (!o.from.empty() && o.ablate_top == 0) throw UsageError("--from needs --ablate-top K");
     p.ablating = !o.ablate.empty() || o.ablate_top > 0;
     if (o.random_controls > 0 && !p.ablating && o.decoding != "decore")
         throw UsageError("--random-controls needs --ablate, --ablate-top or --decoding decore");
-    p.ablation = with_flag("--ablation", [&] { return parse_intervention(o.ablation, "ablation", needle_ablations()); });
+    // LOCOS's ablation runs default to the mean query (nolima_ablation.py --ablation-mode mean).
+    const std::string ablation = o.given.count("--ablation") || p.proto.protocol != Protocol::kLocos ? o.ablation : "mean-query";
+    p.ablation = with_flag("--ablation", [&] { return parse_intervention(ablation, "ablation", needle_ablations()); });
     if (!o.shard.empty()) p.shard = parse_shard(o.shard);
     if (p.shard.count > 1 && o.ablate_top > 0 && o.from.empty())
         throw UsageError("--shard: --ablate-top without --from ranks heads by the whole grid's scores, which one shard "
@@ -435,55 +503,132 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
     return p;
 }
 
-// The needles and the haystack, read and tokenized, with the tokenizer's facts.
+// The needles and one haystack text per needle (lengthened as the protocol repeats it), with the
+// tokenizer's facts and the stop ids.
 struct NeedleInputs {
-    std::string needles_path, hay_path, hay_text;
+    std::string needles_path, hay_path;
     std::vector<Needle> needles;
-    std::vector<int64_t> haystack;
+    std::vector<std::string> haystacks;  // per needle
+    std::string hay_sha256;              // of the haystack texts as read (before repetition)
     TokenFacts facts;
 };
 
-static NeedleInputs read_needle_inputs(const RetrievalOptions& o, const Model& m, const Tokenizer& tok, StopRule stop) {
+// An eos_token_id of a config file: an int, a list of ints, or absent.
+static std::vector<int64_t> json_eos_ids(const std::string& path) {
+    std::vector<int64_t> out;
+    if (!file_exists(path)) return out;
+    nlohmann::json j;
+    try {
+        j = nlohmann::json::parse(read_text_file(path));
+    } catch (const nlohmann::json::exception& e) {
+        throw DataError(fmt::format("{}: not JSON ({})", path, e.what()));
+    }
+    if (!j.is_object() || !j.contains("eos_token_id")) return out;
+    const auto& e = j["eos_token_id"];
+    if (e.is_number_integer()) out.push_back(e.get<int64_t>());
+    else if (e.is_array())
+        for (const auto& v : e)
+            if (v.is_number_integer()) out.push_back(v.get<int64_t>());
+    return out;
+}
+
+static NeedleInputs read_needle_inputs(const RetrievalOptions& o, const RetrievalPlan& p, const Model& m, const Tokenizer& tok) {
     NeedleInputs in;
-    in.needles_path = o.needles.empty() ? shipped_file("datasets/needles/needles.jsonl") : o.needles;
-    in.hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
+    in.needles_path = !o.needles.empty()      ? o.needles
+                      : !o.haystack_dir.empty() ? path_join(o.haystack_dir, "needles.jsonl")
+                                                : shipped_file("datasets/needles/needles.jsonl");
     in.needles = read_needles(in.needles_path);
-    in.hay_text = read_utf8_text_file(in.hay_path);
-    const auto enc = trim(in.hay_text).empty() ? std::vector<int32_t>{} : tok.encode(in.hay_text, false);
-    if (enc.empty()) throw DataError(fmt::format("{}: the haystack is empty", in.hay_path));
-    in.haystack.assign(enc.begin(), enc.end());
-    in.facts = token_facts(tok, stop);
-    if (m.config.eos_id >= 0) in.facts.eos_ids.push_back(m.config.eos_id);  // the model's own EOS (config.json) stops too
+    std::vector<std::string> texts;
+    if (!o.haystack_dir.empty()) {
+        in.hay_path = o.haystack_dir;
+        texts = read_haystack_dir(o.haystack_dir, in.needles.size(), p.proto.haystack_format);
+        for (size_t i = 0; i < texts.size(); ++i)
+            if (trim(texts[i]).empty())
+                throw DataError(fmt::format("{}: the haystack of needle {} (part{}) is empty", o.haystack_dir, i + 1, i + 1));
+    } else {
+        in.hay_path = o.haystack.empty() ? shipped_file("datasets/needles/haystack.txt") : o.haystack;
+        const std::string text = read_utf8_text_file(in.hay_path);
+        if (trim(text).empty() || tok.encode(text, false).empty())
+            throw DataError(fmt::format("{}: the haystack is empty", in.hay_path));
+        texts.assign(in.needles.size(), text);
+    }
+    std::string all;
+    for (const auto& t : texts) all += t + '\0';
+    in.hay_sha256 = o.haystack_dir.empty() ? sha256_bytes(texts[0].data(), texts[0].size()) : sha256_bytes(all.data(), all.size());
+    const int64_t max_len = *std::max_element(p.cfg.lengths.begin(), p.cfg.lengths.end());
+    for (auto& t : texts) {
+        try {
+            t = repeat_haystack(t, max_len, p.proto.repeat);
+        } catch (const DataError& e) {
+            throw DataError(fmt::format("{}: {}", in.hay_path, e.what()));
+        }
+    }
+    in.haystacks = std::move(texts);
+    in.facts = token_facts(tok, p.proto.stop);
+    in.facts.stop_order = p.proto.stop_order;
+    // config.json's EOS stops the newline and eos rules (the model's own end); the locos rule takes
+    // generation_config.json's eos ids (transformers' model.generation_config: its own file, else
+    // built from config.json), as model_utils.py get_stop_token_ids reads them.
+    std::vector<int64_t> config_eos, generation_eos;
+    if (m.config.eos_id >= 0) config_eos.push_back(m.config.eos_id);
+    if (is_directory(o.model.model)) {
+        const std::string gen = path_join(o.model.model, "generation_config.json");
+        generation_eos = file_exists(gen) ? json_eos_ids(gen) : json_eos_ids(path_join(o.model.model, "config.json"));
+    } else {
+        generation_eos = config_eos;
+    }
+    for (auto id : p.extra_stop_ids)
+        if (id < 0 || id >= tok.vocab_size())
+            throw UsageError(fmt::format("--stop-ids: {} is outside the vocabulary (0..{})", id, tok.vocab_size() - 1));
+    set_stop_rule(in.facts, tok, p.proto.stop, config_eos, generation_eos, p.extra_stop_ids);
     return in;
 }
 
 // The scan's parameters as /retrieval records them (and --resume compares).
 static Attrs needle_params(const RetrievalOptions& o, const RetrievalPlan& p, const NeedleInputs& in, int64_t n_trials) {
-    return {{"haystack_file", in.hay_path},
-            {"needles_file", in.needles_path},
-            {"haystack_sha256", sha256_bytes(in.hay_text.data(), in.hay_text.size())},
-            {"needles_sha256", sha256_file(in.needles_path)},
-            {"template", o.tmpl},
-            {"lengths", p.cfg.lengths},
-            {"depths", p.cfg.depths},
-            {"max_new_tokens", o.max_new_tokens},
-            {"pass_threshold", o.pass_threshold},
-            {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold; ROUGE as rouge_score "
-                                      "computes it with use_stemmer=True (Porter stems, NLTK's mode)")},
-            {"stop", std::string(stop_rule_name(p.stop_rule))},
-            {"ablation_scope", std::string(ablation_scope_name(p.cfg.decode.scope))},
-            {"prefill_chunk", o.prefill_chunk},
-            {"batch", o.batch},
-            {"prefix_reuse", std::string(o.no_prefix_reuse ? "false" : "true")},
-            {"scores", o.scores},
-            {"flag_threshold", o.flag_threshold},
-            {"bootstrap_resamples", o.bootstrap},
-            {"seed", o.seed},
-            {"n_trials", n_trials},
-            {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; "
-                                   "a stop token (see stop: newline = a token decoding to exactly \"\\n\" or "
-                                   "EOS, tokenizer's or config.json's; eos = EOS only; none = never) ends "
-                                   "the response without being kept or scored")}};
+    const NeedleProtocol& pr = p.proto;
+    Attrs a = {{"haystack_file", in.hay_path},
+               {"needles_file", in.needles_path},
+               {"haystack_sha256", in.hay_sha256},
+               {"needles_sha256", sha256_file(in.needles_path)},
+               {"template", o.tmpl},
+               {"lengths", p.cfg.lengths},
+               {"depths", p.cfg.depths},
+               {"max_new_tokens", pr.max_new_tokens},
+               {"pass_threshold", o.pass_threshold},
+               {"pass_rule", std::string("rouge1_recall(answer, response) > pass_threshold; ROUGE as rouge_score "
+                                         "computes it with use_stemmer=True (Porter stems, NLTK's mode)")},
+               {"stop", std::string(stop_rule_name(pr.stop))},
+               {"ablation_scope", std::string(ablation_scope_name(pr.scope))},
+               {"prefill_chunk", o.prefill_chunk},
+               {"batch", o.batch},
+               {"prefix_reuse", std::string(o.no_prefix_reuse ? "false" : "true")},
+               {"scores", o.scores},
+               {"flag_threshold", o.flag_threshold},
+               {"bootstrap_resamples", o.bootstrap},
+               {"seed", pr.seed},
+               {"n_trials", n_trials},
+               {"decode", std::string("greedy; prefill prompt[:-1], then one token a step through the KV cache; a stop "
+                                      "token (stop_ids) ends the response: unkept and unscored (stop_order before), or "
+                                      "kept and scored first (after, Wu's order)")}};
+    // The protocol and every choice it resolved to (docs/needle-protocols.md).
+    if (pr.protocol != Protocol::kHeadscope || o.given.count("--protocol")) {
+        a["protocol"] = std::string(name_in(protocol_names(), pr.protocol));
+        a["buffer"] = pr.buffer;
+        a["assembly"] = std::string(name_in(assembly_names(), pr.assembly));
+        a["ablation_assembly"] = std::string(name_in(assembly_names(), pr.ablation_assembly));
+        a["ablation_template"] = p.cfg.ablation_tmpl.text;
+        a["ablation_max_new_tokens"] = pr.ablation_max_new_tokens;
+        a["insertion"] = std::string(name_in(insertion_names(), pr.insertion));
+        a["answer_span"] = std::string(name_in(answer_search_names(), pr.answer));
+        a["stop_order"] = std::string(name_in(stop_order_names(), pr.stop_order));
+        a["haystack_format"] = std::string(name_in(haystack_format_names(), pr.haystack_format));
+        a["haystack_repeat"] = std::string(name_in(haystack_repeat_names(), pr.repeat));
+        a["rng"] = std::string(name_in(rng_kind_names(), pr.rng));
+    }
+    if (in.facts.rule_ids.empty()) a["stop_ids"] = std::string("none");
+    else a["stop_ids"] = in.facts.rule_ids;
+    return a;
 }
 
 // /retrieval/decoding: per set (0 = the named heads, 1.. random controls) and trial, the combined
@@ -547,7 +692,8 @@ public:
                std::unique_ptr<NeedleResults> prev, bool resuming)
         : o_(o), p_(p), m_(m), test_(test), params_(std::move(params)), prev_(std::move(prev)), resuming_(resuming) {
         const int64_t N = static_cast<int64_t>(test.trials().size());
-        res_.init(N, m.config.n_layers, m.config.n_heads, o.max_new_tokens);
+        res_.init(N, m.config.n_layers, m.config.n_heads, p.proto.max_new_tokens, p.proto.ablation_max_new_tokens,
+                  p.cfg.keep_steps);
         if (prev_)
             for (int64_t i = 0; i < N; ++i)
                 if (prev_->done[i]) res_.copy_trial(*prev_, i);
@@ -555,19 +701,42 @@ public:
 
     const NeedleResults& results() const { return res_; }
     const std::vector<std::vector<Head>>& sets() const { return sets_; }
+    // Work items: the baseline's batches g (item g), then each ablation set s's batches of the
+    // ablation trials (item G + s * Ga + g); a shard owns item k when k % N == I.
     int64_t n_items() const { return static_cast<int64_t>(test_.batches().size()); }
+    int64_t n_ablation_items() const { return static_cast<int64_t>(test_.ablation_batches().size()); }
+    int64_t item(int64_t set, int64_t g) const {
+        if (set < 0) return g;
+        return rows_mode() ? n_items() + g : n_items() + set * n_ablation_items() + g;
+    }
+    // With an unablated prefill (scope decode) the sets decode as rows of shared forwards, one prefill
+    // a trial for all of them (--sweep-rows rows a forward): an ablation batch is then one work item
+    // for every set, so that a row's forward holds the same rows in a shard, a resumed run and the
+    // whole run (rows share GEMMs: their last bits depend on the rows beside them).
+    bool rows_mode() const { return p_.cfg.decode.scope == AblationScope::kDecode && o_.sweep_rows > 1; }
+    const std::vector<std::vector<int64_t>>& batches_of(int64_t set) const {
+        return set < 0 ? test_.batches() : test_.ablation_batches();
+    }
 
     // Set 0 = `heads` (from --ablate, --ablate-top K --from, or this run's scores), sets 1.. the
-    // random controls; a resumed file's ablated trials are kept where it ablated the same heads.
+    // random controls (distinct; fewer when the other heads hold fewer distinct sets), then, when
+    // the ablation passes have prompts of their own (LOCOS), the unablated set (no heads): their
+    // baseline. A resumed file's ablated trials are kept where it ablated the same heads.
     void choose_sets(std::vector<Head> heads, std::string source) {
         const int L = m_.config.n_layers, H = m_.config.n_heads;
         ablate_source_ = std::move(source);
         sets_ = {heads};
         if (o_.random_controls > 0)  // (none asked: a set of more than half the heads needs no room for controls)
             for (auto& s : with_flag("--random-controls", [&] {
-                     return random_head_sets(L, H, heads, o_.random_controls, static_cast<uint64_t>(o_.seed) + 1);
+                     return random_head_sets(L, H, heads, o_.random_controls, static_cast<uint64_t>(p_.proto.seed) + 1,
+                                             &possible_controls_);
                  }))
                 sets_.push_back(s);
+        if (o_.random_controls > 0 && possible_controls_ <= o_.random_controls)
+            log_warn(fmt::format("--random-controls {}: the {} heads outside {} hold only {} distinct sets of {}; all {} run",
+                                 o_.random_controls, L * H - static_cast<int64_t>(heads.size()), format_heads(heads),
+                                 possible_controls_, heads.size(), possible_controls_));
+        if (test_.separate_ablation_trials()) sets_.push_back({});
         res_.init_sets(sets_);
         if (!prev_) return;
         const int64_t N = res_.N;
@@ -580,10 +749,10 @@ public:
     // Decodes this shard's batches of one pass (set -1 = the scored baseline), skipping the done
     // ones; tick() per trial, a checkpoint after each batch that ran.
     void run_pass(int64_t set, const HeadSet* ablate, const std::function<void()>& tick) {
-        const auto& batches = test_.batches();
-        const int64_t G = n_items();
+        const auto& batches = batches_of(set);
+        const int64_t G = static_cast<int64_t>(batches.size());
         for (int64_t g = 0; g < G; ++g) {
-            if (!p_.shard.owns((1 + set) * G + g)) continue;
+            if (!p_.shard.owns(item(set, g))) continue;
             if (batch_done(set, g)) {
                 for (size_t k = 0; k < batches[g].size(); ++k) tick();
                 continue;
@@ -598,22 +767,57 @@ public:
         }
     }
 
+    // Every set's pass at once (rows_mode): each owned ablation batch with its sets as rows.
+    void run_sets_pass(const std::vector<HeadSet>& sets, const std::function<void()>& tick) {
+        const auto& batches = test_.ablation_batches();
+        std::vector<const HeadSet*> ptrs;
+        for (const auto& hs : sets) ptrs.push_back(&hs);
+        for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g) {
+            if (!p_.shard.owns(item(0, g))) continue;
+            bool all_done = true;
+            for (int64_t si = 0; si < static_cast<int64_t>(sets.size()); ++si) all_done = all_done && batch_done(si, g);
+            if (all_done) {
+                for (size_t k = 0; k < batches[g].size() * sets.size(); ++k) tick();
+                continue;
+            }
+            const auto rs = test_.run_ablated_sets_batch(ptrs, g, o_.sweep_rows);
+            for (size_t si = 0; si < sets.size(); ++si)
+                for (size_t k = 0; k < batches[g].size(); ++k) {
+                    res_.set_ablated(static_cast<int64_t>(si), batches[g][k], rs[si][k]);
+                    tick();
+                }
+            checkpoint();
+        }
+    }
+
     void calibrate(int64_t n, const std::function<void()>& tick) {
         n_calib_ = n;
-        q_mean_ = test_.calibrate(n, static_cast<uint64_t>(o_.seed) + 2, kCalibrationMaxTokens, &calib_idx_, tick);
+        q_mean_ = test_.calibrate(n, calibration_seed(), kCalibrationMaxTokens, &calib_idx_, tick);
+    }
+    // headscope: seed + 2 (its own stream); the reference's: LOCOS's --seed itself.
+    uint64_t calibration_seed() const {
+        return static_cast<uint64_t>(p_.proto.seed) + (p_.proto.rng == RngKind::kReference ? 0 : 2);
     }
     const at::Tensor& q_mean() const { return q_mean_; }
 
     // Every item this shard owns is done (the planned sets included).
     bool complete(int64_t n_sets_planned) const {
-        const int64_t G = n_items();
-        for (int64_t p = 0; p <= n_sets_planned; ++p)
+        for (int64_t set = -1; set < n_sets_planned; ++set) {
+            const int64_t G = static_cast<int64_t>(batches_of(set).size());
             for (int64_t g = 0; g < G; ++g) {
-                if (!p_.shard.owns(p * G + g)) continue;
-                if (p > 0 && res_.S == 0) return false;
-                if (!batch_done(p - 1, g)) return false;
+                if (!p_.shard.owns(item(set, g))) continue;
+                if (set >= 0 && res_.S <= set) return false;
+                if (!batch_done(set, g)) return false;
             }
+        }
         return true;
+    }
+    // The sets an ablating run decodes: the named heads, the controls, the ablation trials' baseline.
+    int64_t n_sets_planned() const {
+        if (!p_.ablating) return 0;
+        const int64_t controls = res_.S > 0 ? static_cast<int64_t>(sets_.size()) - 1 - (test_.separate_ablation_trials() ? 1 : 0)
+                                            : o_.random_controls;
+        return 1 + controls + (test_.separate_ablation_trials() ? 1 : 0);
     }
 
     void write(int64_t n_sets_planned);
@@ -633,14 +837,14 @@ private:
     bool batch_done(int64_t set, int64_t g) const {
         const auto& done = set < 0 ? res_.done : res_.abl_done;
         const int64_t offset = set < 0 ? 0 : set * res_.N;
-        for (auto i : test_.batches()[g])
+        for (auto i : batches_of(set)[static_cast<size_t>(g)])
             if (!done[offset + i]) return false;
         return true;
     }
     void checkpoint() {
         const auto now = std::chrono::steady_clock::now();
         if (std::chrono::duration<double>(now - last_write_).count() < o_.checkpoint_seconds) return;
-        write(p_.ablating ? 1 + o_.random_controls : 0);
+        write(n_sets_planned());
         last_write_ = std::chrono::steady_clock::now();
         if (o_.pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(o_.pause_ms));
     }
@@ -655,7 +859,7 @@ private:
     NeedleResults res_;
     std::vector<std::vector<Head>> sets_;
     std::string ablate_source_;
-    int64_t n_calib_ = 0;
+    int64_t n_calib_ = 0, possible_controls_ = 0;
     std::vector<int64_t> calib_idx_;
     at::Tensor q_mean_;
     std::optional<DecodingPass> decoding_;
@@ -667,11 +871,11 @@ void NeedleScan::write(int64_t n_sets_planned) {
     ResultWriter w(o_.out.out, first_write_ && !resuming_ ? p_.mode : WriteMode::kAppend);
     first_write_ = false;
     if (w.exists("/meta")) check_same_model(w, m_);
-    write_meta(w, m_, o_.seed);
+    write_meta(w, m_, p_.proto.seed);
     for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"})
         if (w.exists(g)) w.remove(g);
-    const NeedleSummary sum = summarize(res_, o_.bootstrap, static_cast<uint64_t>(o_.seed), o_.flag_threshold);
-    write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, o_.bootstrap, o_.seed);
+    const NeedleSummary sum = summarize(res_, o_.bootstrap, static_cast<uint64_t>(p_.proto.seed), o_.flag_threshold, p_.proto.rng);
+    write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, o_.bootstrap, p_.proto.seed);
     w.set_attrs("/retrieval", {{"shard", p_.shard.str()},
                                {"shard_index", p_.shard.index},
                                {"shard_count", p_.shard.count},
@@ -685,16 +889,29 @@ void NeedleScan::write(int64_t n_sets_planned) {
                     {"heads", names},
                     {"source", ablate_source_},
                     {"random_controls", o_.random_controls},
-                    {"control_seed", o_.seed + 1},
+                    {"distinct_controls_possible", possible_controls_},
+                    {"control_seed", p_.proto.seed + 1},
                     {"scope", std::string(ablation_scope_name(p_.cfg.decode.scope))},
-                    {"controls", std::string("set 0 = the named heads; sets 1.. = random sets of the same size drawn "
-                                             "without replacement from the heads NOT in set 0")}};
+                    {"controls", std::string("set 0 = the named heads; sets 1.. = distinct random sets of the same size drawn "
+                                             "without replacement from the heads NOT in set 0 (all of them, fewer than "
+                                             "random_controls, when distinct_controls_possible <= random_controls)")}};
+        if (test_.separate_ablation_trials()) {
+            aa["baseline_set"] = static_cast<int64_t>(sets_.size()) - 1;
+            aa["trials"] = std::string("the ablation passes decode prompts of their own (ablation_assembly, "
+                                       "ablation_template: /retrieval/ablation/trials); the last set, no heads, is their "
+                                       "unablated baseline (baseline_* datasets)");
+            write_trial_arrays(w, "/retrieval/ablation/trials", test_.ablation_trials());
+        }
         if (p_.ablation == Intervention::kStream)
             aa["window"] = std::vector<int64_t>{o_.window.sink, o_.window.recent, o_.window.compensate ? 1 : 0};
         if (p_.ablation == Intervention::kMeanQuery) {
             aa["calibration_trials"] = n_calib_;
             aa["calibration_trial_indices"] = calib_idx_;
-            aa["calibration_seed"] = o_.seed + 2;
+            aa["calibration_seed"] = static_cast<int64_t>(calibration_seed());
+            aa["calibration_rng"] = std::string(p_.proto.rng == RngKind::kReference
+                                                    ? "random.Random(calibration_seed).shuffle of the grid, the first "
+                                                      "calibration_trials (nolima_ablation.py)"
+                                                    : "std::mt19937_64(calibration_seed), a partial Fisher-Yates draw");
             aa["calibration"] = std::string("LOCOS (nolima_ablation.py): mean PRE-RoPE query (after q-norm) of "
                                             "calibration_trials trials drawn by calibration_seed from the whole grid, "
                                             "unablated prefill of each trial's prompt (context at most 5000 tokens, "
@@ -738,10 +955,19 @@ static void print_needle_summary(const RetrievalPlan& p, const NeedleScan& scan,
                         static_cast<long long>(sum.n_locos), static_cast<long long>(kBootstrapMinTrials));
     }
     const auto& sets = scan.sets();
-    for (size_t si = 0; si < sets.size(); ++si)
+    // The ablation passes' own prompts (LOCOS) have their own unablated baseline: the last set.
+    double base_acc = sum.accuracy, base_rl = sum.rougeL;
+    if (!sets.empty() && sets.back().empty() && sets.size() > 1) base_acc = sum.abl_acc.back(), base_rl = sum.abl_rougeL.back();
+    for (size_t si = 0; si < sets.size(); ++si) {
+        if (sets[si].empty() && si > 0) {
+            std::printf("ablation baseline %-24s accuracy %.3f (the ablation prompts, unablated; the scan's %.3f)  ROUGE-L F %.3f\n",
+                        "(no heads)", sum.abl_acc[si], sum.accuracy, sum.abl_rougeL[si]);
+            continue;
+        }
         std::printf("ablation %s %-24s accuracy %.3f (baseline %.3f)  ROUGE-L F %.3f (baseline %.3f)\n",
-                    si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), sum.abl_acc[si], sum.accuracy,
-                    sum.abl_rougeL[si], sum.rougeL);
+                    si == 0 ? "heads  " : "control", format_heads(sets[si]).c_str(), sum.abl_acc[si], base_acc,
+                    sum.abl_rougeL[si], base_rl);
+    }
     if (const auto& d = scan.decoding()) {
         double base_margin = 0;
         for (const auto& t : d->trials[0]) base_margin += t.base_margin;
@@ -764,7 +990,7 @@ static void run_decoding_pass(const RetrievalOptions& o, const RetrievalPlan& p,
                               NeedleScan& scan, const std::function<void()>& tick) {
     const int L = m.config.n_layers, H = m.config.n_heads;
     NeedleScan::DecodingPass d;
-    d.control_seed = o.seed + 3;
+    d.control_seed = p.proto.seed + 3;
     if (p.decoding == CombineRule::kDecore) {
         d.spec = decore_from(o.dec, L, H);
         const auto& heads = d.spec.rows[1].heads;
@@ -790,7 +1016,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     auto lm = open_model(o.model, true);
     const Model& m = *lm.model;
     const int L = m.config.n_layers, H = m.config.n_heads;
-    const NeedleInputs in = read_needle_inputs(o, m, *lm.tokenizer, p.stop_rule);
+    const NeedleInputs in = read_needle_inputs(o, p, m, *lm.tokenizer);
     std::vector<Head> ablate_heads;
     at::Tensor from_score;
     if (!o.ablate.empty()) ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
@@ -803,7 +1029,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     NeedleConfig cfg = p.cfg;
     cfg.max_positions = m.config.max_seq_len;
     const NeedleTest test = with_flag("--lengths", [&] {
-        return NeedleTest(m, *lm.tokenizer, in.needles, in.needles_path, in.haystack, in.facts, cfg);
+        return NeedleTest(m, *lm.tokenizer, TrialBuilder(*lm.tokenizer, p.proto, in.facts, in.needles, in.needles_path, in.haystacks),
+                          cfg);
     });
     const int64_t N = static_cast<int64_t>(test.trials().size());
 
@@ -835,13 +1062,15 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     };
     if (sets_first) choose_sets(nullptr);
 
-    const int64_t G = scan.n_items();
-    const int64_t n_sets_planned = p.ablating ? 1 + o.random_controls : 0;
+    const int64_t n_sets_planned = scan.n_sets_planned();
     const bool calibrate = p.ablating && p.ablation == Intervention::kMeanQuery;
     const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
     int64_t planned = n_calib;
-    for (int64_t k = 0; k < (1 + n_sets_planned) * G; ++k)
-        if (p.shard.owns(k)) planned += static_cast<int64_t>(test.batches()[k % G].size());
+    for (int64_t set = -1; set < n_sets_planned; ++set) {
+        const auto& batches = scan.batches_of(set);
+        for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g)
+            if (p.shard.owns(scan.item(set, g))) planned += static_cast<int64_t>(batches[static_cast<size_t>(g)].size());
+    }
     if (p.decoding != CombineRule::kIndependent)
         planned += N * (p.decoding == CombineRule::kDecore ? 1 + o.random_controls : 1);
     Progress prog("needle trials", planned);
@@ -849,7 +1078,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
 
     // ---- the baseline pass: both scores from one decode per trial ----
     scan.run_pass(-1, nullptr, tick);
-    NeedleSummary sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+    NeedleSummary sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(p.proto.seed), o.flag_threshold, p.proto.rng);
     if (p.shard.count == 1) {
         if (sum.n_pass == 0) log_warn(fmt::format("no trial passed (ROUGE-1 recall > {}): the head scores are NaN", o.pass_threshold));
         else if (p.want_locos && sum.n_locos == 0) log_warn("no passing trial generated the answer's tokens: the LOCOS scores are NaN");
@@ -858,9 +1087,12 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     // ---- ablation: mean-query calibration (over the whole grid, the same in every shard), then the sets ----
     if (calibrate) scan.calibrate(n_calib, tick);
     if (p.ablating && !sets_first) choose_sets(&sum);
-    for (size_t si = 0; si < scan.sets().size(); ++si) {
-        const HeadSet hs{scan.sets()[si], p.ablation, scan.q_mean(), o.window};
-        scan.run_pass(static_cast<int64_t>(si), &hs, tick);
+    std::vector<HeadSet> sets;
+    for (const auto& heads : scan.sets()) sets.push_back(HeadSet{heads, p.ablation, scan.q_mean(), o.window});
+    if (scan.rows_mode()) {
+        scan.run_sets_pass(sets, tick);
+    } else {
+        for (size_t si = 0; si < sets.size(); ++si) scan.run_pass(static_cast<int64_t>(si), &sets[si], tick);
     }
     if (p.decoding != CombineRule::kIndependent) run_decoding_pass(o, p, m, test, scan, tick);
     prog.finish();
@@ -868,10 +1100,10 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
         log_info(fmt::format("prefill: {} of {} prompt positions ({:.0f}%) taken from the trial before's chunks or shared "
                              "by a batch's rows (--no-prefix-reuse prefills every trial whole)",
                              reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
-    scan.write(n_sets_planned);
-    sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(o.seed), o.flag_threshold);
+    scan.write(scan.n_sets_planned());
+    sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(p.proto.seed), o.flag_threshold, p.proto.rng);
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
-    if (o.stream_sweep) run_stream_sweep(o, test, m, sum, out, stream_score, stream_source);
+    if (o.stream_sweep) run_stream_sweep(o, test, m, sum, out, stream_score, stream_source, p.proto.seed);
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 
@@ -893,6 +1125,11 @@ void setup_retrieval(CLI::App& app) {
         "sets excluding them; --ablation-scope all (LOCOS: every forward) or decode (Wu et al.: decode steps).\n"
         "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
         "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5\n"
+        "The same trials as Retrieval_Head's retrieval_head_detection.py builds them (buffer 200, text round trips, period "
+        "insertion, score then stop on the newline token):\n"
+        "Example: headscope retrieval ../shared/testdata/tinystories-656k --protocol wu --haystack "
+        "datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_needles.jsonl --lengths 300,400 "
+        "--depths 0,50,100 --max-new-tokens 8 --out needle-wu.h5\n"
         "Shards (a Slurm job array: --shard slurm; scripts/slurm/), joined by `headscope merge` into what one run writes:\n"
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
@@ -907,10 +1144,51 @@ void setup_retrieval(CLI::App& app) {
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
+    sub->add_option("--protocol", o->protocol,
+                    "how trials are built, decoded and stopped: headscope (token space, exact spans), wu (Retrieval_Head's "
+                    "retrieval_head_detection.py and needle_in_haystack_with_mask.py as they run), locos (LOCOS's "
+                    "logit_contrib.py scan and nolima_ablation.py ablation runs); each choice below overrides it "
+                    "(docs/needle-protocols.md)")
+        ->capture_default_str();
     sub->add_option("--haystack", o->haystack, "plain text, repeated to fill each length (default datasets/needles/haystack.txt)");
+    sub->add_option("--haystack-dir", o->haystack_dir,
+                    "a reference repository's haystack folder (haystack_for_detect/: needles.jsonl, part1/ part2/ ... "
+                    "one per needle): the needles from its needles.jsonl unless --needles, needle i's haystack from part<i+1>/");
     sub->add_option("--needles", o->needles,
-                    "JSON lines {\"needle\", \"question\", \"answer\"} (default datasets/needles/needles.jsonl)");
-    sub->add_option("--template", o->tmpl, "prompt with {context} and {question} placeholders")->capture_default_str();
+                    "JSON lines {\"needle\", \"question\", \"answer\" (or \"real_needle\")} (default "
+                    "datasets/needles/needles.jsonl, or --haystack-dir's needles.jsonl)");
+    sub->add_option("--template", o->tmpl,
+                    "prompt with {context} and {question} placeholders; special tokens written in it (a chat format: "
+                    "docs/needle-protocols.md has Llama-3, Qwen and Gemma's) are tokens under --protocol wu|locos")
+        ->capture_default_str();
+    sub->add_option("--ablation-template", o->ablation_template,
+                    "the ablated and decoding passes' template (default --template; LOCOS's ablation runs apply the "
+                    "model's chat format, its scan does not)");
+    sub->add_option("--buffer", o->buffer, "context tokens left free: a length's context is length - buffer (wu, locos: 200)");
+    sub->add_option("--assembly", o->assembly,
+                    "tokens (headscope), text (wu: encode/decode round trips), tracked (locos's scan), joined (locos's "
+                    "ablation runs)");
+    sub->add_option("--ablation-assembly", o->ablation_assembly, "the ablated and decoding passes' assembly, or same (locos: joined)");
+    sub->add_option("--ablation-max-new-tokens", o->ablation_max_new_tokens,
+                    "the ablated and decoding passes' steps at most (default --max-new-tokens; locos: 100)");
+    sub->add_option("--insertion", o->insertion,
+                    "sentence-end (after . ! ? or a newline), period (wu: the \".\" pieces), encoded-period (locos: "
+                    "encode(\".\"))");
+    sub->add_option("--answer-span", o->answer_span,
+                    "the span retrieval credits: decoded (exact, in the needle), wu (the first prompt window with > 90% "
+                    "token overlap; none: no credit), locos (the same over whole windows, else the needle)");
+    sub->add_option("--stop-order", o->stop_order, "before: a stop token is not kept; after: kept and scored, then stop (wu)");
+    sub->add_option("--stop-ids", o->stop_ids, "more token ids that end a response, e.g. 144 (Retrieval_Head's literal id)");
+    sub->add_option("--haystack-format", o->haystack_format,
+                    "--haystack-dir's files: raw (text as is, wu) or rows (p1.plain.txt, else p1.txt's JSON rows, locos)");
+    sub->add_option("--haystack-repeat", o->haystack_repeat,
+                    "tokens (cycle the tokens), concat (append the text until it has max(lengths) words, wu), double "
+                    "(text += \"\\n\\n\" + text until then, locos)");
+    sub->add_option("--rng", o->rng,
+                    "headscope (std::mt19937_64) or reference (locos: numpy RandomState bootstrap, Python random "
+                    "calibration sample)");
+    sub->add_flag("--dump-steps", o->dump_steps,
+                  "also write each decode step's credit, L+ and L- per head (/retrieval/steps; an audit of the scores)");
     auto* lens = sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
     auto* range = sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
     sub->add_option("--depths", o->depths, "needle depths in percent of the context")->capture_default_str();
@@ -918,8 +1196,9 @@ void setup_retrieval(CLI::App& app) {
         ->check(at_least(1))
         ->capture_default_str();
     sub->add_option("--stop", o->stop,
-                    "newline: a token that decodes to exactly \"\\n\" or EOS ends the response (LOCOS; Wu et al. stop "
-                    "on <0x0A>); eos: EOS only; none: run --max-new-tokens steps")
+                    "newline: a token that decodes to exactly \"\\n\" or EOS ends the response; eos: EOS only; none: run "
+                    "--max-new-tokens steps; wu: the newline token (<0x0A>, or one decoding to exactly \"\\n\"), never "
+                    "EOS; locos: <0x0A>, encode(\"\\n\")'s last token, the tokenizer's and generation_config.json's EOS")
         ->capture_default_str();
     sub->add_option("--pass-threshold", o->pass_threshold, "a trial passes when ROUGE-1 recall > this")
         ->check(in_range(0, 1))
@@ -992,8 +1271,10 @@ void setup_retrieval(CLI::App& app) {
         ->capture_default_str();
     add_decoding_args(sub, o->dec);
     sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each checkpoint")->group("");
-    sub->callback([o, range, lens] {
+    sub->callback([o, range, lens, sub] {
         if (range->count() > 0 && lens->count() > 0) throw UsageError("give at most one of --lengths and --lengths-range");
+        for (const auto* opt : sub->get_options())
+            if (opt->count() > 0) o->given.insert(opt->get_name());
         run_retrieval(*o, range->count() > 0);
     });
 }

@@ -33,8 +33,8 @@ std::string attr_text(const AttrValue& v) {
     return s;
 }
 
-void NeedleResults::init(int64_t n, int64_t l, int64_t h, int64_t st) {
-    N = n, L = l, H = h, steps = st;
+void NeedleResults::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast, bool ws) {
+    N = n, L = l, H = h, steps = st, abl_steps = ast, with_steps = ws;
     done.assign(N, 0);
     generated.assign(N * steps, -1);
     response.assign(N, "");
@@ -42,8 +42,11 @@ void NeedleResults::init(int64_t n, int64_t l, int64_t h, int64_t st) {
     passed.assign(N, 0);
     answer_steps.assign(N, 0);
     retrieval.assign(N * L * H, kNaNf), locos.assign(N * L * H, kNaNf);
+    lplus.assign(N * L * H, kNaNf), lminus.assign(N * L * H, kNaNf);
+    const int64_t per = with_steps ? N * steps * L * H : 0;
+    step_credit.assign(per, kNaNf), step_lplus.assign(per, kNaNf), step_lminus.assign(per, kNaNf);
     S = 0;
-    masks.clear(), abl_done.clear(), abl_rouge1.clear(), abl_rougeL.clear(), abl_passed.clear();
+    masks.clear(), abl_done.clear(), abl_rouge1.clear(), abl_rougeL.clear(), abl_passed.clear(), abl_generated.clear();
 }
 
 void NeedleResults::init_sets(const std::vector<std::vector<std::pair<int, int>>>& sets) {
@@ -54,6 +57,7 @@ void NeedleResults::init_sets(const std::vector<std::vector<std::pair<int, int>>
     abl_done.assign(S * N, 0);
     abl_rouge1.assign(S * N, kNaNf), abl_rougeL.assign(S * N, kNaNf);
     abl_passed.assign(S * N, 0);
+    abl_generated.assign(S * N * abl_steps, -1);
 }
 
 void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
@@ -64,9 +68,20 @@ void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
     rouge1[i] = static_cast<float>(r.rouge1_recall), rougeL[i] = static_cast<float>(r.rougeL_f);
     passed[i] = r.passed;
     answer_steps[i] = r.answer_steps;
-    const auto a = host_floats(r.retrieval), b = host_floats(r.locos);
-    std::copy(a.begin(), a.end(), retrieval.begin() + i * L * H);
-    std::copy(b.begin(), b.end(), locos.begin() + i * L * H);
+    const int64_t LH = L * H;
+    auto put = [&](std::vector<float>& dst, const at::Tensor& t) {
+        const auto v = host_floats(t);
+        std::copy(v.begin(), v.end(), dst.begin() + i * LH);
+    };
+    put(retrieval, r.retrieval), put(locos, r.locos), put(lplus, r.lplus), put(lminus, r.lminus);
+    if (with_steps && r.steps_credit.defined()) {
+        auto put_steps = [&](std::vector<float>& dst, const at::Tensor& t) {
+            const auto v = host_floats(t);  // [taken, L, H], taken <= steps
+            std::fill(dst.begin() + i * steps * LH, dst.begin() + (i + 1) * steps * LH, kNaNf);
+            std::copy_n(v.begin(), std::min<int64_t>(static_cast<int64_t>(v.size()), steps * LH), dst.begin() + i * steps * LH);
+        };
+        put_steps(step_credit, r.steps_credit), put_steps(step_lplus, r.steps_lplus), put_steps(step_lminus, r.steps_lminus);
+    }
 }
 
 void NeedleResults::set_ablated(int64_t s, int64_t i, const TrialResult& r) {
@@ -74,6 +89,9 @@ void NeedleResults::set_ablated(int64_t s, int64_t i, const TrialResult& r) {
     abl_rouge1[s * N + i] = static_cast<float>(r.rouge1_recall);
     abl_rougeL[s * N + i] = static_cast<float>(r.rougeL_f);
     abl_passed[s * N + i] = r.passed;
+    auto g = abl_generated.begin() + (s * N + i) * abl_steps;
+    std::fill(g, g + abl_steps, -1);
+    std::copy_n(r.generated.begin(), std::min<int64_t>(abl_steps, r.generated.size()), g);
 }
 
 void NeedleResults::copy_trial(const NeedleResults& f, int64_t i) {
@@ -83,6 +101,14 @@ void NeedleResults::copy_trial(const NeedleResults& f, int64_t i) {
     rouge1[i] = f.rouge1[i], rougeL[i] = f.rougeL[i], passed[i] = f.passed[i], answer_steps[i] = f.answer_steps[i];
     std::copy_n(f.retrieval.begin() + i * L * H, L * H, retrieval.begin() + i * L * H);
     std::copy_n(f.locos.begin() + i * L * H, L * H, locos.begin() + i * L * H);
+    std::copy_n(f.lplus.begin() + i * L * H, L * H, lplus.begin() + i * L * H);
+    std::copy_n(f.lminus.begin() + i * L * H, L * H, lminus.begin() + i * L * H);
+    if (with_steps && f.with_steps && f.steps == steps) {
+        const int64_t n = steps * L * H;
+        std::copy_n(f.step_credit.begin() + i * n, n, step_credit.begin() + i * n);
+        std::copy_n(f.step_lplus.begin() + i * n, n, step_lplus.begin() + i * n);
+        std::copy_n(f.step_lminus.begin() + i * n, n, step_lminus.begin() + i * n);
+    }
 }
 
 void NeedleResults::copy_ablated(const NeedleResults& f, int64_t fs, int64_t s, int64_t i) {
@@ -90,6 +116,8 @@ void NeedleResults::copy_ablated(const NeedleResults& f, int64_t fs, int64_t s, 
     abl_rouge1[s * N + i] = f.abl_rouge1[fs * N + i];
     abl_rougeL[s * N + i] = f.abl_rougeL[fs * N + i];
     abl_passed[s * N + i] = f.abl_passed[fs * N + i];
+    if (f.abl_steps == abl_steps)
+        std::copy_n(f.abl_generated.begin() + (fs * N + i) * abl_steps, abl_steps, abl_generated.begin() + (s * N + i) * abl_steps);
 }
 
 bool NeedleResults::same_set(const NeedleResults& o, int64_t os, int64_t s) const {
@@ -116,7 +144,7 @@ Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete) {
 
 MergeStage::~MergeStage() { std::remove(tmp_.c_str()); }
 
-NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold) {
+NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold, RngKind rng) {
     NeedleSummary s;
     const int64_t LH = r.L * r.H;
     std::vector<int64_t> pass_idx, locos_idx;
@@ -143,7 +171,11 @@ NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed
     auto samples = gather(r.locos, locos_idx);
     s.locos = s.n_locos ? samples.mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
     s.with_ci = s.n_locos >= kBootstrapMinTrials;
-    std::tie(s.ci_low, s.ci_high) = bootstrap_ci(s.with_ci ? samples : samples.narrow(0, 0, 0), bootstrap, seed);
+    const auto used = s.with_ci ? samples : samples.narrow(0, 0, 0);
+    if (rng == RngKind::kReference)  // logit_contrib.py's numpy draws on the float32 trial scores
+        std::tie(s.ci_low, s.ci_high) = bootstrap_ci_numpy(used.to(torch::kFloat), bootstrap, static_cast<uint32_t>(seed));
+    else
+        std::tie(s.ci_low, s.ci_high) = bootstrap_ci(used, bootstrap, seed);
     for (int64_t l = 0; l < r.L; ++l)
         for (int64_t h = 0; h < r.H; ++h)
             if (s.ret[l][h].item<double>() > flag_threshold) s.flagged.push_back(format_head(static_cast<int>(l), static_cast<int>(h)));
@@ -176,7 +208,18 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
     put(tg + "/answer_steps", r.answer_steps, {N});
     put(tg + "/retrieval", r.retrieval, {N, L, H});
     put(tg + "/locos", r.locos, {N, L, H});
+    put(tg + "/lplus", r.lplus, {N, L, H});
+    put(tg + "/lminus", r.lminus, {N, L, H});
     put(tg + "/done", r.done, {N});
+    if (r.with_steps) {
+        const std::string sg = "/retrieval/steps";
+        put(sg + "/credit", r.step_credit, {N, r.steps, L, H});
+        put(sg + "/lplus", r.step_lplus, {N, r.steps, L, H});
+        put(sg + "/lminus", r.step_lminus, {N, r.steps, L, H});
+        w.set_attrs(sg, {{"description", std::string("per trial and decode step (NaN past the trial's end): each head's "
+                                                      "retrieval credit, and L+ and L- for the step's generated token "
+                                                      "(NaN where the needle's span was not found)")}});
+    }
     const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
     w.set_attrs("/retrieval", common);
     if (want_ret) {
@@ -202,10 +245,22 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
         put(ag + "/rougeL_f", r.abl_rougeL, {S, N});
         put(ag + "/passed", r.abl_passed, {S, N});
         put(ag + "/done", r.abl_done, {S, N});
+        put(ag + "/generated", r.abl_generated, {S, N, r.abl_steps});
         put(ag + "/accuracy", s.abl_acc, {S});
-        put(ag + "/baseline_rouge1_recall", r.rouge1, {N});
-        put(ag + "/baseline_rougeL_f", r.rougeL, {N});
-        put(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(s.accuracy)}, {1});
+        // The baseline of the ablated passes: the scan's trials, or (when the ablation passes decode
+        // prompts of their own) the last set, which ablates no head.
+        int64_t base = -1;
+        if (S > 1 && std::all_of(r.masks.begin() + (S - 1) * L * H, r.masks.begin() + S * L * H, [](int32_t v) { return v == 0; }))
+            base = S - 1;
+        if (base < 0) {
+            put(ag + "/baseline_rouge1_recall", r.rouge1, {N});
+            put(ag + "/baseline_rougeL_f", r.rougeL, {N});
+            put(ag + "/baseline_accuracy", std::vector<float>{static_cast<float>(s.accuracy)}, {1});
+        } else {
+            put(ag + "/baseline_rouge1_recall", std::vector<float>(r.abl_rouge1.begin() + base * N, r.abl_rouge1.begin() + (base + 1) * N), {N});
+            put(ag + "/baseline_rougeL_f", std::vector<float>(r.abl_rougeL.begin() + base * N, r.abl_rougeL.begin() + (base + 1) * N), {N});
+            put(ag + "/baseline_accuracy", std::vector<float>{s.abl_acc[static_cast<size_t>(base)]}, {1});
+        }
     }
 }
 
@@ -230,7 +285,10 @@ NeedleResults read_needle_results(const ResultReader& f) {
                                        shape_str(done.shape), shape_str(gen.shape)));
     const int64_t L = meta_int("n_layers"), H = meta_int("n_heads");
     if (L < 1 || H < 1 || L > 100000 || H > 100000) throw StorageError(fmt::format("{}: /meta n_layers {} n_heads {}", f.path(), L, H));
-    r.init(done.shape[0], L, H, gen.shape[1]);
+    const std::string ag = "/retrieval/ablation";
+    const int64_t abl_steps = f.exists(ag + "/generated") ? f.read_numbers(ag + "/generated").shape.back() : gen.shape[1];
+    const bool with_steps = f.exists("/retrieval/steps/credit");
+    r.init(done.shape[0], L, H, gen.shape[1], abl_steps, with_steps);
     const int64_t N = r.N;
     auto numbers = [&](const std::string& name, const std::vector<int64_t>& shape) {
         auto d = f.read_numbers(name);
@@ -250,11 +308,17 @@ NeedleResults read_needle_results(const ResultReader& f) {
     conv(r.answer_steps, numbers(tg + "/answer_steps", {N}));
     conv(r.retrieval, numbers(tg + "/retrieval", {N, L, H}));
     conv(r.locos, numbers(tg + "/locos", {N, L, H}));
+    if (f.exists(tg + "/lplus")) conv(r.lplus, numbers(tg + "/lplus", {N, L, H}));
+    if (f.exists(tg + "/lminus")) conv(r.lminus, numbers(tg + "/lminus", {N, L, H}));
+    if (with_steps) {
+        conv(r.step_credit, numbers("/retrieval/steps/credit", {N, r.steps, L, H}));
+        conv(r.step_lplus, numbers("/retrieval/steps/lplus", {N, r.steps, L, H}));
+        conv(r.step_lminus, numbers("/retrieval/steps/lminus", {N, r.steps, L, H}));
+    }
     auto resp = f.read(tg + "/response");
     if (!resp.is_string || static_cast<int64_t>(resp.strings.size()) != N)
         throw StorageError(fmt::format("{}: {}/response is not {} strings; damaged file", f.path(), tg, N));
     r.response = resp.strings;
-    const std::string ag = "/retrieval/ablation";
     if (f.exists(ag + "/done")) {
         auto mk = f.read_numbers(ag + "/masks");
         if (mk.shape.size() != 3 || mk.shape[1] != L || mk.shape[2] != H)
@@ -269,6 +333,8 @@ NeedleResults read_needle_results(const ResultReader& f) {
         conv(r.abl_rouge1, numbers(ag + "/rouge1_recall", {r.S, N}));
         conv(r.abl_rougeL, numbers(ag + "/rougeL_f", {r.S, N}));
         conv(r.abl_passed, numbers(ag + "/passed", {r.S, N}));
+        r.abl_generated.assign(r.S * N * r.abl_steps, -1);
+        if (f.exists(ag + "/generated")) conv(r.abl_generated, numbers(ag + "/generated", {r.S, N, r.abl_steps}));
     }
     return r;
 }
@@ -350,12 +416,13 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     // Each trial (and each ablated trial) from the first shard that ran it.
     NeedleResults all;
     const NeedleResults& p0 = parts.front();
-    all.init(p0.N, p0.L, p0.H, p0.steps);
+    all.init(p0.N, p0.L, p0.H, p0.steps, p0.abl_steps, p0.with_steps);
     if (p0.S > 0) {
         all.S = p0.S;
         all.masks = p0.masks;
         all.abl_done.assign(all.S * all.N, 0), all.abl_rouge1.assign(all.S * all.N, kNaNf);
         all.abl_rougeL.assign(all.S * all.N, kNaNf), all.abl_passed.assign(all.S * all.N, 0);
+        all.abl_generated.assign(all.S * all.N * all.abl_steps, -1);
     }
     for (size_t k = 0; k < parts.size(); ++k) {
         const auto& p = parts[k];
@@ -386,7 +453,8 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     } catch (const std::exception&) {
         throw StorageError(fmt::format("{}: /retrieval lacks bootstrap_resamples, seed or flag_threshold", first.path()));
     }
-    const NeedleSummary sum = summarize(all, bootstrap, static_cast<uint64_t>(seed), flag);
+    const RngKind rng = find_in(rng_kind_names(), attr_of(first, "/retrieval", "rng")).value_or(RngKind::kHeadscope);
+    const NeedleSummary sum = summarize(all, bootstrap, static_cast<uint64_t>(seed), flag, rng);
 
     const MergeStage stage(first.path(), o.out);
     const std::string& tmp = stage.path();

@@ -19,6 +19,8 @@ namespace hs::cli {
 
 struct NeedleResults {
     int64_t N = 0, L = 0, H = 0, steps = 0;  // trials, layers, heads, max_new_tokens
+    int64_t abl_steps = 0;                   // the ablation passes' max_new_tokens
+    bool with_steps = false;                 // per-step scores kept (--dump-steps)
     std::vector<uint8_t> done;               // [N] the unablated decode ran
     std::vector<int64_t> generated;          // [N, steps], -1 past the end
     std::vector<std::string> response;       // [N]
@@ -26,13 +28,16 @@ struct NeedleResults {
     std::vector<int32_t> passed;             // [N]
     std::vector<int64_t> answer_steps;       // [N]
     std::vector<float> retrieval, locos;     // [N, L, H]
+    std::vector<float> lplus, lminus;        // [N, L, H] means over the answer steps
+    std::vector<float> step_credit, step_lplus, step_lminus;  // [N, steps, L, H] (with_steps), NaN past the end
     int64_t S = 0;                           // ablation sets (0: none yet)
     std::vector<int32_t> masks;              // [S, L, H]
     std::vector<uint8_t> abl_done;           // [S, N]
     std::vector<float> abl_rouge1, abl_rougeL;  // [S, N]
     std::vector<int32_t> abl_passed;         // [S, N]
+    std::vector<int64_t> abl_generated;      // [S, N, abl_steps], -1 past the end
 
-    void init(int64_t n, int64_t l, int64_t h, int64_t steps);  // nothing done
+    void init(int64_t n, int64_t l, int64_t h, int64_t steps, int64_t abl_steps, bool with_steps);  // nothing done
     void init_sets(const std::vector<std::vector<std::pair<int, int>>>& sets);
     void set_trial(int64_t i, const TrialResult& r);
     void set_ablated(int64_t s, int64_t i, const TrialResult& r);
@@ -52,7 +57,9 @@ struct NeedleSummary {
 };
 // LOCOS computes bootstrap intervals only over at least this many scored trials (logit_contrib.py).
 constexpr int64_t kBootstrapMinTrials = 10;
-NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold);
+// rng: which bootstrap (RngKind::kReference: numpy's, as logit_contrib.py draws it).
+NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold,
+                        RngKind rng = RngKind::kHeadscope);
 
 // Writes (replacing) every dataset and attribute that depends on the results: /retrieval/trials/
 // results and done, /retrieval/ablation/ results, done and accuracies (when S > 0), /scores/retrieval
