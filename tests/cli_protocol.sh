@@ -47,6 +47,11 @@ layout() {  # layout NAME HAYSTACK NEEDLES PICK REAL
 }
 layout ts "$N/tinystories_haystack.txt" "$N/tinystories_needles.jsonl" 0,1,2 needle,first,answer
 layout qw "$N/haystack.txt" "$N/needles.jsonl" 0,6,7 answer,answer,needle
+# Every real_needle inside its needle too, so that Wu's trial construction is compared on its own
+# even where headscope refuses an answer its search does not find in the needle (the reference does
+# not: find_needle_idx returns (-1, -1) and the trial runs uncredited, WU:249-259, 287).
+layout tsn "$N/tinystories_haystack.txt" "$N/tinystories_needles.jsonl" 0,1,2 needle
+layout qwn "$N/haystack.txt" "$N/needles.jsonl" 0,6,7 needle,answer,needle
 GRID=(--lengths 300,400 --depths 0,50,100)
 
 # case NAME MODEL PROTOCOL DATA ABLATION: the harness's trials into $TMP/NAME.jsonl.
@@ -59,6 +64,8 @@ reference ts-wu "$TS" wu "$TMP/data/ts-raw" zero-query
 reference ts-locos "$TS" locos "$TMP/data/ts-json" mean-query
 reference qw-wu "$QW" wu "$TMP/data/qw-raw" zero-query
 reference qw-locos "$QW" locos "$TMP/data/qw-json" zero-query
+reference tsn-wu "$TS" wu "$TMP/data/tsn-raw" zero-query
+reference qwn-wu "$QW" wu "$TMP/data/qwn-raw" zero-query
 
 # The check can fail: the harness's own output in headscope's layout passes; perturbed, it fails.
 if [ -s "$TMP/ts-locos.jsonl" ]; then
@@ -97,6 +104,8 @@ compare ts-wu "$TS" wu "$TMP/data/ts-raw" zero-query
 compare ts-locos "$TS" locos "$TMP/data/ts-json" mean-query
 compare qw-wu "$QW" wu "$TMP/data/qw-raw" zero-query
 compare qw-locos "$QW" locos "$TMP/data/qw-json" zero-query
+compare tsn-wu "$TS" wu "$TMP/data/tsn-raw" zero-query
+compare qwn-wu "$QW" wu "$TMP/data/qwn-raw" zero-query
 
 keep
 echo "cli-protocol: $pass passed, $fail failed"
