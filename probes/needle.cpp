@@ -447,7 +447,14 @@ std::pair<int64_t, int64_t> NeedleTest::prefix_stats() const {
 TrialResult NeedleTest::judge(int64_t i, const std::vector<int64_t>& generated) const {
     TrialResult r;
     r.generated = generated;
-    r.response = trim(tok_.decode(std::vector<int32_t>(generated.begin(), generated.end()), true));
+    // The response as the protocol's reference decodes it: decode(ids, skip_special_tokens=True).strip()
+    // through the tokenizers crate (which keeps a special token stored normalized), or headscope's
+    // decode without specials.
+    std::vector<int32_t> ids;
+    for (auto id : generated)
+        if (builder_.protocol().protocol == Protocol::kHeadscope || !tok_.crate_skips(static_cast<int32_t>(id)))
+            ids.push_back(static_cast<int32_t>(id));
+    r.response = trim(tok_.decode(ids, builder_.protocol().protocol == Protocol::kHeadscope));
     const std::string& answer = needles()[static_cast<size_t>(trials_[static_cast<size_t>(i)].needle)].answer;
     r.rouge1_recall = rouge1(answer, r.response).recall;
     r.rougeL_f = rougeL(answer, r.response).fmeasure;

@@ -60,9 +60,7 @@ reference() {
     "${GRID[@]}" --ablate L0H1,L1H2 --ablation "$5" --threads 1 --out "$TMP/$1.jsonl"
   grep -h "found their answer span" "$TMP/out" || true
 }
-reference ts-wu "$TS" wu "$TMP/data/ts-raw" zero-query
 reference ts-locos "$TS" locos "$TMP/data/ts-json" mean-query
-reference qw-wu "$QW" wu "$TMP/data/qw-raw" zero-query
 reference qw-locos "$QW" locos "$TMP/data/qw-json" zero-query
 reference tsn-wu "$TS" wu "$TMP/data/tsn-raw" zero-query
 reference qwn-wu "$QW" wu "$TMP/data/qwn-raw" zero-query
@@ -100,9 +98,18 @@ compare() {  # compare NAME MODEL PROTOCOL DATA ABLATION
   tail -2 "$TMP/check-$1.txt"
   if [ "$rc" -eq 0 ]; then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL $1: headscope differs from the reference:"; head -60 "$TMP/check-$1.txt"; fi
 }
-compare ts-wu "$TS" wu "$TMP/data/ts-raw" zero-query
+# A needle whose answer Wu's search cannot find in the needle's own tokens can earn no credit in any
+# trial (the reference runs it uncredited, its zeros in every head's mean); headscope refuses it in
+# one line naming the needles file's line (exit 5), and leaves no file.
+refuse() {  # refuse NAME MODEL DATA
+  "$HS" -q retrieval "$2" --protocol wu --haystack-dir "$3" "${GRID[@]}" --threads 1 --out "$TMP/$1.h5" >"$TMP/hs-$1.txt" 2>&1
+  check "$1: refused (exit 5)" -- test $? -eq 5
+  check "$1: one line naming needles.jsonl:LINE and Wu's search" -- grep -q "needles.jsonl:[0-9]*: Wu's answer search" "$TMP/hs-$1.txt"
+  check "$1: no output file" -- test ! -e "$TMP/$1.h5"
+}
+refuse ts-wu "$TS" "$TMP/data/ts-raw"
+refuse qw-wu "$QW" "$TMP/data/qw-raw"
 compare ts-locos "$TS" locos "$TMP/data/ts-json" mean-query
-compare qw-wu "$QW" wu "$TMP/data/qw-raw" zero-query
 compare qw-locos "$QW" locos "$TMP/data/qw-json" zero-query
 compare tsn-wu "$TS" wu "$TMP/data/tsn-raw" zero-query
 compare qwn-wu "$QW" wu "$TMP/data/qwn-raw" zero-query

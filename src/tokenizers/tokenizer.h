@@ -31,6 +31,10 @@ public:
     virtual std::optional<int32_t> bos_id() const = 0;
     virtual std::optional<int32_t> eos_id() const = 0;
     virtual bool is_special(int32_t id) const = 0;
+    // Whether the Hugging Face tokenizers crate (0.23) drops this id in decode(skip_special_tokens=True):
+    // a special token, except an added token stored normalized ("▁<|end_story|>"), which it cannot
+    // find by that text and keeps. For decoding as a reference script's tokenizer does.
+    virtual bool crate_skips(int32_t id) const { return is_special(id); }
     // Token id of an exact vocabulary string, if present.
     virtual std::optional<int32_t> token_to_id(const std::string& token) const = 0;
     // "hf-bpe-sentencepiece", "hf-bpe-bytelevel", "gpt2-bpe", "llama2c"

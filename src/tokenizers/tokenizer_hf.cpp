@@ -47,10 +47,11 @@ public:
         if (p_.eos) in_vocab(*p_.eos, "eos_token");
         id_to_token_.resize(static_cast<size_t>(n));
         special_.assign(static_cast<size_t>(n), false);
+        skip_.assign(static_cast<size_t>(n), false);
         for (const auto& [tok, id] : p_.model->vocab()) id_to_token_[id] = tok;
         for (const auto& a : p_.added) {
             id_to_token_[a.id] = a.content;
-            if (a.special) special_[a.id] = true;
+            if (a.special) special_[a.id] = skip_[a.id] = true;
             added_ids_.emplace(a.content, a.id);
             if (!a.normalized) {
                 raw_matcher_.add(a.content, a.id);
@@ -64,6 +65,11 @@ public:
                 // in tinystories-656k's file), so a decode that keeps specials writes " <|start_story|>"
                 // mid-text as the crate does (tokenizers 0.23), and re-encoding finds it again.
                 id_to_token_[a.id] = c;
+                // The crate finds a token to skip by its stored text, which for these is the normalized
+                // one: its decode(skip_special_tokens=True) keeps a special token the normalizer changes
+                // (tinystories-656k: decode([80, 147, 2, 80, 147], True) == "On <|end_story|> On").
+                // headscope's decode skips it (is_special); crate_skips says what the crate does.
+                if (c != a.content) skip_[a.id] = false;
             }
         }
     }
@@ -124,6 +130,7 @@ public:
     bool is_special(int32_t id) const override {
         return id >= 0 && id < vocab_size() && special_[id];
     }
+    bool crate_skips(int32_t id) const override { return id >= 0 && id < vocab_size() && skip_[id]; }
     std::optional<int32_t> token_to_id(const std::string& token) const override {
         if (auto id = p_.model->find(token)) return id;
         auto it = added_ids_.find(token);
@@ -166,6 +173,7 @@ private:
     BpeTokenizerParts p_;
     std::vector<std::string> id_to_token_;
     std::vector<bool> special_;
+    std::vector<bool> skip_;  // the crate's decode(skip_special_tokens=True) drops these (crate_skips)
     std::unordered_map<std::string, int32_t> added_ids_;
     TokenMatcher raw_matcher_, norm_matcher_;
 };
