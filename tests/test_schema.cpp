@@ -90,8 +90,9 @@ TEST_CASE("docs/hdf5-schema.md and the schema's layout name the same paths") {
         CHECK(schema::in_layout(p));  // every documented path exists in the schema
     }
     for (const auto& e : schema::layout()) {
-        CAPTURE(e.pattern);
-        CHECK(doc.count(e.pattern) == 1);  // and every path of the schema is documented
+        const std::string pattern = e.pattern;  // a std::string, so a failure prints the path, not a pointer
+        CAPTURE(pattern);
+        CHECK(doc.count(pattern) == 1);  // and every path of the schema is documented
     }
     // The parser sees what it should: siblings, relative names, headings, prose.
     for (const char* p : {"/ablation/<study>/gates/g_minus", "/scores/<probe>/samples", "/inputs/<probe>/tokens",
