@@ -121,53 +121,98 @@ static int64_t common_prefix(const std::vector<int64_t>& a, const std::vector<in
     return n;
 }
 
-// Prefills rows `ids` [D, P] (their prompts but the last token) into `cache`. With `prefix`: the whole
-// prefill chunks [0, shared) that every row shares are computed in row 0 alone, as a batch-1 prefill
-// from position 0 computes them: those already in the kept cache (same tokens) are taken from it,
-// the rest computed and kept for the next decode. The keys and values of a chunk depend only on the
-// tokens up to its end, so a kept chunk holds the bits this prefill would compute. Then the cache is
-// copied to every row and the rows prefill from `shared` on, in chunks as before.
-static void prefill_rows(const Model& m, const at::Tensor& ids, const std::vector<const Trial*>& trials, int64_t chunk,
-                         Hooks* h, const ForwardOptions& opts, PrefixCache* prefix, KVCache& cache) {
-    const int64_t D = ids.size(0), P = ids.size(1);
-    if (!prefix) {
-        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
-            m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), h, &cache, opts);
-        return;
-    }
-    const auto& p0v = trials[0]->prompt;
-    int64_t c = P - 1;
-    for (int64_t b = 1; b < D; ++b) c = common_prefix(p0v, trials[static_cast<size_t>(b)]->prompt, c);
-    const int64_t shared = c / chunk * chunk;
-    const int64_t u = common_prefix(prefix->tokens, p0v, shared) / chunk * chunk;
-    if (u > 0) {
-        cache.k.assign(prefix->cache.k.size(), at::Tensor());
-        cache.v.assign(prefix->cache.v.size(), at::Tensor());
-        for (size_t l = 0; l < prefix->cache.k.size(); ++l)
-            if (prefix->cache.k[l].defined())
-                cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
-    }
-    auto row0 = ids.narrow(0, 0, 1);
-    for (int64_t q0 = u; q0 < shared; q0 += chunk) m.forward(row0.index({Slice(), Slice(q0, q0 + chunk)}), h, &cache, opts);
-    if (shared > u) {
-        int64_t bytes = 0;
-        for (size_t l = 0; l < cache.k.size(); ++l)
-            if (cache.k[l].defined()) bytes += 2 * cache.k[l].numel() * static_cast<int64_t>(cache.k[l].element_size());
-        if (prefix->max_bytes > 0 && bytes > prefix->max_bytes) {
-            prefix->tokens.clear(), prefix->cache = KVCache{};  // too large to keep a copy of
-        } else {
-            prefix->tokens.assign(p0v.begin(), p0v.begin() + shared);
-            prefix->cache = cache;  // a copy: the forwards below write into the cache's own buffers
+// The bytes a cache's buffers take (its views may show less).
+static int64_t cache_bytes(const KVCache& c) {
+    int64_t n = 0;
+    for (size_t l = 0; l < c.k.size(); ++l)
+        if (c.k[l].defined())
+            n += static_cast<int64_t>(c.k[l].storage().nbytes() + c.v[l].storage().nbytes());
+    return n;
+}
+
+void PrefixCache::release(const Trial* t) {
+    auto it = kept.find(t);
+    if (it == kept.end()) return;
+    kept_bytes -= cache_bytes(it->second);
+    kept.erase(it);
+}
+
+// One trial's prefill (its prompt but the last token) at batch 1, in chunks that end at the
+// multiples of `chunk`, at the trial's cuts and at the prompt's end; with `prefix`, the positions
+// it shares with the kept prefill are taken from there up to the last such boundary (every trial
+// sharing them computed them in these chunks: PrefixCache), and this prefill is kept next.
+static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, const Hooks* h, const ForwardOptions& opts,
+                             PrefixCache* prefix) {
+    const int64_t E = static_cast<int64_t>(t.prompt.size()) - 1;
+    if (prefix)
+        if (auto it = prefix->kept.find(&t); it != prefix->kept.end()) {
+            prefix->reused += E;
+            return it->second;  // a copy sharing the views: its appends go to buffers of its own
+        }
+    std::vector<int64_t> ends;  // the chunks' ends, ascending
+    for (int64_t e = chunk; e < E; e += chunk) ends.push_back(e);
+    for (auto c : t.cuts)
+        if (c > 0 && c < E) ends.push_back(c);
+    ends.push_back(E);
+    std::sort(ends.begin(), ends.end());
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    KVCache cache;
+    cache.reserve(E);
+    int64_t u = 0;
+    if (prefix && !prefix->tokens.empty()) {
+        const int64_t shared = common_prefix(prefix->tokens, t.prompt, std::min<int64_t>(E, static_cast<int64_t>(prefix->tokens.size())));
+        for (auto e : ends)
+            if (e <= shared) u = e;
+        if (u > 0) {
+            cache.k.assign(prefix->cache.k.size(), at::Tensor());
+            cache.v.assign(prefix->cache.v.size(), at::Tensor());
+            for (size_t l = 0; l < prefix->cache.k.size(); ++l)
+                if (prefix->cache.k[l].defined())
+                    cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
         }
     }
-    if (D > 1)
-        for (size_t l = 0; l < cache.k.size(); ++l)
-            if (cache.k[l].defined())
-                cache.k[l] = cache.k[l].expand({D, -1, -1, -1}), cache.v[l] = cache.v[l].expand({D, -1, -1, -1});
-    for (int64_t q0 = shared; q0 < P - 1; q0 += chunk)
-        m.forward(ids.index({Slice(), Slice(q0, std::min(P - 1, q0 + chunk))}), h, &cache, opts);
-    prefix->reused += u + (D - 1) * shared;
-    prefix->computed += (shared - u) + D * (P - 1 - shared);
+    if (E > 0) {
+        const auto ids = torch::tensor(std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + E), torch::kLong)
+                             .view({1, E})
+                             .to(m.options.device);
+        int64_t q0 = u;
+        for (auto e : ends)
+            if (e > u) m.forward(ids.index({Slice(), Slice(q0, e)}), h, &cache, opts), q0 = e;
+    }
+    if (!prefix) return cache;
+    prefix->reused += u;
+    prefix->computed += E - u;
+    const int64_t bytes = cache_bytes(cache);
+    if (prefix->max_bytes > 0 && bytes > prefix->max_bytes) {
+        prefix->tokens.clear(), prefix->cache = KVCache{};  // too large to keep a copy of
+    } else {
+        prefix->tokens.assign(t.prompt.begin(), t.prompt.begin() + E);
+        prefix->cache = cache;
+    }
+    if (prefix->keep.count(&t) && (prefix->max_bytes <= 0 || prefix->kept_bytes + bytes <= prefix->max_bytes)) {
+        prefix->kept.emplace(&t, cache);
+        prefix->kept_bytes += bytes;
+    }
+    return cache;
+}
+
+// The rows' prefill into `cache` [D, P - 1]: each trial's own (prefill_trial), stacked.
+static void prefill_rows(const Model& m, const std::vector<const Trial*>& trials, int64_t chunk, const Hooks* h,
+                         const ForwardOptions& opts, PrefixCache* prefix, KVCache& cache) {
+    std::vector<KVCache> each;
+    for (const Trial* t : trials) each.push_back(prefill_trial(m, *t, chunk, h, opts, prefix));
+    if (each.size() == 1) {
+        cache = std::move(each.front());
+        return;
+    }
+    const size_t L = each.front().k.size();
+    cache.k.assign(L, at::Tensor()), cache.v.assign(L, at::Tensor());
+    for (size_t l = 0; l < L; ++l) {
+        if (!each.front().k[l].defined()) continue;
+        std::vector<at::Tensor> ks, vs;
+        for (const auto& c : each) ks.push_back(c.k[l]), vs.push_back(c.v[l]);
+        cache.k[l] = torch::cat(ks, 0), cache.v[l] = torch::cat(vs, 0);
+    }
 }
 
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
@@ -218,9 +263,9 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const auto t_prefill = Clock::now();
     // The prefill. Rows whose prefill is the same computation share it: with per-row sets and scope
-    // decode (an unablated prefill) each distinct trial is prefilled once and its cache copied to its
-    // rows; with one set for every row (or none), the rows' common whole chunks are computed once.
-    // Per-row sets acting in the prefill (scope all) prefill every row with its own interventions.
+    // decode (an unablated prefill) each distinct trial is prefilled once (prefill_rows) and its cache
+    // copied to its rows. Per-row sets acting in the prefill (scope all) prefill every row with its
+    // own interventions.
     if (per_row && s.scope == AblationScope::kAll) {
         for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
             m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
@@ -238,8 +283,8 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         std::vector<const Trial*> distinct;
         for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
         const int64_t D = static_cast<int64_t>(distinct.size());
-        auto dids = D == B ? ids : ids.index_select(0, torch::tensor(firsts, torch::kLong).to(dev));
-        prefill_rows(m, dids, distinct, chunk, per_row ? nullptr : &prefill, no_logits, prefix, cache);
+        prefill_rows(m, distinct, chunk, per_row ? nullptr : &prefill, no_logits, prefix, cache);
+        cache.reserve(P - 1 + s.max_new_tokens);
         if (D < B) {
             auto expand = torch::tensor(row_of, torch::kLong).to(dev);
             for (size_t l = 0; l < cache.k.size(); ++l)
@@ -372,8 +417,66 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
                 abl_trials_.push_back(builder_.build(len, dep, static_cast<int>(ni), p.ablation_assembly, c_.ablation_tmpl));
                 check_fits(abl_trials_.back(), c_.ablation_max_new_tokens);
             }
+    set_cuts(trials_);
+    set_cuts(abl_trials_);
     groups_ = make_groups(trials_);
     if (separate_) abl_groups_ = make_groups(abl_trials_);
+}
+
+// With the prompts sorted, the common prefix of two is the least of the neighbours' common prefixes
+// between them, so a prompt's distinct values are the chains of strictly smaller neighbour values
+// to its left and to its right (nearest-smaller links: linear in the grid but for the chains).
+std::vector<std::vector<int64_t>> prefill_cuts(const std::vector<const std::vector<int64_t>*>& prompts) {
+    const int64_t N = static_cast<int64_t>(prompts.size());
+    auto at = [](const auto& v, int64_t i) -> decltype(auto) { return v[static_cast<size_t>(i)]; };
+    std::vector<int64_t> order(static_cast<size_t>(N));
+    for (int64_t i = 0; i < N; ++i) order[static_cast<size_t>(i)] = i;
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        const auto &pa = *at(prompts, a), &pb = *at(prompts, b);
+        return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
+    });
+    std::vector<int64_t> adj(static_cast<size_t>(N), -1);  // adj[k]: common prefix of sorted k-1 and k
+    for (int64_t k = 1; k < N; ++k) {
+        const auto &a = *at(prompts, at(order, k - 1)), &b = *at(prompts, at(order, k));
+        adj[static_cast<size_t>(k)] = common_prefix(a, b, static_cast<int64_t>(std::min(a.size(), b.size())));
+    }
+    std::vector<int64_t> prev(static_cast<size_t>(N), 0), next(static_cast<size_t>(N), N);  // nearest strictly smaller
+    std::vector<int64_t> st;
+    for (int64_t k = 1; k < N; ++k) {
+        while (!st.empty() && at(adj, st.back()) >= at(adj, k)) st.pop_back();
+        prev[static_cast<size_t>(k)] = st.empty() ? 0 : st.back();
+        st.push_back(k);
+    }
+    st.clear();
+    for (int64_t k = N - 1; k >= 1; --k) {
+        while (!st.empty() && at(adj, st.back()) >= at(adj, k)) st.pop_back();
+        next[static_cast<size_t>(k)] = st.empty() ? N : st.back();
+        st.push_back(k);
+    }
+    std::vector<std::vector<int64_t>> out(static_cast<size_t>(N));
+    for (int64_t k = 0; k < N; ++k) {
+        std::vector<int64_t> cuts;
+        for (int64_t i = k; i >= 1; i = at(prev, i)) cuts.push_back(at(adj, i));
+        for (int64_t i = k + 1; i < N; i = at(next, i)) cuts.push_back(at(adj, i));
+        std::sort(cuts.begin(), cuts.end());
+        cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        out[static_cast<size_t>(at(order, k))] = std::move(cuts);
+    }
+    return out;
+}
+
+void NeedleTest::set_cuts(std::vector<Trial>& trials) {
+    std::vector<const std::vector<int64_t>*> prompts;
+    for (const auto& t : trials) prompts.push_back(&t.prompt);
+    auto cuts = prefill_cuts(prompts);
+    for (size_t i = 0; i < trials.size(); ++i) trials[i].cuts = std::move(cuts[i]);
+}
+
+void NeedleTest::keep_scan_prefills(const std::function<bool(int64_t)>& keep) const {
+    PrefixCache* pc = prefix_for(nullptr, false);
+    if (!pc) return;
+    for (size_t i = 0; i < trials_.size(); ++i)
+        if (keep(static_cast<int64_t>(i))) pc->keep.insert(&trials_[i]);
 }
 
 // Batches of up to config.batch trials of equal prompt length (rows of one forward), taken in the
@@ -564,6 +667,9 @@ std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const s
                 out[static_cast<size_t>(j)].push_back(
                     judge(g[static_cast<size_t>(k)], outs[static_cast<size_t>((j - s0) * n + k)].generated));
     }
+    if (s.scope == AblationScope::kDecode)
+        if (PrefixCache* prefix = prefix_for(nullptr, true))
+            for (auto i : g) prefix->release(&trials[static_cast<size_t>(i)]);  // its last use (keep_scan_prefills)
     return out;
 }
 

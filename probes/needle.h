@@ -23,6 +23,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -62,22 +63,33 @@ struct DecodeSettings {
     bool reuse_prefix = true;
 };
 
-// Whole prefill chunks kept between decodes of one pass. The trials of a grid share the haystack
-// before the needle (every needle at one depth; the next depth up to the earlier insertion point).
-// A decode computes the whole chunks [0, shared) that all its rows share in row 0 alone, as a batch-1
-// prefill from position 0 does; those chunks whose tokens equal the kept ones are taken from here,
-// the rest computed and kept. A chunk's keys and values depend only on the tokens up to its end, so
-// a kept chunk holds exactly the bits the decode would compute: at batch 1 the results equal a whole
-// prefill's bit for bit, and at any batch a decode's bits depend only on its own rows (not on which
-// decodes ran before: shards and resumed runs agree with the uninterrupted run). Valid only between
+// Prefills kept between decodes of one pass. The trials of a grid share the haystack before the
+// needle (every needle at one depth; the next depth up to the earlier insertion point; other lengths
+// when the haystack is one text). Each trial is prefilled alone (batch 1) in chunks that end at the
+// multiples of the chunk size and at its cuts (Trial::cuts: where it parts from another trial of
+// the grid), so every trial that shares a prefix computes it in the same chunks with the same bits.
+// A decode keeps the last trial's prefill here; the next trial takes the positions it shares with
+// it, up to its last boundary within them, and prefills the rest. The results therefore equal a
+// whole prefill's bit for bit, whatever ran before (shards and resumed runs agree with the whole
+// run), and the rows of a batch are stacked from their trials' own prefills. Valid only between
 // forwards with the same prefill interventions (the caller keys it; NeedleTest per pass).
+// `keep` names trials whose whole prefill is also kept in `kept` (within max_bytes, summed) for a
+// later pass over the same trials: the scan's, for the ablation sets' rows (scope decode).
 struct PrefixCache {
-    std::vector<int64_t> tokens;  // the positions `cache` holds (whole chunks)
+    std::vector<int64_t> tokens;  // the positions `cache` holds (the last trial's prefill)
     KVCache cache;                // batch 1
-    int64_t reused = 0;           // prompt positions (summed over rows) taken from here or shared across rows
-    int64_t computed = 0;         // prompt positions (summed over rows) prefilled
-    int64_t max_bytes = 0;        // > 0: a prefix whose keys and values take more is not kept
+    int64_t reused = 0;           // prompt positions (summed over trials) taken from here or from `kept`
+    int64_t computed = 0;         // prompt positions (summed over trials) prefilled
+    int64_t max_bytes = 0;        // > 0: a prefill whose keys and values take more is not kept; bounds `kept`
+    std::set<const Trial*> keep;
+    std::map<const Trial*, KVCache> kept;  // batch 1 each
+    int64_t kept_bytes = 0;
+    void release(const Trial* t);  // drops t's kept prefill
 };
+
+// Each prompt's Trial::cuts within its grid: the distinct lengths of its longest common prefix with
+// every other prompt, ascending.
+std::vector<std::vector<int64_t>> prefill_cuts(const std::vector<const std::vector<int64_t>*>& prompts);
 
 // LOCOS's mean-query calibration (nolima_ablation.py calibrate_mean_activations): one prefill
 // forward per prompt (no decode, unablated), the pre-RoPE query averaged over that prompt's
@@ -235,6 +247,12 @@ public:
     // Prompt positions taken from the prefix cache (or shared by a batch's rows) and prefilled, over
     // every decode of this test so far (config.decode.reuse_prefix).
     std::pair<int64_t, int64_t> prefix_stats() const;
+    // The scan keeps the whole prefill of each trial i with keep(i) (within config.prefix_max_bytes)
+    // for the ablation sets' rows (run_ablated_sets_batch with scope decode on the scan's trials),
+    // which decode from it instead of prefilling again and then release it: one prefill a trial for
+    // the whole study. A kept prefill holds the bits a new one computes (PrefixCache): what is kept
+    // changes no result. Call before the baseline pass.
+    void keep_scan_prefills(const std::function<bool(int64_t)>& keep) const;
     const DecodeTimes& times() const { return times_; }
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
@@ -245,6 +263,7 @@ public:
 
 private:
     std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials) const;
+    static void set_cuts(std::vector<Trial>& trials);
     DecodeSettings ablation_settings() const;
     std::function<bool(int64_t)> stopper() const;
     TrialResult judge(int64_t i, const std::vector<int64_t>& generated) const;

@@ -141,6 +141,10 @@ struct Trial {
     // [start, end) in prompt positions; -1, -1 where a searched span was not found.
     int64_t needle_start = 0, needle_end = 0;  // the needle: LOCOS's L+ keys
     int64_t answer_start = 0, answer_end = 0;  // the answer's tokens: Wu's span (may end past the prompt)
+    // Where this prompt parts from another trial's of its grid (the longest common prefix with each,
+    // sorted, distinct; NeedleTest sets them): prefill chunk boundaries, so that every trial sharing a
+    // prefix computes it in the same chunks (docs/methods.md, "Prefix reuse").
+    std::vector<int64_t> cuts;
 };
 
 // Token-level facts about the tokenizer the trials need, computed once.

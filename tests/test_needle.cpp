@@ -24,6 +24,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <set>
 
 using namespace hs;
@@ -545,6 +546,37 @@ TEST_CASE("needle: rows with their own head sets equal each set decoded alone, i
     CHECK_THROWS(decode_batch_sets(*m, {&t, &t}, {&zq}, DecodeSettings{}, never));  // one set (or none) per row
 }
 
+TEST_CASE("needle: each prompt's prefill cuts are its common prefixes with every other prompt of the grid") {
+    std::mt19937 rng(7);
+    for (int round = 0; round < 50; ++round) {
+        // Prompts over a 3-token alphabet with shared stems (a grid's haystack), duplicates included.
+        std::vector<std::vector<int64_t>> prompts;
+        const int n = 1 + static_cast<int>(rng() % 12);
+        for (int i = 0; i < n; ++i) {
+            std::vector<int64_t> p;
+            const int len = 1 + static_cast<int>(rng() % 9);
+            for (int j = 0; j < len; ++j) p.push_back(j < 3 ? 0 : static_cast<int64_t>(rng() % 3));
+            prompts.push_back(p);
+        }
+        std::vector<const std::vector<int64_t>*> ptrs;
+        for (const auto& p : prompts) ptrs.push_back(&p);
+        const auto cuts = prefill_cuts(ptrs);
+        REQUIRE(cuts.size() == prompts.size());
+        for (int i = 0; i < n; ++i) {
+            std::set<int64_t> want;  // brute force
+            for (int j = 0; j < n; ++j) {
+                if (j == i) continue;
+                size_t c = 0;
+                while (c < prompts[i].size() && c < prompts[j].size() && prompts[i][c] == prompts[j][c]) ++c;
+                want.insert(static_cast<int64_t>(c));
+            }
+            CAPTURE(round);
+            CAPTURE(i);
+            CHECK(cuts[static_cast<size_t>(i)] == std::vector<int64_t>(want.begin(), want.end()));
+        }
+    }
+}
+
 TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, and count what they saved (planted model)") {
     auto m = planted_model();
     const Trial t = planted_trial();  // 24 prompt tokens: 23 prefilled, chunks of 5 -> [0, 20) whole
@@ -577,10 +609,10 @@ TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, a
                 CHECK((got[b].lminus - fresh[b].lminus).abs().max().item<double>() <= kBatchRelTol * scale);
             }
         };
-        same(decode_batch(*m, {&t}, s, never, ablate, &pc), {&t});  // nothing kept yet: chunks [0, 20) kept
+        same(decode_batch(*m, {&t}, s, never, ablate, &pc), {&t});  // nothing kept yet: its prefill [0, 23) kept
         CHECK(pc.reused == 0);
         CHECK(pc.computed == 23);
-        CHECK(pc.tokens == std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + 20));
+        CHECK(pc.tokens == std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + 23));
         same(decode_batch(*m, {&t3}, s, never, ablate, &pc), {&t3});  // shares 14 with t: chunks [0, 10) reused
         CHECK(pc.reused == 10);
         CHECK(pc.computed == 23 + 13);
@@ -690,6 +722,21 @@ TEST_CASE("needle: the toy recall model's own task as a needle test finds its re
             REQUIRE(a.size() == b.size());
             for (size_t i = 0; i < a.size(); ++i)
                 CHECK(((a[i] == b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))));
+        }
+    }
+    // With --ablation-scope decode the ablation sets decode as rows from the scan's kept prefills
+    // (keep_scan_prefills): the same bits as prefilling every trial whole for every pass.
+    {
+        const std::string base = cmd.substr(0, cmd.find(" --out '")) + " --ablation-scope decode --prefill-chunk 8";
+        REQUIRE(std::system((base + " --out '" + tmp.file("kept.h5") + "' > /dev/null").c_str()) == 0);
+        REQUIRE(std::system((base + " --no-prefix-reuse --out '" + tmp.file("whole.h5") + "' > /dev/null").c_str()) == 0);
+        ResultReader kept(tmp.file("kept.h5")), whole(tmp.file("whole.h5"));
+        for (const char* ds : {"/scores/retrieval/score", "/retrieval/trials/generated", "/retrieval/ablation/generated",
+                               "/retrieval/ablation/rouge1_recall"}) {
+            CAPTURE(ds);
+            const auto a = kept.read(ds).values, b = whole.read(ds).values;
+            REQUIRE(a.size() == b.size());
+            for (size_t i = 0; i < a.size(); ++i) CHECK(((a[i] == b[i]) || (std::isnan(a[i]) && std::isnan(b[i]))));
         }
     }
     // Mean-query (LOCOS's pre-RoPE mean) is not zero-query on this model: per-trial recall differs.

@@ -1086,6 +1086,14 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     auto tick = [&prog] { prog.tick(); };
 
     // ---- the baseline pass: both scores from one decode per trial ----
+    if (p.ablating && scan.rows_mode() && !test.separate_ablation_trials()) {  // the ablation rows decode from the scan's prefills
+        std::vector<char> owned(static_cast<size_t>(N), 0);
+        const auto& batches = test.ablation_batches();
+        for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g)
+            if (p.shard.owns(scan.item(0, g)))
+                for (auto i : batches[static_cast<size_t>(g)]) owned[static_cast<size_t>(i)] = 1;
+        test.keep_scan_prefills([&owned](int64_t i) { return owned[static_cast<size_t>(i)] != 0; });
+    }
     scan.run_pass(-1, nullptr, tick);
     NeedleSummary sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(p.proto.seed), o.flag_threshold, p.proto.rng);
     if (p.shard.count == 1) {
