@@ -131,45 +131,78 @@ static int64_t cache_bytes(const KVCache& c) {
 }
 
 void PrefixCache::release(const Trial* t) {
-    auto it = kept.find(t);
-    if (it == kept.end()) return;
-    kept_bytes -= cache_bytes(it->second);
-    kept.erase(it);
+    keep.erase(t);
+    if (auto it = entries.find(t); it != entries.end()) it->second.pinned = false;
 }
 
-// One trial's prefill (its prompt but the last token) at batch 1, in chunks that end at the
-// multiples of `chunk`, at the trial's cuts and at the prompt's end; with `prefix`, the positions
-// it shares with the kept prefill are taken from there up to the last such boundary (every trial
-// sharing them computed them in these chunks: PrefixCache), and this prefill is kept next.
+bool PrefixCache::put(const Trial* t, const KVCache& cache) {
+    if (auto it = entries.find(t); it != entries.end()) bytes -= it->second.bytes, entries.erase(it);
+    const int64_t need = cache_bytes(cache);
+    if (max_bytes > 0) {
+        if (need > max_bytes) return false;
+        while (bytes + need > max_bytes) {
+            auto lru = entries.end();
+            for (auto it = entries.begin(); it != entries.end(); ++it)
+                if (!it->second.pinned && (lru == entries.end() || it->second.used < lru->second.used)) lru = it;
+            if (lru == entries.end()) return false;  // all pinned
+            bytes -= lru->second.bytes;
+            entries.erase(lru);
+        }
+    }
+    entries[t] = Entry{cache, need, ++clock, keep.count(t) > 0};
+    bytes += need;
+    return true;
+}
+
+// A trial's prefill boundaries: the multiples of `chunk` below E, its cuts below E, and E.
+static std::vector<int64_t> chunk_ends(const Trial& t, int64_t chunk) {
+    const int64_t E = static_cast<int64_t>(t.prompt.size()) - 1;
+    std::vector<int64_t> ends;
+    for (int64_t e = chunk; e < E; e += chunk) ends.push_back(e);
+    for (auto c : t.cuts)
+        if (c > 0 && c < E) ends.push_back(c);
+    if (E > 0) ends.push_back(E);
+    std::sort(ends.begin(), ends.end());
+    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    return ends;
+}
+
+// One trial's prefill (its prompt but the last token) at batch 1, in chunks ending at chunk_ends;
+// with `prefix`, the longest run it shares with a kept prefill is taken from there up to the last
+// chunk end both have (below it both computed the same chunks: PrefixCache), and this prefill is
+// kept in turn.
 static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, const Hooks* h, const ForwardOptions& opts,
                              PrefixCache* prefix) {
     const int64_t E = static_cast<int64_t>(t.prompt.size()) - 1;
     if (prefix)
-        if (auto it = prefix->kept.find(&t); it != prefix->kept.end()) {
+        if (auto it = prefix->entries.find(&t); it != prefix->entries.end()) {
             prefix->reused += E;
-            return it->second;  // a copy sharing the views: its appends go to buffers of its own
+            it->second.used = ++prefix->clock;
+            return it->second.cache;  // a copy sharing the views: its appends go to buffers of its own
         }
-    std::vector<int64_t> ends;  // the chunks' ends, ascending
-    for (int64_t e = chunk; e < E; e += chunk) ends.push_back(e);
-    for (auto c : t.cuts)
-        if (c > 0 && c < E) ends.push_back(c);
-    ends.push_back(E);
-    std::sort(ends.begin(), ends.end());
-    ends.erase(std::unique(ends.begin(), ends.end()), ends.end());
+    const auto ends = chunk_ends(t, chunk);
     KVCache cache;
     cache.reserve(E);
     int64_t u = 0;
-    if (prefix && !prefix->tokens.empty()) {
-        const int64_t shared = common_prefix(prefix->tokens, t.prompt, std::min<int64_t>(E, static_cast<int64_t>(prefix->tokens.size())));
-        for (auto e : ends)
-            if (e <= shared) u = e;
-        if (u > 0) {
-            cache.k.assign(prefix->cache.k.size(), at::Tensor());
-            cache.v.assign(prefix->cache.v.size(), at::Tensor());
-            for (size_t l = 0; l < prefix->cache.k.size(); ++l)
-                if (prefix->cache.k[l].defined())
-                    cache.k[l] = prefix->cache.k[l].narrow(1, 0, u), cache.v[l] = prefix->cache.v[l].narrow(1, 0, u);
+    PrefixCache::Entry* from = nullptr;
+    if (prefix)
+        for (auto& [k, e] : prefix->entries) {
+            const int64_t ek = static_cast<int64_t>(k->prompt.size()) - 1;
+            const int64_t shared = common_prefix(k->prompt, t.prompt, std::min(E, ek));
+            if (shared <= u) continue;
+            const auto kends = chunk_ends(*k, chunk);
+            int64_t best = 0;
+            for (auto x : ends)
+                if (x <= shared && std::binary_search(kends.begin(), kends.end(), x)) best = x;
+            if (best > u) u = best, from = &e;
         }
+    if (from) {
+        from->used = ++prefix->clock;
+        cache.k.assign(from->cache.k.size(), at::Tensor());
+        cache.v.assign(from->cache.v.size(), at::Tensor());
+        for (size_t l = 0; l < from->cache.k.size(); ++l)
+            if (from->cache.k[l].defined())
+                cache.k[l] = from->cache.k[l].narrow(1, 0, u), cache.v[l] = from->cache.v[l].narrow(1, 0, u);
     }
     if (E > 0) {
         const auto ids = torch::tensor(std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + E), torch::kLong)
@@ -182,17 +215,7 @@ static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, cons
     if (!prefix) return cache;
     prefix->reused += u;
     prefix->computed += E - u;
-    const int64_t bytes = cache_bytes(cache);
-    if (prefix->max_bytes > 0 && bytes > prefix->max_bytes) {
-        prefix->tokens.clear(), prefix->cache = KVCache{};  // too large to keep a copy of
-    } else {
-        prefix->tokens.assign(t.prompt.begin(), t.prompt.begin() + E);
-        prefix->cache = cache;
-    }
-    if (prefix->keep.count(&t) && (prefix->max_bytes <= 0 || prefix->kept_bytes + bytes <= prefix->max_bytes)) {
-        prefix->kept.emplace(&t, cache);
-        prefix->kept_bytes += bytes;
-    }
+    prefix->put(&t, cache);
     return cache;
 }
 

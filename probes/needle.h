@@ -68,23 +68,30 @@ struct DecodeSettings {
 // when the haystack is one text). Each trial is prefilled alone (batch 1) in chunks that end at the
 // multiples of the chunk size and at its cuts (Trial::cuts: where it parts from another trial of
 // the grid), so every trial that shares a prefix computes it in the same chunks with the same bits.
-// A decode keeps the last trial's prefill here; the next trial takes the positions it shares with
-// it, up to its last boundary within them, and prefills the rest. The results therefore equal a
-// whole prefill's bit for bit, whatever ran before (shards and resumed runs agree with the whole
-// run), and the rows of a batch are stacked from their trials' own prefills. Valid only between
-// forwards with the same prefill interventions (the caller keys it; NeedleTest per pass).
-// `keep` names trials whose whole prefill is also kept in `kept` (within max_bytes, summed) for a
-// later pass over the same trials: the scan's, for the ablation sets' rows (scope decode).
+// Every prefill is kept here (the least recently used dropped first beyond max_bytes); a trial takes
+// the positions it shares with the kept prefill that shares most, up to the last chunk end the two
+// have in common, and prefills the rest: over the grid each node of the prompts' prefix tree is
+// computed about once. The results equal a whole prefill's bit for bit, whatever ran before (shards
+// and resumed runs agree with the whole run), and the rows of a batch are stacked from their trials'
+// own prefills. Valid only between forwards with the same prefill interventions (the caller keys
+// it; NeedleTest per pass) and while the trials live. Trials in `keep` stay (are not dropped) until
+// release(): the scan's, for the ablation sets' rows (scope decode).
 struct PrefixCache {
-    std::vector<int64_t> tokens;  // the positions `cache` holds (the last trial's prefill)
-    KVCache cache;                // batch 1
-    int64_t reused = 0;           // prompt positions (summed over trials) taken from here or from `kept`
-    int64_t computed = 0;         // prompt positions (summed over trials) prefilled
-    int64_t max_bytes = 0;        // > 0: a prefill whose keys and values take more is not kept; bounds `kept`
+    struct Entry {
+        KVCache cache;  // batch 1, the trial's prompt but its last token
+        int64_t bytes = 0, used = 0;
+        bool pinned = false;
+    };
+    std::map<const Trial*, Entry> entries;
+    int64_t reused = 0;     // prompt positions (summed over trials) taken from kept prefills
+    int64_t computed = 0;   // prompt positions (summed over trials) prefilled
+    int64_t max_bytes = 0;  // > 0: the kept prefills' bound
+    int64_t bytes = 0, clock = 0;
     std::set<const Trial*> keep;
-    std::map<const Trial*, KVCache> kept;  // batch 1 each
-    int64_t kept_bytes = 0;
-    void release(const Trial* t);  // drops t's kept prefill
+    void release(const Trial* t);  // t's prefill may be dropped again
+    // Keeps t's prefill, dropping the least recently used unpinned ones to make room; false when it
+    // does not fit.
+    bool put(const Trial* t, const KVCache& cache);
 };
 
 // Each prompt's Trial::cuts within its grid: the distinct lengths of its longest common prefix with

@@ -186,15 +186,25 @@ int64_t python_word_count(const std::string& text) {
 
 std::string repeat_haystack(const std::string& text, int64_t max_words, HaystackRepeat repeat) {
     if (repeat == HaystackRepeat::kTokens) return text;
-    if (python_word_count(text) == 0) throw DataError("the haystack has no words");
+    const int64_t words = python_word_count(text);
+    if (words == 0) throw DataError("the haystack has no words");
     if (repeat == HaystackRepeat::kConcat) {  // read_context_files: context += f.read() until words >= max
+        // Each copy adds the same number of words (its first word may join the last one before it),
+        // so the copies are counted rather than the growing text recounted.
+        const int64_t adds = python_word_count(text + text) - words;
+        if (adds <= 0 && words < max_words)
+            throw DataError(fmt::format("the haystack is one word ({} words after two copies): the reference's concatenation "
+                                        "to {} words (len(text.split())) never ends; --haystack-repeat tokens repeats it by tokens",
+                                        words + adds, max_words));
+        int64_t have = words, copies = 1;
+        while (have < max_words) have += adds, ++copies;
         std::string out;
-        do out += text;
-        while (python_word_count(out) < max_words);
+        out.reserve(text.size() * static_cast<size_t>(copies));
+        for (int64_t i = 0; i < copies; ++i) out += text;
         return out;
     }
     std::string out = text;  // load_haystack_texts: while len(text.split()) < max_tokens: text += "\n\n" + text
-    while (python_word_count(out) < max_words) out += "\n\n" + std::string(out);
+    for (int64_t have = words; have < max_words; have *= 2) out += "\n\n" + std::string(out);  // "\n\n" splits: words double
     return out;
 }
 

@@ -612,16 +612,33 @@ TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, a
         same(decode_batch(*m, {&t}, s, never, ablate, &pc), {&t});  // nothing kept yet: its prefill [0, 23) kept
         CHECK(pc.reused == 0);
         CHECK(pc.computed == 23);
-        CHECK(pc.tokens == std::vector<int64_t>(t.prompt.begin(), t.prompt.begin() + 23));
+        CHECK(pc.entries.size() == 1);
+        CHECK(pc.entries.at(&t).cache.length() == 23);
         same(decode_batch(*m, {&t3}, s, never, ablate, &pc), {&t3});  // shares 14 with t: chunks [0, 10) reused
         CHECK(pc.reused == 10);
         CHECK(pc.computed == 23 + 13);
-        // Two rows sharing 20 positions (chunks [0, 20)), all kept from t3: the second row's 20 count too.
+        // Two rows: t4 shares 20 positions (chunks [0, 20)) with t3's kept prefill, and t3's own is kept whole.
         same(decode_batch(*m, {&t4, &t3}, s, never, ablate, &pc), {&t4, &t3});
-        CHECK(pc.reused == 10 + 20 + 20);
-        CHECK(pc.computed == 23 + 13 + 2 * 3);
-        same(decode_batch(*m, {&t5}, s, never, ablate, &pc), {&t5});  // shares 5 with t3's kept chunks
-        CHECK(pc.reused == 10 + 20 + 20 + 5);
+        CHECK(pc.reused == 10 + 20 + 23);
+        CHECK(pc.computed == 23 + 13 + 3);
+        same(decode_batch(*m, {&t5}, s, never, ablate, &pc), {&t5});  // shares 5 with every kept prefill
+        CHECK(pc.reused == 10 + 20 + 23 + 5);
+        // The bound: the least recently used prefill goes first, a pinned one (keep) stays.
+        PrefixCache small;
+        small.max_bytes = pc.entries.at(&t).bytes * 2;
+        small.keep.insert(&t);
+        decode_batch(*m, {&t}, s, never, ablate, &small);
+        decode_batch(*m, {&t3}, s, never, ablate, &small);
+        decode_batch(*m, {&t5}, s, never, ablate, &small);  // drops t3 (t is pinned)
+        CHECK(small.entries.count(&t) == 1);
+        CHECK(small.entries.count(&t3) == 0);
+        CHECK(small.entries.count(&t5) == 1);
+        CHECK(small.bytes <= small.max_bytes);
+        small.release(&t);
+        decode_batch(*m, {&t4}, s, never, ablate, &small);  // takes [0, 10) from t: t5 is now the least recently used
+        CHECK(small.entries.count(&t) == 1);
+        CHECK(small.entries.count(&t5) == 0);
+        CHECK(small.entries.count(&t4) == 1);
         // A fresh cache and two rows: their shared chunks [0, 20) computed once, in one row, then copied.
         PrefixCache fresh;
         same(decode_batch(*m, {&t3, &t4}, s, never, ablate, &fresh), {&t3, &t4});

@@ -929,6 +929,20 @@ void NeedleScan::write(int64_t n_sets_planned) {
 }
 
 // The printed summary: accuracy, the top heads of each score, the ablation sets' accuracies.
+// The protocol's resolved choices in one line (printed when --protocol is given or not headscope).
+static std::string protocol_line(const NeedleProtocol& pr, const std::vector<int64_t>& stop_ids) {
+    return fmt::format("protocol {}: context = length - {} tokens, assembly {} (ablation {}), insertion {}, answer span {}, "
+                       "stop {} on ids {} ({}), {} steps (ablation {}), ablation scope {}, haystack {} {}, rng {}",
+                       name_in(protocol_names(), pr.protocol), pr.buffer, name_in(assembly_names(), pr.assembly),
+                       name_in(assembly_names(), pr.ablation_assembly), name_in(insertion_names(), pr.insertion),
+                       name_in(answer_search_names(), pr.answer), stop_rule_name(pr.stop),
+                       stop_ids.empty() ? std::string("none") : fmt::format("{}", fmt::join(stop_ids, ",")),
+                       pr.stop_order == StopOrder::kAfter ? "kept and scored, then stop" : "unkept",
+                       pr.max_new_tokens, pr.ablation_max_new_tokens, ablation_scope_name(pr.scope),
+                       name_in(haystack_format_names(), pr.haystack_format), name_in(haystack_repeat_names(), pr.repeat),
+                       name_in(rng_kind_names(), pr.rng));
+}
+
 static void print_needle_summary(const RetrievalPlan& p, const NeedleScan& scan, const NeedleSummary& sum,
                                  double flag_threshold, int L, int H) {
     const int64_t N = scan.results().N;
@@ -1123,6 +1137,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     }
     scan.write(scan.n_sets_planned());
     sum = summarize(scan.results(), o.bootstrap, static_cast<uint64_t>(p.proto.seed), o.flag_threshold, p.proto.rng);
+    if (p.proto.protocol != Protocol::kHeadscope || o.given.count("--protocol"))
+        std::printf("%s\n", protocol_line(p.proto, in.facts.rule_ids).c_str());
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
     if (o.stream_sweep) run_stream_sweep(o, test, m, sum, out, stream_score, stream_source, p.proto.seed);
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
