@@ -55,7 +55,20 @@ at::Tensor Pass::finish(const at::Tensor& x) const {
 }
 
 at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row) {
-    auto logits = linear(m.final_norm(resid), m.weights.unembed, m.weights.unembed_b, per_row);
+    const auto& w = m.weights;
+    auto mul = [&](const at::Tensor& x) {  // one GEMM; a few rows (a decode step's batch) against [D, V]
+        const bool few = x.numel() <= 32 * x.size(-1) && w.unembed_t.defined() && x.scalar_type() == w.unembed_t.scalar_type();
+        return few ? torch::matmul(x, w.unembed_t) : linear(x, w.unembed, w.unembed_b, false);
+    };
+    const auto x = m.final_norm(resid);
+    at::Tensor logits;
+    if (x.dim() == 3 && x.size(0) > 1 && per_row) {  // per row, each the call its unbatched run makes (linear())
+        std::vector<at::Tensor> rows;
+        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(mul(x[r]));
+        logits = torch::stack(rows);
+    } else {
+        logits = mul(x);
+    }
     if (m.config.final_softcap > 0) logits = torch::tanh(logits / m.config.final_softcap) * m.config.final_softcap;
     return logits;
 }

@@ -284,14 +284,23 @@ static std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOp
     return m;
 }
 
-std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
-    if (!file_exists(path)) throw ModelLoadError(fmt::format("{}: no such file or folder", path));
-    torch::NoGradGuard no_grad;
+static std::unique_ptr<Model> load_any(const std::string& path, const LoadOptions& opts) {
     if (is_directory(path)) return load_hf(path, opts);
     if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return load_llama2c(path, opts);
     if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0)
         return load_hf(parent_dir(path), opts);
     throw ModelLoadError(fmt::format("{}: not a checkpoint folder or a llama2.c .bin file", path));
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
+    if (!file_exists(path)) throw ModelLoadError(fmt::format("{}: no such file or folder", path));
+    torch::NoGradGuard no_grad;
+    auto m = load_any(path, opts);
+    auto& w = m->weights;
+    if (w.unembed.defined() && w.unembed.device().is_cpu() && !w.unembed_b.defined() &&
+        w.unembed.numel() * static_cast<int64_t>(w.unembed.element_size()) <= (int64_t{1} << 30))
+        w.unembed_t = w.unembed.t().contiguous();
+    return m;
 }
 
 std::vector<std::string> supported_architectures() {

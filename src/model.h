@@ -36,6 +36,9 @@ struct ModelWeights {
     at::Tensor final_norm_w, final_norm_b;
     at::Tensor unembed;      // [V, D]
     at::Tensor unembed_b;    // [V]
+    // [D, V] contiguous, CPU models only (load_model): a few rows (decode steps) multiply by it, as
+    // MKL's and OpenBLAS's small-M GEMM against the transposed [V, D] is up to 2x slower.
+    at::Tensor unembed_t;
     std::vector<LayerWeights> layers;
 };
 
