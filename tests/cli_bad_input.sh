@@ -239,8 +239,26 @@ PY
   bad retrieval "--haystack" "empty file" 5 "empty.txt" "$O" -- retrieval "$B" --needles datasets/needles/tinystories_needles.jsonl --haystack "$T/empty.txt" --lengths 60 --out "$O"
   bad retrieval "--haystack" "non-UTF-8 text" 5 "bad-utf8.txt" "$O" -- retrieval "$B" --needles datasets/needles/tinystories_needles.jsonl --haystack "$T/bad-utf8.txt" --lengths 60 --out "$O"
   bad retrieval "--lengths" "longer than the context" 2 "lengths|context" "$O" -- retrieval "$B" --needles datasets/needles/tinystories_needles.jsonl --haystack datasets/needles/tinystories_haystack.txt --lengths 1000000000 --out "$O"
+  # --protocol wu: a needle whose answer Wu's overlap search cannot find in the needle's own tokens
+  # ("Pip" encodes apart from "named Pip" in SentencePiece) earns no credit in any trial: refused.
+  bad retrieval "--needles (--protocol wu)" "answer not found by Wu's search" 5 "tinystories_needles.jsonl:1: Wu's answer search" "$O" -- retrieval "$TD/tinystories-656k" --protocol wu --needles datasets/needles/tinystories_needles.jsonl --haystack datasets/needles/tinystories_haystack.txt --lengths 300 --depths 50 --out "$O"
 
 fi
+
+# ---- the needle protocols (--protocol wu|locos) on the CI toy model (no testdata needed) ----
+TOYN=(--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24 --depths 50 --max-new-tokens 1 --buffer 0 --haystack-repeat tokens)
+mkdir -p "$T/hd/part1"; head -2 datasets/needles/toy_recall_needles.jsonl >"$T/hd/needles.jsonl"; cp datasets/needles/toy_recall_haystack.txt "$T/hd/part1/p1.txt"
+bad retrieval "--haystack-dir" "no part2/ for the second needle" 5 "hd/part2: no such folder" "$O" -- retrieval "$TOY" --protocol wu --haystack-dir "$T/hd" "${TOYN[@]:2}" --out "$O"
+rm -rf "$T/np"; cp -r "$TOY" "$T/np"
+python3 - "$T/np/tokenizer.json" <<'PY'
+import json, sys
+j = json.load(open(sys.argv[1]))
+v = j["model"]["vocab"]
+v["\u00b7"] = v.pop(".")  # the vocabulary keeps its size, without a period piece
+json.dump(j, open(sys.argv[1], "w"))
+PY
+bad retrieval "tokenizer.json (--protocol wu)" "no period piece for --insertion period" 3 "tokenizer.json: no period piece" "$O" -- retrieval "$T/np" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]}" --out "$O"
+rm -rf "$T/np" "$T/hd"
 
 # ---- token ids, texts and other data files ----
 bad logits "--tokens" "id past the vocabulary" 5 "token id 68 out of range" "$O" -- logits "$M" --tokens 1,68 --out "$O"
