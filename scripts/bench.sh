@@ -48,7 +48,7 @@ fi
 fail=0
 hs_bench() { "$HS" -q bench "$1" --batch "$2" --seq "$3" --reps "$REPS" --threads "$THREADS" --json ${4:+--dtype $4}; }
 py_bench() { "$PY" scripts/bench_eager.py "$1" --batch "$2" --seq "$3" --reps "$REPS" --threads "$THREADS"; }
-# The process settings headscope makes for itself (src/preinit.h, tune_allocator in src/system.cpp),
+# The process settings headscope makes for itself (src/base/preinit.h, tune_allocator in src/base/system.cpp),
 # given to the eager side as environment variables: the second eager column shows how much of the
 # difference is those settings and how much the forward itself.
 TUNED_ENV=(OMP_WAIT_POLICY=PASSIVE OPENBLAS_THREAD_TIMEOUT=16

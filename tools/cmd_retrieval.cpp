@@ -1247,7 +1247,8 @@ void setup_retrieval(CLI::App& app) {
                   "the trial before from a kept cache (bit for bit what it would compute), and a batch's rows compute "
                   "their shared chunks once");
     sub->add_option("--prefix-cache-mib", o->prefix_cache_mib,
-                    "the kept prefix (one prompt's keys and values, copied) is not kept past this many MiB")
+                    "the trials' kept prefills (reused by the trials that share their prefixes, and the scan's by the "
+                    "ablation rows) take at most this many MiB, the least recently used dropped first")
         ->check(at_least(1))
         ->capture_default_str();
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
