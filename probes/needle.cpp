@@ -135,7 +135,7 @@ void PrefixCache::release(const Trial* t) {
     if (auto it = entries.find(t); it != entries.end()) it->second.pinned = false;
 }
 
-bool PrefixCache::put(const Trial* t, const KVCache& cache) {
+bool PrefixCache::put(const Trial* t, const KVCache& cache, std::vector<int64_t> ends) {
     if (auto it = entries.find(t); it != entries.end()) bytes -= it->second.bytes, entries.erase(it);
     const int64_t need = cache_bytes(cache);
     if (max_bytes > 0) {
@@ -149,7 +149,7 @@ bool PrefixCache::put(const Trial* t, const KVCache& cache) {
             entries.erase(lru);
         }
     }
-    entries[t] = Entry{cache, need, ++clock, keep.count(t) > 0};
+    entries[t] = Entry{cache, std::move(ends), need, ++clock, keep.count(t) > 0};
     bytes += need;
     return true;
 }
@@ -190,10 +190,9 @@ static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, cons
             const int64_t ek = static_cast<int64_t>(k->prompt.size()) - 1;
             const int64_t shared = common_prefix(k->prompt, t.prompt, std::min(E, ek));
             if (shared <= u) continue;
-            const auto kends = chunk_ends(*k, chunk);
             int64_t best = 0;
             for (auto x : ends)
-                if (x <= shared && std::binary_search(kends.begin(), kends.end(), x)) best = x;
+                if (x <= shared && std::binary_search(e.ends.begin(), e.ends.end(), x)) best = x;
             if (best > u) u = best, from = &e;
         }
     if (from) {
@@ -215,7 +214,7 @@ static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, cons
     if (!prefix) return cache;
     prefix->reused += u;
     prefix->computed += E - u;
-    prefix->put(&t, cache);
+    prefix->put(&t, cache, ends);
     return cache;
 }
 
@@ -374,7 +373,7 @@ std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Tria
 std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
                                          const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
                                          const std::function<bool(int64_t)>& stop, PrefixCache* prefix) {
-    HS_REQUIRE(!prefix || s.scope == AblationScope::kDecode, "decode_batch_sets: kept prefill chunks need an unablated prefill");
+    HS_REQUIRE(!prefix || s.scope == AblationScope::kDecode, "decode_batch_sets: kept prefills need an unablated prefill");
     return decode_rows_impl(m, trials, s, stop, nullptr, &sets, prefix);
 }
 
@@ -504,8 +503,7 @@ void NeedleTest::keep_scan_prefills(const std::function<bool(int64_t)>& keep) co
 
 // Batches of up to config.batch trials of equal prompt length (rows of one forward), taken in the
 // order of the prompts (lexicographic by token): a trial then shares the longest possible prefix with
-// the trial before it, and the kept prefill chunks (PrefixCache) are a depth-first walk of the grid's
-// prefix tree, every distinct chunk computed once.
+// the trial before it, and the prefills it takes shared positions from (PrefixCache) are recent.
 std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Trial>& trials) const {
     std::vector<int64_t> order(trials.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);

@@ -78,7 +78,8 @@ struct DecodeSettings {
 // release(): the scan's, for the ablation sets' rows (scope decode).
 struct PrefixCache {
     struct Entry {
-        KVCache cache;  // batch 1, the trial's prompt but its last token
+        KVCache cache;              // batch 1, the trial's prompt but its last token
+        std::vector<int64_t> ends;  // its prefill's chunk ends
         int64_t bytes = 0, used = 0;
         bool pinned = false;
     };
@@ -91,7 +92,7 @@ struct PrefixCache {
     void release(const Trial* t);  // t's prefill may be dropped again
     // Keeps t's prefill, dropping the least recently used unpinned ones to make room; false when it
     // does not fit.
-    bool put(const Trial* t, const KVCache& cache);
+    bool put(const Trial* t, const KVCache& cache, std::vector<int64_t> ends);
 };
 
 // Each prompt's Trial::cuts within its grid: the distinct lengths of its longest common prefix with
@@ -198,9 +199,9 @@ struct TrialResult {
 // when the protocol assembles them differently (LOCOS: the scan's tracked prompts, the ablation
 // runs' joined ones), else they decode the scan's. Trials of equal prompt length run as rows of one
 // batch (config.batch); batches run in the order of their prompts (lexicographic by token), so that
-// each shares the longest prefix with the one before and takes its kept prefill chunks
-// (PrefixCache): over the grid, every distinct prefix chunk is computed once a pass. Methods:
-// docs/methods.md.
+// the prefills a trial shares most with are usually the most recent, and it takes its shared
+// positions from them (PrefixCache): over the grid each node of the prompts' prefix tree is computed
+// about once a pass. Methods: docs/methods.md.
 class NeedleTest {
 public:
     // Builds every trial. DataError naming "needles_path:line" for a needle that does not fit a
@@ -251,7 +252,7 @@ public:
     // them (the same forwards). For sharded and resumable runs (headscope retrieval --shard, --resume).
     const std::vector<std::vector<int64_t>>& batches() const { return groups_; }
     const std::vector<std::vector<int64_t>>& ablation_batches() const { return separate_ ? abl_groups_ : groups_; }
-    // Prompt positions taken from the prefix cache (or shared by a batch's rows) and prefilled, over
+    // Prompt positions taken from kept prefills (PrefixCache) and prefilled, over
     // every decode of this test so far (config.decode.reuse_prefix).
     std::pair<int64_t, int64_t> prefix_stats() const;
     // The scan keeps the whole prefill of each trial i with keep(i) (within config.prefix_max_bytes)

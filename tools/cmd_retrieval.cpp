@@ -928,7 +928,6 @@ void NeedleScan::write(int64_t n_sets_planned) {
     w.commit();
 }
 
-// The printed summary: accuracy, the top heads of each score, the ablation sets' accuracies.
 // The protocol's resolved choices in one line (printed when --protocol is given or not headscope).
 static std::string protocol_line(const NeedleProtocol& pr, const std::vector<int64_t>& stop_ids) {
     return fmt::format("protocol {}: context = length - {} tokens, assembly {} (ablation {}), insertion {}, answer span {}, "
@@ -943,6 +942,7 @@ static std::string protocol_line(const NeedleProtocol& pr, const std::vector<int
                        name_in(rng_kind_names(), pr.rng));
 }
 
+// The printed summary: accuracy, the top heads of each score, the ablation sets' accuracies.
 static void print_needle_summary(const RetrievalPlan& p, const NeedleScan& scan, const NeedleSummary& sum,
                                  double flag_threshold, int L, int H) {
     const int64_t N = scan.results().N;
@@ -1128,8 +1128,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (p.decoding != CombineRule::kIndependent) run_decoding_pass(o, p, m, test, scan, tick);
     prog.finish();
     if (const auto [reused, computed] = test.prefix_stats(); reused > 0)
-        log_info(fmt::format("prefill: {} of {} prompt positions ({:.0f}%) taken from the trial before's chunks or shared "
-                             "by a batch's rows (--no-prefix-reuse prefills every trial whole)",
+        log_info(fmt::format("prefill: {} of {} prompt positions ({:.0f}%) taken from kept prefills "
+                             "(--no-prefix-reuse prefills every trial whole)",
                              reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
     {
         const auto& t = test.times();
@@ -1243,9 +1243,8 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
     sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
     sub->add_flag("--no-prefix-reuse", o->no_prefix_reuse,
-                  "prefill every trial whole; by default a trial takes the whole --prefill-chunk chunks it shares with "
-                  "the trial before from a kept cache (bit for bit what it would compute), and a batch's rows compute "
-                  "their shared chunks once");
+                  "prefill every trial whole; by default a trial takes the positions it shares with an earlier trial "
+                  "from its kept prefill (bit for bit what it would compute; --prefix-cache-mib bounds them)");
     sub->add_option("--prefix-cache-mib", o->prefix_cache_mib,
                     "the trials' kept prefills (reused by the trials that share their prefixes, and the scan's by the "
                     "ablation rows) take at most this many MiB, the least recently used dropped first")
