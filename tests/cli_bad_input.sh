@@ -249,6 +249,7 @@ fi
 TOYN=(--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24 --depths 50 --max-new-tokens 1 --buffer 0 --haystack-repeat tokens)
 mkdir -p "$T/hd/part1"; head -2 datasets/needles/toy_recall_needles.jsonl >"$T/hd/needles.jsonl"; cp datasets/needles/toy_recall_haystack.txt "$T/hd/part1/p1.txt"
 bad retrieval "--haystack-dir" "no part2/ for the second needle" 5 "hd/part2: no such folder" "$O" -- retrieval "$TOY" --protocol wu --haystack-dir "$T/hd" "${TOYN[@]:2}" --out "$O"
+bad retrieval "--haystack (--protocol wu)" "one word: Wu's word-count concatenation never ends" 5 "toy_recall_haystack.txt: the haystack is one word" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]:0:12}" --out "$O"
 rm -rf "$T/np"; cp -r "$TOY" "$T/np"
 python3 - "$T/np/tokenizer.json" <<'PY'
 import json, sys

@@ -546,6 +546,31 @@ TEST_CASE("needle: rows with their own head sets equal each set decoded alone, i
     CHECK_THROWS(decode_batch_sets(*m, {&t, &t}, {&zq}, DecodeSettings{}, never));  // one set (or none) per row
 }
 
+TEST_CASE("needle: the reference haystack repeats give the texts their loops build (counted, not recounted)") {
+    // The loops as the reference scripts write them: recount the growing text each round.
+    auto concat = [](const std::string& t, int64_t max) {  // retrieval_head_detection.py read_context_files
+        std::string out;
+        do out += t;
+        while (python_word_count(out) < max);
+        return out;
+    };
+    auto twice = [](std::string t, int64_t max) {  // LOCOS load_haystack_texts
+        while (python_word_count(t) < max) t += "\n\n" + std::string(t);
+        return t;
+    };
+    for (const std::string text : {"a b", "a b ", " a b", "one two three.", "x\ny z\n", "a\tb c"})
+        for (int64_t max : {1, 2, 5, 17, 100}) {
+            CAPTURE(text);
+            CAPTURE(max);
+            CHECK(repeat_haystack(text, max, HaystackRepeat::kConcat) == concat(text, max));
+            CHECK(repeat_haystack(text, max, HaystackRepeat::kDouble) == twice(text, max));
+            CHECK(repeat_haystack(text, max, HaystackRepeat::kTokens) == text);
+        }
+    CHECK(repeat_haystack("word", 1, HaystackRepeat::kConcat) == "word");  // long enough: no loop at all
+    CHECK_THROWS_AS(repeat_haystack("word", 5, HaystackRepeat::kConcat), DataError);  // the reference never ends
+    CHECK_THROWS_AS(repeat_haystack("  ", 5, HaystackRepeat::kDouble), DataError);
+}
+
 TEST_CASE("needle: each prompt's prefill cuts are its common prefixes with every other prompt of the grid") {
     std::mt19937 rng(7);
     for (int round = 0; round < 50; ++round) {
