@@ -236,10 +236,9 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
 
 static at::Tensor attention_output(const Model& m, int layer, at::Tensor z, const Hooks* hooks, bool per_row);
 
-bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool per_row) {
-    if (!fused_attention_enabled(m.options) || m.config.attn_softcap > 0 || per_row) return false;
-    return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer) ||
-                       hooks->has_windows(layer)));
+bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks) {
+    if (!fused_attention_enabled(m.options) || m.config.attn_softcap > 0) return false;
+    return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer)));
 }
 
 namespace {
@@ -599,9 +598,28 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
-    const at::Tensor z = uses_fused_attention(m, layer, hooks, per_row)
-                             ? fused_z(m.config, layer, q, k, v)
-                             : BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z();  // [B, T, H, d]
+    const bool windows = hooks && hooks->has_windows(layer);
+    if (!uses_fused_attention(m, layer, hooks) || (windows && !per_row))
+        return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
+    if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v), hooks, per_row);
+    // Per-row exactness: each row goes to the fused kernel alone, so that its bits are those of its
+    // unbatched run whatever the batch (a fused kernel may tile or split by batch size), and a row
+    // that carries a window takes the blocked attention (which the windows need) while the rows
+    // without one stay fused like their unbatched runs.
+    const int64_t B = q.size(0);
+    at::Tensor z, windowed;  // windowed: [B] bool, the rows carrying a window at this layer
+    if (windows) {
+        windowed = hooks->windows(layer, B, m.config.n_heads, c10::Device(c10::kCPU))
+                       .recent.ne(LayerWindows::kNoWindow)
+                       .any(1);
+        z = BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z().clone(at::MemoryFormat::Contiguous);
+    } else {
+        z = at::empty({B, q.size(1), q.size(2), q.size(3)}, q.options());
+    }
+    for (int64_t r = 0; r < B; ++r) {
+        if (windowed.defined() && windowed[r].item<bool>()) continue;
+        z.narrow(0, r, 1).copy_(fused_z(m.config, layer, q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1)));
+    }
     return attention_output(m, layer, z, hooks, per_row);
 }
 

@@ -77,9 +77,11 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
                      KVCache* cache, int64_t attn_block, bool per_row);
 
 // Whether attention() hands this layer's product to libtorch's fused kernel (LoadOptions::attention,
-// AttentionKernel): not where a hook observes or edits scores or pattern, a window acts, the family
-// soft-caps scores, or rows run per-row GEMMs for exactness.
-bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks, bool per_row);
+// AttentionKernel): not where a hook observes or edits scores or pattern, or the family soft-caps
+// scores. Windows need the blocked attention: in a per-row forward only the rows that carry one take
+// it (the others stay fused, one kernel call a row, bit-identical to their unbatched runs); in a
+// folded forward the whole layer does.
+bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
 
 // The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
 // no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the

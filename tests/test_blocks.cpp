@@ -257,7 +257,7 @@ TEST_CASE("fused attention (libtorch >= 2.1) equals the blocked attention on eve
         const auto blocked_rest = m->forward(tokens.narrow(1, 9, 14), nullptr, &cb);
         m->options.attention = AttentionKernel::kFused;
         // Gemma 2 soft-caps its scores: the fused kernel cannot, so that family stays blocked.
-        CHECK(blocks::uses_fused_attention(*m, 0, nullptr, false) == (m->config.attn_softcap <= 0));
+        CHECK(blocks::uses_fused_attention(*m, 0, nullptr) == (m->config.attn_softcap <= 0));
         const auto fused = m->forward(tokens);
         CHECK(rel_diff(fused, blocked) < kCarriedTol);
         // With a KV cache (the mask path: queries 9..22 against 23 keys, sliding windows folded in).
@@ -267,11 +267,9 @@ TEST_CASE("fused attention (libtorch >= 2.1) equals the blocked attention on eve
         // Whoever observes the pattern, or streams a head, gets the blocked attention.
         Hooks h;
         h.capture_rows(Point::kAttnPattern, [](int, int64_t, const at::Tensor&) {}, 0);
-        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, &h, false));
-        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, nullptr, true));
+        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, &h));
         Hooks w;
         w.window({0, 0, -1, 1, 2, false, {}});
-        CHECK_FALSE(blocks::uses_fused_attention(*m, 0, &w, false));
         CHECK(rel_diff(m->forward(tokens, &w), [&] {
                   m->options.attention = AttentionKernel::kBlocked;
                   auto r = m->forward(tokens, &w);
