@@ -1,6 +1,6 @@
 // headscope retrieval: needle-in-a-haystack trials scored as retrieval heads (Wu et al. 2024) and
 // LOCOS from one greedy decode pass each, with query ablation and random controls.
-// Methods: docs/methods.md ("Retrieval heads and LOCOS"); output: docs/hdf5-schema.md ("/retrieval").
+// Methods: docs/methods.md ("Retrieval heads and LOCOS"); output: docs/hdf5-schema.md (schema::retrieval()).
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
@@ -11,6 +11,9 @@
 #include "progress.h"
 #include "razor.h"
 #include "run_state.h"
+#include "schema.h"
+#include "stream_sweep.h"
+#include "study_config.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -188,14 +191,14 @@ static void write_needle_static(ResultWriter& w, const NeedleTest& test, const A
         return a;
     };
     if (want_ret)
-        w.set_attrs("/scores/retrieval",
+        w.set_attrs(schema::scores("retrieval"),
                     with({{"probe", std::string("retrieval")},
                           {"description", std::string("Wu et al. 2024 copy criterion: per decode step, 1/|answer span| "
                                                       "when the head's argmax key lies in the answer's tokens inside the "
                                                       "needle and holds the generated token; summed over steps (a "
                                                       "perfect copier scores 1 per trial), mean over passing trials")}}));
     if (want_locos)
-        w.set_attrs("/scores/locos",
+        w.set_attrs(schema::scores("locos"),
                     with({{"probe", std::string("locos")},
                           {"description", std::string("mean over answer steps of L+ - L-, phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j "
                                                       "(raw unembedding row, no final norm); L+ over the needle, L- over "
@@ -205,9 +208,9 @@ static void write_needle_static(ResultWriter& w, const NeedleTest& test, const A
                           {"bootstrap_seed", seed},
                           {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
                                              "NaN when fewer than 10 trials are scored (the reference's rule)")}}));
-    const std::string tg = "/retrieval/trials";
+    const std::string tg = schema::retrieval_trials();
     write_trial_arrays(w, tg, test.trials());
-    w.set_attrs("/retrieval", params);
+    w.set_attrs(schema::retrieval(), params);
     w.set_attrs(tg, {{"padding", std::string("-1 past each prompt's end and each generation's end")},
                      {"locos_without_answer_steps", std::string("NaN")},
                      {"done", std::string("1 = the trial's unablated decode ran (a shard runs some, --resume skips those done)")}});
@@ -218,11 +221,11 @@ static void write_needle_static(ResultWriter& w, const NeedleTest& test, const A
 static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path, const Attrs& params, const Shard& shard,
                                                          const Model& m) {
     ResultReader r(path);
-    if (!r.exists("/retrieval")) return nullptr;
-    if (!r.exists("/meta") || attr_text(r.attrs("/meta").count("weights_sha256") ? r.attrs("/meta").at("weights_sha256")
+    if (!r.exists(schema::retrieval())) return nullptr;
+    if (!r.exists(schema::meta()) || attr_text(r.attrs(schema::meta()).count("weights_sha256") ? r.attrs(schema::meta()).at("weights_sha256")
                                                                                  : AttrValue(std::string())) != m.weights_sha256())
         throw StorageError(fmt::format("{}: holds results of another model; refusing to resume", path));
-    const auto a = r.attrs("/retrieval");
+    const auto a = r.attrs(schema::retrieval());
     for (const auto& [k, v] : params) {
         if (k == "haystack_file" || k == "needles_file") continue;  // the contents' sha256 is compared
         const std::string was = a.count(k) ? attr_text(a.at(k)) : "(absent)", now = attr_text(v);
@@ -247,18 +250,7 @@ static void check_stream_options(const RetrievalOptions& o, const Shard& shard) 
     if (!o.stream_sweep) return;
     if (shard.count > 1) throw UsageError("--stream-sweep: not sharded (run it unsharded, or on a merged scan's --order file)");
     if (o.random_orders < 0) throw UsageError("--random-orders: need >= 0");
-    for (const auto& part : split(o.full_fractions, ',')) {
-        const auto p = trim(part);
-        size_t used = 0;
-        double v = -1;
-        try {
-            v = std::stod(p, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (p.empty() || used != p.size() || !(v >= 0 && v <= 1))
-            throw UsageError(fmt::format("--full-fractions: '{}' is not a fraction in [0, 1]", p));
-    }
+    with_flag({{"--full-fractions", "full_fractions"}}, [&] { return parse_full_fractions(o.full_fractions); });
 }
 
 // --stream-sweep's --order, resolved before the scan (a bad file fails before anything is written):
@@ -280,101 +272,46 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
     return with_flag("--order", [&] { return read_head_score(split_head_score_ref(o.order), L, H); });
 }
 
-// For each fraction rho of --full-fractions, the top round(rho x L x H) heads of the order keep full
-// attention and every other head streams (sink + recent window); the same for --random-orders seeded
-// random orders (heads.h random_subset, seeds seed + 3 + r). Each configuration decodes every trial
-// (NeedleTest::run_ablated_sets with stream HeadSets); identical head sets run once. Appends
-// /retrieval/streaming to `out` (docs/hdf5-schema.md) and prints the curve. `score`: the order's
-// score (stream_order_score), or undefined for this run's locos / retrieval in `sum`.
+// --stream-sweep after the scan (probes/stream_sweep.h): appends /retrieval/streaming to `out`
+// (docs/hdf5-schema.md) and prints the curve. `score`: the order's score (stream_order_score), or
+// undefined for this run's locos / retrieval in `sum`.
 static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
                              const std::string& out, at::Tensor score, const std::string& source, int64_t seed) {
     const int L = m.config.n_layers, H = m.config.n_heads;
-    const int64_t LH = int64_t{L} * H;
-    std::vector<double> fractions;
-    for (const auto& part : split(o.full_fractions, ','))
-        if (!trim(part).empty()) fractions.push_back(std::stod(trim(part)));
-    if (fractions.empty()) throw UsageError("--full-fractions: no value given");
-    if (!score.defined()) score = o.order == "locos" ? sum.locos : sum.ret;
-    std::vector<std::vector<int64_t>> orders = {rank_heads(score.to(torch::kCPU, torch::kDouble), true)};
-    std::vector<int64_t> all(LH);
-    for (int64_t i = 0; i < LH; ++i) all[i] = i;
-    for (int64_t r = 0; r < o.random_orders; ++r)
-        orders.push_back(random_subset(all, LH, static_cast<uint64_t>(seed) + 3 + static_cast<uint64_t>(r)));
-    const int64_t R = static_cast<int64_t>(orders.size()), F = static_cast<int64_t>(fractions.size());
-    const auto& trials = test.ablation_trials();
-    const int64_t N = static_cast<int64_t>(trials.size());
+    StreamSweepSpec spec;
+    spec.fractions = with_flag({{"--full-fractions", "full_fractions"}}, [&] { return parse_full_fractions(o.full_fractions); });
+    spec.score = score.defined() ? score : o.order == "locos" ? sum.locos : sum.ret;
+    spec.random_orders = o.random_orders;
+    spec.seed = static_cast<uint64_t>(seed);
+    spec.window = o.window;
+    spec.sweep_rows = o.sweep_rows;
+    const StreamSweep sw = hs::run_stream_sweep(test, L, H, spec);
+    const int64_t R = static_cast<int64_t>(sw.orders.size()), F = static_cast<int64_t>(sw.fractions.size());
 
-    // Configurations: the streaming heads of (order, fraction); identical sets decode once, the
-    // distinct sets as rows of shared forwards (--sweep-rows rows a forward).
-    std::vector<int64_t> full_heads(F);
-    std::vector<uint8_t> masks(R * F * LH, 0);
-    std::map<std::vector<int64_t>, size_t> index;  // sorted streaming heads -> its set in `sets`
-    std::vector<HeadSet> sets;
-    std::vector<size_t> set_of(R * F);  // configuration (r, f) -> its set
-    for (int64_t f = 0; f < F; ++f) {
-        full_heads[f] = std::min<int64_t>(LH, std::llround(fractions[f] * static_cast<double>(LH)));
-        for (int64_t r = 0; r < R; ++r) {
-            std::vector<int64_t> st(orders[r].begin() + full_heads[f], orders[r].end());
-            std::sort(st.begin(), st.end());
-            for (auto i : st) masks[(r * F + f) * LH + i] = 1;
-            auto [it, fresh] = index.emplace(st, sets.size());
-            if (fresh) {
-                HeadSet hs;
-                hs.mode = Intervention::kStream;
-                hs.window = o.window;
-                for (auto i : st) hs.heads.push_back({static_cast<int>(i / H), static_cast<int>(i % H)});
-                sets.push_back(std::move(hs));
-            }
-            set_of[r * F + f] = it->second;
-        }
-    }
-    Progress prog("streaming sweep trials", static_cast<int64_t>(sets.size()) * N);
-    const auto res = test.run_ablated_sets(sets, o.sweep_rows, [&prog] { prog.tick(); });
-    prog.finish();
-    std::vector<float> accuracy(R * F), rouge(R * F);
-    for (int64_t c = 0; c < R * F; ++c) {
-        double acc = 0, rl = 0;
-        for (const auto& t : res[set_of[c]]) acc += t.passed, rl += t.rougeL_f;
-        accuracy[c] = static_cast<float>(acc / N), rouge[c] = static_cast<float>(rl / N);
-    }
-    // The real KV fraction kept: rho + (1 - rho) min(1, W / N) per trial, averaged (W = sink + recent,
-    // + 1 with the compensation token; N = the trial's prompt tokens, the keys at the first decode step).
-    const double W = static_cast<double>(o.window.sink + o.window.recent + (o.window.compensate ? 1 : 0));
-    std::vector<float> kv_budget(F);
-    for (int64_t f = 0; f < F; ++f) {
-        const double rho = static_cast<double>(full_heads[f]) / static_cast<double>(LH);
-        double total = 0;
-        for (const auto& t : trials) total += rho + (1 - rho) * std::min(1.0, W / static_cast<double>(t.prompt.size()));
-        kv_budget[f] = static_cast<float>(total / static_cast<double>(N));
-    }
-
+    schema::StreamingRecord rec;
+    rec.L = L, rec.H = H, rec.R = R, rec.F = F;
+    rec.fractions.assign(sw.fractions.begin(), sw.fractions.end());
+    rec.full_heads = sw.full_heads;
+    for (const auto& ord : sw.orders) rec.order.insert(rec.order.end(), ord.begin(), ord.end());
+    rec.masks = sw.masks, rec.accuracy = sw.accuracy, rec.rougeL_f = sw.rougeL_f, rec.kv_budget = sw.kv_budget;
+    rec.attrs = {{"sink", o.window.sink},
+                 {"recent", o.window.recent},
+                 {"compensate", std::string(o.window.compensate ? "true" : "false")},
+                 {"order_source", source},
+                 {"random_orders", o.random_orders},
+                 {"sweep_rows", o.sweep_rows},
+                 {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", seed)},
+                 {"baseline_accuracy", sum.accuracy},
+                 {"baseline_rougeL_f", sum.rougeL},
+                 {"scope", std::string(ablation_scope_name(test.config().decode.scope))},
+                 {"description", std::string("order row 0 ranks heads by order_source (best first, NaN last), rows 1.. are "
+                                             "random orders; for fraction rho the first full_heads = round(rho L H) heads "
+                                             "of an order keep full attention, every other head streams (keys [0, sink) "
+                                             "and (q - recent, q]); masks 1 = the head streams; accuracy and rougeL_f "
+                                             "[order, fraction] over every trial; kv_budget = mean over trials of "
+                                             "rho + (1 - rho) min(1, (sink + recent [+ 1 compensation]) / prompt tokens)")}};
     ResultWriter w(out, WriteMode::kAppend);
-    const std::string g = "/retrieval/streaming";
-    std::vector<int64_t> order_flat;
-    for (const auto& ord : orders) order_flat.insert(order_flat.end(), ord.begin(), ord.end());
-    w.write(g + "/fractions", std::vector<float>(fractions.begin(), fractions.end()), {F});
-    w.write(g + "/full_heads", full_heads, {F});
-    w.write(g + "/order", order_flat, {R, LH});
-    w.write(g + "/masks", masks, {R, F, L, H});
-    w.write(g + "/accuracy", accuracy, {R, F});
-    w.write(g + "/rougeL_f", rouge, {R, F});
-    w.write(g + "/kv_budget", kv_budget, {F});
-    w.set_attrs(g, {{"sink", o.window.sink},
-                    {"recent", o.window.recent},
-                    {"compensate", std::string(o.window.compensate ? "true" : "false")},
-                    {"order_source", source},
-                    {"random_orders", o.random_orders},
-                    {"sweep_rows", o.sweep_rows},
-                    {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over all L x H heads", seed)},
-                    {"baseline_accuracy", sum.accuracy},
-                    {"baseline_rougeL_f", sum.rougeL},
-                    {"scope", std::string(ablation_scope_name(test.config().decode.scope))},
-                    {"description", std::string("order row 0 ranks heads by order_source (best first, NaN last), rows 1.. are "
-                                                "random orders; for fraction rho the first full_heads = round(rho L H) heads "
-                                                "of an order keep full attention, every other head streams (keys [0, sink) "
-                                                "and (q - recent, q]); masks 1 = the head streams; accuracy and rougeL_f "
-                                                "[order, fraction] over every trial; kv_budget = mean over trials of "
-                                                "rho + (1 - rho) min(1, (sink + recent [+ 1 compensation]) / prompt tokens)")}});
+    schema::write_streaming(w, rec);
     w.commit();
 
     std::printf("streaming sweep: sink %lld, recent %lld%s; order %s; %lld random order%s\n",
@@ -384,9 +321,9 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
     std::printf("%8s %6s %9s %9s %9s  %s\n", "full", "heads", "kv_budget", "accuracy", "ROUGE-L F", "random orders' accuracy");
     for (int64_t f = 0; f < F; ++f) {
         std::string rnd;
-        for (int64_t r = 1; r < R; ++r) rnd += fmt::format("{}{:.3f}", r > 1 ? " " : "", accuracy[r * F + f]);
-        std::printf("%8.3f %6lld %9.3f %9.3f %9.3f  %s\n", fractions[f], static_cast<long long>(full_heads[f]), kv_budget[f],
-                    accuracy[f], rouge[f], rnd.empty() ? "-" : rnd.c_str());
+        for (int64_t r = 1; r < R; ++r) rnd += fmt::format("{}{:.3f}", r > 1 ? " " : "", sw.accuracy[r * F + f]);
+        std::printf("%8.3f %6lld %9.3f %9.3f %9.3f  %s\n", sw.fractions[f], static_cast<long long>(sw.full_heads[f]),
+                    sw.kv_budget[f], sw.accuracy[f], sw.rougeL_f[f], rnd.empty() ? "-" : rnd.c_str());
     }
     std::printf("baseline accuracy %.3f (every head full)\n", sum.accuracy);
 }
@@ -637,7 +574,7 @@ static Attrs needle_params(const RetrievalOptions& o, const RetrievalPlan& p, co
 // output's ROUGE, the pass flag and the answer's first-token margins (docs/hdf5-schema.md).
 template <class Pass>
 static void write_decoding(ResultWriter& w, const Pass& d, size_t n_trials) {
-    const std::string g = "/retrieval/decoding";
+    const std::string g = schema::retrieval_decoding();
     const int64_t S = static_cast<int64_t>(d.sets.size()), N = static_cast<int64_t>(n_trials);
     std::vector<float> r1(S * N), rl(S * N), margin(S * N), base(S * N), acc(S), mean_rl(S), mean_margin(S);
     std::vector<int64_t> passed(S * N);
@@ -872,19 +809,19 @@ void NeedleScan::write(int64_t n_sets_planned) {
     const int L = m_.config.n_layers, H = m_.config.n_heads;
     ResultWriter w(o_.out.out, first_write_ && !resuming_ ? p_.mode : WriteMode::kAppend);
     first_write_ = false;
-    if (w.exists("/meta")) check_same_model(w, m_);
+    if (w.exists(schema::meta())) check_same_model(w, m_);
     write_meta(w, m_, p_.proto.seed);
-    for (const char* g : {"/scores/retrieval", "/scores/locos", "/retrieval"})
+    for (const std::string& g : {schema::scores("retrieval"), schema::scores("locos"), schema::retrieval()})
         if (w.exists(g)) w.remove(g);
     const NeedleSummary sum = summarize(res_, o_.bootstrap, static_cast<uint64_t>(p_.proto.seed), o_.flag_threshold, p_.proto.rng);
     write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, o_.bootstrap, p_.proto.seed);
-    w.set_attrs("/retrieval", {{"shard", p_.shard.str()},
+    w.set_attrs(schema::retrieval(), {{"shard", p_.shard.str()},
                                {"shard_index", p_.shard.index},
                                {"shard_count", p_.shard.count},
                                {"complete", int64_t(complete(n_sets_planned))}});
     write_needle_results(w, res_, sum, p_.want_ret, p_.want_locos);
     if (res_.S > 0) {
-        const std::string ag = "/retrieval/ablation";
+        const std::string ag = schema::retrieval_ablation();
         std::vector<std::string> names;
         for (const auto& s : sets_) names.push_back(format_heads(s));
         Attrs aa = {{"ablation", std::string(intervention_name(p_.ablation))},
@@ -902,7 +839,7 @@ void NeedleScan::write(int64_t n_sets_planned) {
             aa["trials"] = std::string("the ablation passes decode prompts of their own (ablation_assembly, "
                                        "ablation_template: /retrieval/ablation/trials); the last set, no heads, is their "
                                        "unablated baseline (baseline_* datasets)");
-            write_trial_arrays(w, "/retrieval/ablation/trials", test_.ablation_trials());
+            write_trial_arrays(w, schema::retrieval_ablation("trials"), test_.ablation_trials());
         }
         if (p_.ablation == Intervention::kStream)
             aa["window"] = std::vector<int64_t>{o_.window.sink, o_.window.recent, o_.window.compensate ? 1 : 0};
@@ -1144,42 +1081,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 
-void setup_retrieval(CLI::App& app) {
-    auto o = std::make_shared<RetrievalOptions>();
-    auto* sub = app.add_subcommand(
-        "retrieval",
-        "needle-in-a-haystack trials: hide a needle in a haystack at each --lengths x --depths x needle, decode\n"
-        "greedily, and credit heads two ways from that one decode pass:\n"
-        "  retrieval (Wu et al. 2024): per step, 1/|answer| when the head's argmax key is one of the answer's\n"
-        "    tokens inside the needle and equals the generated token; summed over steps (a perfect copier\n"
-        "    scores 1), mean over passing trials; heads above 0.1 flagged.\n"
-        "  locos: per answer step, L+ - L- with phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j (L+ over the needle,\n"
-        "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
-        "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold (ROUGE as\n"
-        "rouge_score computes it with use_stemmer=True, as both reference codes do).\n"
-        "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"
-        "prefix; mean-query = LOCOS's pre-RoPE mean query; zero = output zeroed) and --random-controls N random\n"
-        "sets excluding them; --ablation-scope all (LOCOS: every forward) or decode (Wu et al.: decode steps).\n"
-        "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
-        "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5\n"
-        "The same trials as Retrieval_Head's retrieval_head_detection.py builds them (buffer 200, text round trips, period "
-        "insertion, score then stop on the newline token):\n"
-        "Example: headscope retrieval ../shared/testdata/tinystories-656k --protocol wu --haystack "
-        "datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_wu_needles.jsonl --lengths 300,400 "
-        "--depths 0,50,100 --max-new-tokens 8 --out needle-wu.h5\n"
-        "Shards (a Slurm job array: --shard slurm; scripts/slurm/), joined by `headscope merge` into what one run writes:\n"
-        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
-        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
-        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 0/2 --out needle.shard-0-of-2.h5\n"
-        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
-        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
-        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 1/2 --out needle.shard-1-of-2.h5\n"
-        "Streaming heads (DuoAttention): the top heads by LOCOS keep full attention, the others see 1 sink + 4 recent keys:\n"
-        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
-        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
-        "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5");
-    add_model_args(sub, o->model);
-    add_output_args(sub, o->out, true);
+// The trial grid and how each trial is built, decoded, stopped and judged.
+static void add_trial_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
     sub->add_option("--protocol", o->protocol,
                     "how trials are built, decoded and stopped: headscope (token space, exact spans), wu (Retrieval_Head's "
@@ -1226,8 +1129,8 @@ void setup_retrieval(CLI::App& app) {
                     "calibration sample)");
     sub->add_flag("--dump-steps", o->dump_steps,
                   "also write each decode step's credit, L+ and L- per head (/retrieval/steps; an audit of the scores)");
-    auto* lens = sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
-    auto* range = sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
+    sub->add_option("--lengths", o->lengths, "context lengths in tokens (haystack + needle)")->capture_default_str();
+    sub->add_option("--lengths-range", o->lengths_range, "START:END:N = round(linspace(START, END, N))");
     sub->add_option("--depths", o->depths, "needle depths in percent of the context")->capture_default_str();
     sub->add_option("--max-new-tokens", o->max_new_tokens, "greedy steps at most (see --stop)")
         ->check(at_least(1))
@@ -1242,6 +1145,10 @@ void setup_retrieval(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--flag-threshold", o->flag_threshold, "retrieval heads: score > this")->capture_default_str();
     sub->add_option("--seed", o->seed, "bootstrap and random-control seed")->capture_default_str();
+}
+
+// Prefill reuse, memory and batching, and the bootstrap.
+static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_flag("--no-prefix-reuse", o->no_prefix_reuse,
                   "prefill every trial whole; by default a trial takes the positions it shares with an earlier trial "
                   "from its kept prefill (bit for bit what it would compute; --prefix-cache-mib bounds them)");
@@ -1259,6 +1166,10 @@ void setup_retrieval(CLI::App& app) {
     sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")
         ->check(at_least(0))
         ->capture_default_str();
+}
+
+// Ablated reruns, their controls, shards and checkpoints.
+static void add_ablation_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_option("--ablate", o->ablate, "heads to ablate, e.g. L1H0,L2H3");
     sub->add_option("--ablation", o->ablation, "zero-query, mean-query, zero or stream (--sink, --recent)")->capture_default_str();
     sub->add_option("--ablate-top", o->ablate_top,
@@ -1286,6 +1197,10 @@ void setup_retrieval(CLI::App& app) {
                     "rewrite --out (atomically) after a batch when this long has passed since the last write (0: every batch)")
         ->check(at_least(0))
         ->capture_default_str();
+}
+
+// Streaming windows, the stream sweep and the decoding rows.
+static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_option("--sink", o->window.sink, "stream: the first keys a streaming head sees")->capture_default_str();
     sub->add_option("--recent", o->window.recent, "stream: the last keys up to and including the query")->capture_default_str();
     sub->add_flag("--compensate", o->window.compensate,
@@ -1312,8 +1227,55 @@ void setup_retrieval(CLI::App& app) {
         ->capture_default_str();
     add_decoding_args(sub, o->dec);
     sub->add_option("--pause-after-batch", o->pause_ms, "testing: sleep this many ms after each checkpoint")->group("");
-    sub->callback([o, range, lens, sub] {
-        if (range->count() > 0 && lens->count() > 0) throw UsageError("give at most one of --lengths and --lengths-range");
+
+}
+
+void setup_retrieval(CLI::App& app) {
+    auto o = std::make_shared<RetrievalOptions>();
+    auto* sub = app.add_subcommand(
+        "retrieval",
+        "needle-in-a-haystack trials: hide a needle in a haystack at each --lengths x --depths x needle, decode\n"
+        "greedily, and credit heads two ways from that one decode pass:\n"
+        "  retrieval (Wu et al. 2024): per step, 1/|answer| when the head's argmax key is one of the answer's\n"
+        "    tokens inside the needle and equals the generated token; summed over steps (a perfect copier\n"
+        "    scores 1), mean over passing trials; heads above 0.1 flagged.\n"
+        "  locos: per answer step, L+ - L- with phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j (L+ over the needle,\n"
+        "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
+        "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold (ROUGE as\n"
+        "rouge_score computes it with use_stemmer=True, as both reference codes do).\n"
+        "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"
+        "prefix; mean-query = LOCOS's pre-RoPE mean query; zero = output zeroed) and --random-controls N random\n"
+        "sets excluding them; --ablation-scope all (LOCOS: every forward) or decode (Wu et al.: decode steps).\n"
+        "Example: headscope retrieval ../shared/testdata/tinystories-656k --haystack datasets/needles/tinystories_haystack.txt "
+        "--needles datasets/needles/tinystories_needles.jsonl --lengths 100,200 --depths 0,50,100 --max-new-tokens 8 --out needle.h5\n"
+        "The same trials as Retrieval_Head's retrieval_head_detection.py builds them (buffer 200, text round trips, period "
+        "insertion, score then stop on the newline token):\n"
+        "Example: headscope retrieval ../shared/testdata/tinystories-656k --protocol wu --haystack "
+        "datasets/needles/tinystories_haystack.txt --needles datasets/needles/tinystories_wu_needles.jsonl --lengths 300,400 "
+        "--depths 0,50,100 --max-new-tokens 8 --out needle-wu.h5\n"
+        "A study as one reviewable file (keys: these options without the dashes; the command line wins over it):\n"
+        "Example: headscope retrieval --config datasets/needles/toy-recall-study.yaml --out needle-study.h5\n"
+        "Shards (a Slurm job array: --shard slurm; scripts/slurm/), joined by `headscope merge` into what one run writes:\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
+        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 0/2 --out needle.shard-0-of-2.h5\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24,40 "
+        "--max-new-tokens 1 --ablate L1H0,L1H1 --random-controls 2 --shard 1/2 --out needle.shard-1-of-2.h5\n"
+        "Streaming heads (DuoAttention): the top heads by LOCOS keep full attention, the others see 1 sink + 4 recent keys:\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
+        "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5");
+    add_model_args(sub, o->model);
+    add_output_args(sub, o->out, true);
+    add_trial_options(sub, o.get());
+    add_work_options(sub, o.get());
+    add_ablation_options(sub, o.get());
+    add_stream_options(sub, o.get());
+    add_study_config(app, sub);
+    sub->callback([o, sub] {
+        const auto* range = sub->get_option("--lengths-range");
+        if (range->count() > 0 && sub->get_option("--lengths")->count() > 0) throw UsageError("give at most one of --lengths and --lengths-range");
         for (const auto* opt : sub->get_options())
             if (opt->count() > 0) o->given.insert(opt->get_name());
         run_retrieval(*o, range->count() > 0);

@@ -1,4 +1,5 @@
 #include "common.h"
+#include "study_config.h"
 
 #include "errors.h"
 #include "progress.h"
@@ -165,6 +166,7 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["attention"] = std::string(fused_attention_enabled(m.options) ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
     a["threads"] = static_cast<int64_t>(torch::get_num_threads());
     a["seed"] = seed;
+    if (!study_config_text().empty()) a["study_config"] = study_config_text();  // --config's file, as read
     schema::write_meta(w, a);
 }
 

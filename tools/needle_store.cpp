@@ -2,6 +2,8 @@
 // merge of a needle scan's shards (see needle_store.h).
 #include "needle_store.h"
 
+#include "schema.h"
+
 #include "common.h"
 #include "errors.h"
 #include "progress.h"
@@ -198,7 +200,7 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
         w.write(name, data, shape);
     };
     const int64_t N = r.N, L = r.L, H = r.H;
-    const std::string tg = "/retrieval/trials";
+    const std::string tg = schema::retrieval_trials();
     put(tg + "/generated", r.generated, {N, r.steps});
     if (w.exists(tg + "/response")) w.remove(tg + "/response");
     w.write_strings(tg + "/response", r.response);
@@ -206,13 +208,13 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
     put(tg + "/rougeL_f", r.rougeL, {N});
     put(tg + "/passed", r.passed, {N});
     put(tg + "/answer_steps", r.answer_steps, {N});
-    put(tg + "/retrieval", r.retrieval, {N, L, H});
+    put(tg + schema::retrieval(), r.retrieval, {N, L, H});
     put(tg + "/locos", r.locos, {N, L, H});
     put(tg + "/lplus", r.lplus, {N, L, H});
     put(tg + "/lminus", r.lminus, {N, L, H});
     put(tg + "/done", r.done, {N});
     if (r.with_steps) {
-        const std::string sg = "/retrieval/steps";
+        const std::string sg = schema::retrieval() + "/steps";
         put(sg + "/credit", r.step_credit, {N, r.steps, L, H});
         put(sg + "/lplus", r.step_lplus, {N, r.steps, L, H});
         put(sg + "/lminus", r.step_lminus, {N, r.steps, L, H});
@@ -221,24 +223,24 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
                                                       "(NaN where the needle's span was not found)")}});
     }
     const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
-    w.set_attrs("/retrieval", common);
+    w.set_attrs(schema::retrieval(), common);
     if (want_ret) {
-        put("/scores/retrieval/score", host_floats(s.ret), {L, H});
+        put(schema::scores("retrieval", "score"), host_floats(s.ret), {L, H});
         Attrs a = common;
         a["flagged"] = s.flagged;
         a["n_trials_scored"] = s.n_pass;
-        w.set_attrs("/scores/retrieval", a);
+        w.set_attrs(schema::scores("retrieval"), a);
     }
     if (want_locos) {
-        put("/scores/locos/score", host_floats(s.locos), {L, H});
-        put("/scores/locos/ci_low", host_floats(s.ci_low), {L, H});
-        put("/scores/locos/ci_high", host_floats(s.ci_high), {L, H});
+        put(schema::scores("locos", "score"), host_floats(s.locos), {L, H});
+        put(schema::scores("locos", "ci_low"), host_floats(s.ci_low), {L, H});
+        put(schema::scores("locos", "ci_high"), host_floats(s.ci_high), {L, H});
         Attrs a = common;
         a["n_trials_scored"] = s.n_locos;
-        w.set_attrs("/scores/locos", a);
+        w.set_attrs(schema::scores("locos"), a);
     }
     if (r.S > 0) {
-        const std::string ag = "/retrieval/ablation";
+        const std::string ag = schema::retrieval_ablation();
         const int64_t S = r.S;
         put(ag + "/masks", r.masks, {S, L, H});
         put(ag + "/rouge1_recall", r.abl_rouge1, {S, N});
@@ -265,11 +267,11 @@ void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleS
 }
 
 NeedleResults read_needle_results(const ResultReader& f) {
-    const std::string tg = "/retrieval/trials";
+    const std::string tg = schema::retrieval_trials();
     if (!f.exists(tg + "/done"))
         throw StorageError(fmt::format("{}: holds no resumable or mergeable needle results (no {}/done: not written by "
                                        "`headscope retrieval`, or by a version before shards)", f.path(), tg));
-    const auto meta = f.exists("/meta") ? f.attrs("/meta") : Attrs{};
+    const auto meta = f.exists(schema::meta()) ? f.attrs(schema::meta()) : Attrs{};
     auto meta_int = [&](const char* k) -> int64_t {
         if (!meta.count(k)) throw StorageError(fmt::format("{}: /meta has no attribute {}", f.path(), k));
         try {
@@ -285,7 +287,7 @@ NeedleResults read_needle_results(const ResultReader& f) {
                                        shape_str(done.shape), shape_str(gen.shape)));
     const int64_t L = meta_int("n_layers"), H = meta_int("n_heads");
     if (L < 1 || H < 1 || L > 100000 || H > 100000) throw StorageError(fmt::format("{}: /meta n_layers {} n_heads {}", f.path(), L, H));
-    const std::string ag = "/retrieval/ablation";
+    const std::string ag = schema::retrieval_ablation();
     const int64_t abl_steps = f.exists(ag + "/generated") ? f.read_numbers(ag + "/generated").shape.back() : gen.shape[1];
     const bool with_steps = f.exists("/retrieval/steps/credit");
     r.init(done.shape[0], L, H, gen.shape[1], abl_steps, with_steps);
@@ -306,7 +308,7 @@ NeedleResults read_needle_results(const ResultReader& f) {
     conv(r.rougeL, numbers(tg + "/rougeL_f", {N}));
     conv(r.passed, numbers(tg + "/passed", {N}));
     conv(r.answer_steps, numbers(tg + "/answer_steps", {N}));
-    conv(r.retrieval, numbers(tg + "/retrieval", {N, L, H}));
+    conv(r.retrieval, numbers(tg + schema::retrieval(), {N, L, H}));
     conv(r.locos, numbers(tg + "/locos", {N, L, H}));
     if (f.exists(tg + "/lplus")) conv(r.lplus, numbers(tg + "/lplus", {N, L, H}));
     if (f.exists(tg + "/lminus")) conv(r.lminus, numbers(tg + "/lminus", {N, L, H}));
@@ -361,8 +363,8 @@ std::string needle_config_difference(const ResultReader& a, const ResultReader& 
         }
         return "";
     };
-    for (auto d : {compare("/meta", {"weights_sha256", "dtype", "n_layers", "n_heads"}), compare("/retrieval", {}),
-                   compare("/retrieval/ablation", {})})
+    for (auto d : {compare(schema::meta(), {"weights_sha256", "dtype", "n_layers", "n_heads"}), compare(schema::retrieval(), {}),
+                   compare(schema::retrieval_ablation(), {})})
         if (!d.empty()) return d;
     return "";
 }
@@ -388,12 +390,12 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
         }
         int64_t idx = -1, n = -1;
         try {
-            idx = std::stoll(attr_of(*r, "/retrieval", "shard_index")), n = std::stoll(attr_of(*r, "/retrieval", "shard_count"));
+            idx = std::stoll(attr_of(*r, schema::retrieval(), "shard_index")), n = std::stoll(attr_of(*r, schema::retrieval(), "shard_count"));
         } catch (const std::exception&) {
             throw StorageError(fmt::format("{}: /retrieval has no shard_index / shard_count (merged already, or not a "
                                            "shard); refusing to merge", r->path()));
         }
-        if (attr_of(*r, "/retrieval", "shard") == "merged")
+        if (attr_of(*r, schema::retrieval(), "shard") == "merged")
             throw StorageError(fmt::format("{}: is a merged file, not a shard; refusing to merge", r->path()));
         if (count < 0) count = n;
         if (n != count)
@@ -403,7 +405,7 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
             throw StorageError(fmt::format("{}: shard {}/{} given twice (also {}); refusing to merge", r->path(), idx, n,
                                            by_index[idx]));
         by_index[idx] = r->path();
-        if (!o.partial && attr_of(*r, "/retrieval", "complete") != "1")
+        if (!o.partial && attr_of(*r, schema::retrieval(), "complete") != "1")
             throw StorageError(fmt::format("{}: shard {}/{} is incomplete (the task stopped early); rerun it with --resume, "
                                            "or merge with --partial", r->path(), idx, n));
     }
@@ -447,21 +449,21 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     int64_t bootstrap = 0, seed = 0;
     double flag = 0;
     try {
-        bootstrap = std::stoll(attr_of(first, "/retrieval", "bootstrap_resamples"));
-        seed = std::stoll(attr_of(first, "/retrieval", "seed"));
-        flag = std::stod(attr_of(first, "/retrieval", "flag_threshold"));
+        bootstrap = std::stoll(attr_of(first, schema::retrieval(), "bootstrap_resamples"));
+        seed = std::stoll(attr_of(first, schema::retrieval(), "seed"));
+        flag = std::stod(attr_of(first, schema::retrieval(), "flag_threshold"));
     } catch (const std::exception&) {
         throw StorageError(fmt::format("{}: /retrieval lacks bootstrap_resamples, seed or flag_threshold", first.path()));
     }
-    const RngKind rng = find_in(rng_kind_names(), attr_of(first, "/retrieval", "rng")).value_or(RngKind::kHeadscope);
+    const RngKind rng = find_in(rng_kind_names(), attr_of(first, schema::retrieval(), "rng")).value_or(RngKind::kHeadscope);
     const NeedleSummary sum = summarize(all, bootstrap, static_cast<uint64_t>(seed), flag, rng);
 
     const MergeStage stage(first.path(), o.out);
     const std::string& tmp = stage.path();
     {
         ResultWriter w(tmp, WriteMode::kAppend);
-        write_needle_results(w, all, sum, first.exists("/scores/retrieval"), first.exists("/scores/locos"));
-        w.set_attrs("/retrieval", merged_attrs(o.inputs, left == 0));
+        write_needle_results(w, all, sum, first.exists(schema::scores("retrieval")), first.exists(schema::scores("locos")));
+        w.set_attrs(schema::retrieval(), merged_attrs(o.inputs, left == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

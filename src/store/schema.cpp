@@ -419,6 +419,17 @@ void write_duo(ResultWriter& w, const std::string& study_name, const DuoRecord& 
     attrs(w, study(study_name, "duo"), d.attrs);
 }
 
+void write_streaming(ResultWriter& w, const StreamingRecord& s) {
+    put(w, retrieval_streaming("fractions"), s.fractions, {s.F});
+    put(w, retrieval_streaming("full_heads"), s.full_heads, {s.F});
+    put(w, retrieval_streaming("order"), s.order, {s.R, s.L * s.H});
+    put(w, retrieval_streaming("masks"), s.masks, {s.R, s.F, s.L, s.H});
+    put(w, retrieval_streaming("accuracy"), s.accuracy, {s.R, s.F});
+    put(w, retrieval_streaming("rougeL_f"), s.rougeL_f, {s.R, s.F});
+    put(w, retrieval_streaming("kv_budget"), s.kv_budget, {s.F});
+    attrs(w, retrieval_streaming(), s.attrs);
+}
+
 namespace {
 // A numeric dataset of exactly `shape`, as float or int64 values (StorageError otherwise).
 Dataset need(const ResultReader& r, const std::string& path, const std::vector<int64_t>& shape) {

@@ -191,6 +191,19 @@ struct JuiceRecord {
 };
 void write_juice(ResultWriter& w, const std::string& study_name, const JuiceRecord& j);
 
+// ---- the needle test's stream sweep: /retrieval/streaming
+struct StreamingRecord {
+    int64_t L = 0, H = 0, R = 0, F = 0;  // R orders x F fractions
+    std::vector<float> fractions;        // [F]
+    std::vector<int64_t> full_heads;     // [F]
+    std::vector<int64_t> order;          // [R, L H]
+    std::vector<uint8_t> masks;          // [R, F, L, H]
+    std::vector<float> accuracy, rougeL_f;  // [R, F]
+    std::vector<float> kv_budget;        // [F]
+    Attrs attrs;
+};
+void write_streaming(ResultWriter& w, const StreamingRecord& s);
+
 // ---- patching: /patching/<name>
 struct PatchingRecord {
     std::string name;
