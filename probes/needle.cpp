@@ -34,21 +34,10 @@ const std::vector<Intervention>& needle_ablations() {
 }
 
 void HeadSet::apply(Hooks& hooks, int64_t row) const {
-    for (auto [l, h] : heads) {
-        switch (mode) {
-            case Intervention::kZeroQuery: hooks.intervene_q(HeadIntervention{l, h, row, HeadOp::kZero, 0.0, {}}); break;
-            case Intervention::kMeanQuery:
-                hooks.intervene_q_pre_rope(HeadIntervention{l, h, row, HeadOp::kReplace, 0.0, q_mean[l][h]});
-                break;
-            case Intervention::kZero: hooks.intervene_z(HeadIntervention{l, h, row, HeadOp::kZero, 0.0, {}}); break;
-            case Intervention::kStream:
-                hooks.window(HeadWindow{l, h, row, window, {}});
-                break;
-            case Intervention::kNone: break;
-            default:
-                HS_REQUIRE(false, std::string("HeadSet: the needle test does not run ") + intervention_name(mode));
-        }
-    }
+    // The study's mean-query is LOCOS's pre-RoPE mean: intervention.h's mean-query-pre-rope.
+    const Intervention m = mode == Intervention::kMeanQuery ? Intervention::kMeanQueryPreRope : mode;
+    apply_intervention(hooks, InterventionSpec{m, 1.0, q_mean, window}, heads, row,
+                       {Intervention::kZeroQuery, Intervention::kMeanQueryPreRope, Intervention::kZero, Intervention::kStream});
 }
 
 at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<int64_t>>& prompts, int64_t prefill_chunk,
@@ -237,6 +226,42 @@ static void prefill_rows(const Model& m, const std::vector<const Trial*>& trials
     }
 }
 
+// A decode batch's prefill into `cache` (rows x prompt[:-1]). Rows whose prefill is the same
+// computation share it: with per-row head sets (`sets`) and an unablated prefill (scope decode) each
+// distinct trial is prefilled once (prefill_rows, from the kept prefills where `prefix` has them) and
+// its cache copied to its rows; sets acting in the prefill (`scope_all`) prefill every row with its
+// own interventions (`prefill`). `reserve`: the keys the decode will reach.
+static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>& trials, const at::Tensor& ids, bool sets,
+                                bool scope_all, int64_t chunk, Hooks& prefill, const ForwardOptions& no_logits,
+                                PrefixCache* prefix, int64_t reserve, KVCache& cache) {
+    const int64_t B = ids.size(0), P = ids.size(1);
+    if (sets && scope_all) {
+        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
+            m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
+    } else {
+        std::vector<int64_t> row_of;  // row -> index of its trial among the distinct ones
+        std::vector<int64_t> firsts;  // distinct trials' first rows
+        std::map<const Trial*, int64_t> seen;
+        for (int64_t b = 0; b < B; ++b) {
+            const Trial* t = sets ? trials[static_cast<size_t>(b)] : nullptr;  // without sets every row is its own
+            auto [it, fresh] = sets ? seen.emplace(t, static_cast<int64_t>(firsts.size())) : std::make_pair(seen.end(), true);
+            if (fresh) firsts.push_back(b);
+            row_of.push_back(sets ? it->second : b);
+        }
+        std::vector<const Trial*> distinct;
+        for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
+        const int64_t D = static_cast<int64_t>(distinct.size());
+        prefill_rows(m, distinct, chunk, sets ? nullptr : &prefill, no_logits, prefix, cache);
+        cache.reserve(reserve);
+        if (D < B) {
+            auto expand = torch::tensor(row_of, torch::kLong).to(m.options.device);
+            for (size_t l = 0; l < cache.k.size(); ++l)
+                if (cache.k[l].defined())
+                    cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
+        }
+    }
+}
+
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
                                                const HeadSet* ablate, const std::vector<const HeadSet*>* per_row,
@@ -284,37 +309,8 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const auto t_prefill = Clock::now();
-    // The prefill. Rows whose prefill is the same computation share it: with per-row sets and scope
-    // decode (an unablated prefill) each distinct trial is prefilled once (prefill_rows) and its cache
-    // copied to its rows. Per-row sets acting in the prefill (scope all) prefill every row with its
-    // own interventions.
-    if (per_row && s.scope == AblationScope::kAll) {
-        for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
-            m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
-    } else {
-        std::vector<int64_t> row_of;  // row -> index of its trial among the distinct ones
-        std::vector<int64_t> firsts;  // distinct trials' first rows
-        std::map<const Trial*, int64_t> seen;
-        for (int64_t b = 0; b < B; ++b) {
-            const Trial* t = per_row ? trials[static_cast<size_t>(b)] : nullptr;  // without sets every row is its own
-            auto [it, fresh] = per_row ? seen.emplace(t, static_cast<int64_t>(firsts.size()))
-                                       : std::make_pair(seen.end(), true);
-            if (fresh) firsts.push_back(b);
-            row_of.push_back(per_row ? it->second : b);
-        }
-        std::vector<const Trial*> distinct;
-        for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
-        const int64_t D = static_cast<int64_t>(distinct.size());
-        prefill_rows(m, distinct, chunk, per_row ? nullptr : &prefill, no_logits, prefix, cache);
-        cache.reserve(P - 1 + s.max_new_tokens);
-        if (D < B) {
-            auto expand = torch::tensor(row_of, torch::kLong).to(dev);
-            for (size_t l = 0; l < cache.k.size(); ++l)
-                if (cache.k[l].defined())
-                    cache.k[l] = cache.k[l].index_select(0, expand), cache.v[l] = cache.v[l].index_select(0, expand);
-        }
-    }
-
+    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, chunk, prefill, no_logits, prefix,
+                        P - 1 + s.max_new_tokens, cache);
     if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);
     std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);

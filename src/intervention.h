@@ -18,8 +18,9 @@
 //                                                      (StreamWindow; DuoAttention's streaming heads,
 //                                                      RazorAttention's compensation token as an option)
 //
-// (The needle scan's `retrieval --ablation mean-query` still names LOCOS's pre-RoPE mean with the
-// study's word: probes/needle.cpp applies it itself until it moves to apply_intervention, issue 33.)
+// (`retrieval --ablation mean-query` keeps the LOCOS study's word for LOCOS's pre-RoPE mean, as its
+// result files and the reference scripts name it: the needle harness's HeadSet::apply hands it to
+// apply_intervention as mean-query-pre-rope, the one meaning that code runs.)
 //
 // apply_intervention() below is the one place an Intervention becomes hook calls, in two forms that
 // do the same operation: on a list of heads in one batch row or all (Hooks::intervene_z / intervene_q
