@@ -37,14 +37,9 @@ DecodingRow parse_decoding_row(const std::string& spec, int L, int H) {
     if (eq != std::string::npos) {
         const std::string f = mode.substr(eq + 1);
         mode = mode.substr(0, eq);
-        size_t used = 0;
-        try {
-            r.factor = std::stod(f, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used == 0 || used != f.size() || !std::isfinite(r.factor))
-            throw UsageError(fmt::format("row '{}': factor '{}' is not a number", spec, f));
+        const auto factor = parse_double(f);
+        if (!factor) throw UsageError(fmt::format("row '{}': factor '{}' is not a number", spec, f));
+        r.factor = *factor;
     }
     r.mode = parse_intervention(mode, fmt::format("row '{}': mode", spec), decoding_row_modes());
     if ((r.mode == Intervention::kScale) != (eq != std::string::npos))

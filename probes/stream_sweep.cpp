@@ -21,16 +21,9 @@ std::vector<double> parse_full_fractions(const std::string& text) {
     for (const auto& part : split(text, ',')) {
         const auto p = trim(part);
         if (p.empty()) continue;
-        size_t used = 0;
-        double v = -1;
-        try {
-            v = std::stod(p, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != p.size() || !(v >= 0 && v <= 1))
-            throw UsageError(fmt::format("'{}' is not a fraction in [0, 1]", p), "full_fractions");
-        out.push_back(v);
+        const auto v = parse_double(p);
+        if (!v || !(*v >= 0 && *v <= 1)) throw UsageError(fmt::format("'{}' is not a fraction in [0, 1]", p), "full_fractions");
+        out.push_back(*v);
     }
     if (out.empty()) throw UsageError("no value given", "full_fractions");
     return out;

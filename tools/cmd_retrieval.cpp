@@ -119,14 +119,9 @@ static std::vector<double> parse_depths(const std::string& s) {
     for (const auto& part : split(s, ',')) {
         const auto p = trim(part);
         if (p.empty()) continue;
-        size_t used = 0;
-        double v = 0;
-        try {
-            v = std::stod(p, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != p.size() || !std::isfinite(v)) throw UsageError(fmt::format("--depths: '{}' is not a number", p));
+        const auto d = parse_double(p);
+        if (!d) throw UsageError(fmt::format("--depths: '{}' is not a number", p));
+        const double v = *d;
         if (v < 0 || v > 100) throw UsageError(fmt::format("--depths: {} is outside [0, 100] (percent)", p));
         out.push_back(v);
     }
@@ -139,14 +134,12 @@ static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_
     std::vector<int64_t> out;
     if (range_given) {
         auto p = split(o.lengths_range, ':');
-        double a = 0, b = 0;
-        int64_t n = 0;
-        try {
-            if (p.size() != 3) throw std::invalid_argument("");
-            a = std::stod(p[0]), b = std::stod(p[1]), n = std::stoll(p[2]);
-        } catch (const std::exception&) {
-            throw UsageError(fmt::format("--lengths-range '{}': expected START:END:N", o.lengths_range));
-        }
+        const auto a0 = p.size() == 3 ? parse_double(trim(p[0])) : std::nullopt;
+        const auto b0 = p.size() == 3 ? parse_double(trim(p[1])) : std::nullopt;
+        const auto n0 = p.size() == 3 ? parse_int64(trim(p[2])) : std::nullopt;
+        if (!a0 || !b0 || !n0) throw UsageError(fmt::format("--lengths-range '{}': expected START:END:N", o.lengths_range));
+        const double a = *a0, b = *b0;
+        const int64_t n = *n0;
         if (n < 1) throw UsageError(fmt::format("--lengths-range '{}': N must be >= 1", o.lengths_range));
         for (int64_t i = 0; i < n; ++i)
             out.push_back(static_cast<int64_t>(std::nearbyint(n == 1 ? a : a + (b - a) * static_cast<double>(i) / (n - 1))));
@@ -157,7 +150,6 @@ static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_
         if (v < 2) throw UsageError(fmt::format("--lengths: {} is too short (at least 2 context tokens)", v));
     return out;
 }
-
 
 // A grid's trials: prompts (-1 padded), needle and answer spans (-1 where a search found none),
 // length, depth and needle index.

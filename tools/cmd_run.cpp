@@ -36,16 +36,9 @@ static int64_t slurm_env(const char* name, const std::string& s) {
     const char* v = std::getenv(name);
     if (!v || !*v)
         throw UsageError(fmt::format("--shard '{}': {} is not set (not inside a Slurm job array; give I/N instead)", s, name));
-    size_t used = 0;
-    int64_t x = -1;
-    try {
-        x = std::stoll(v, &used);
-    } catch (const std::exception&) {
-        used = 0;
-    }
-    if (used != std::string(v).size() || x < 0)
-        throw UsageError(fmt::format("--shard '{}': {}='{}' is not a non-negative integer", s, name, v));
-    return x;
+    const auto x = parse_int64(v);
+    if (!x || *x < 0) throw UsageError(fmt::format("--shard '{}': {}='{}' is not a non-negative integer", s, name, v));
+    return *x;
 }
 
 Shard parse_shard(const std::string& s) {
@@ -57,13 +50,9 @@ Shard parse_shard(const std::string& s) {
         if (p.size() > 2) throw UsageError(fmt::format("--shard '{}': expected slurm or slurm/N", s));
         sh.index = slurm_env("SLURM_ARRAY_TASK_ID", s);
         if (p.size() == 2) {
-            try {
-                size_t used = 0;
-                sh.count = std::stoll(p[1], &used);
-                if (used != p[1].size()) throw std::invalid_argument("");
-            } catch (const std::exception&) {
-                throw UsageError(fmt::format("--shard '{}': expected slurm/N with N an integer", s));
-            }
+            const auto n = parse_int64(p[1]);
+            if (!n) throw UsageError(fmt::format("--shard '{}': expected slurm/N with N an integer", s));
+            sh.count = *n;
         } else {
             sh.count = slurm_env("SLURM_ARRAY_TASK_COUNT", s);
         }
@@ -72,12 +61,9 @@ Shard parse_shard(const std::string& s) {
                                          "(sbatch --array=0-{})", s, sh.index, sh.count, std::max<int64_t>(sh.count - 1, 0)));
         return sh;
     }
-    try {
-        if (p.size() != 2) throw std::invalid_argument("");
-        sh.index = std::stoll(p[0]), sh.count = std::stoll(p[1]);
-    } catch (const std::exception&) {
-        throw UsageError(fmt::format("--shard '{}': expected I/N (e.g. 0/4), slurm or slurm/N", s));
-    }
+    const auto i = p.size() == 2 ? parse_int64(p[0]) : std::nullopt, n = p.size() == 2 ? parse_int64(p[1]) : std::nullopt;
+    if (!i || !n) throw UsageError(fmt::format("--shard '{}': expected I/N (e.g. 0/4), slurm or slurm/N", s));
+    sh.index = *i, sh.count = *n;
     if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count)
         throw UsageError(fmt::format("--shard '{}': need 0 <= I < N", s));
     return sh;

@@ -29,14 +29,9 @@ DecodingSpec decore_from(const DecodingArgs& a, int L, int H) {
     const bool entropy = a.alpha == "entropy";
     double value = 0;
     if (!entropy) {
-        size_t used = 0;
-        try {
-            value = std::stod(a.alpha, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used == 0 || used != a.alpha.size() || !std::isfinite(value) || value < 0)
-            throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", a.alpha));
+        const auto v = parse_double(a.alpha);
+        if (!v || *v < 0) throw UsageError(fmt::format("--alpha '{}': expected entropy or a number >= 0", a.alpha));
+        value = *v;
     }
     return decore_spec(heads, entropy, value, a.alpha_max);
 }

@@ -1,5 +1,7 @@
 #include "util.h"
 
+#include <cmath>
+
 #include "errors.h"
 #include "temp_files.h"
 
@@ -155,23 +157,41 @@ void AtomicFile::commit() {
     committed_ = true;
 }
 
+std::optional<double> parse_double(const std::string& s) {
+    size_t used = 0;
+    double v = 0;
+    try {
+        v = std::stod(s, &used);
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+    if (used != s.size() || !std::isfinite(v)) return std::nullopt;
+    return v;
+}
+
+std::optional<int64_t> parse_int64(const std::string& s) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+        v = std::stoll(s, &used);
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+    if (used != s.size()) return std::nullopt;
+    return static_cast<int64_t>(v);
+}
+
 std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string* bad) {
     std::vector<int64_t> out;
     for (const auto& part : split(s, ',')) {
         const auto t = trim(part);
         if (t.empty()) continue;
-        size_t used = 0;
-        long long v = 0;
-        try {
-            v = std::stoll(t, &used);
-        } catch (const std::exception&) {
-            used = 0;
-        }
-        if (used != t.size()) {
+        const auto v = parse_int64(t);
+        if (!v) {
             if (bad) *bad = t;
             return std::nullopt;
         }
-        out.push_back(v);
+        out.push_back(*v);
     }
     return out;
 }

@@ -20,6 +20,10 @@ std::string sha256_bytes(const void* data, size_t n);
 std::string utc_now_iso8601();
 std::vector<std::string> split(const std::string& s, char sep);
 std::string trim(const std::string& s);
+// The whole of `s` as a number (nullopt for "", trailing text, out of range; parse_double also for
+// inf and nan): the one exact number reader of flags, lists and environment variables.
+std::optional<double> parse_double(const std::string& s);
+std::optional<int64_t> parse_int64(const std::string& s);
 // "1, 2,3" -> {1, 2, 3}, blank entries skipped; nullopt with *bad = the first entry that is not an
 // integer. The one integer-list reader: parse_token_list (data) and the tools' flag lists use it.
 std::optional<std::vector<int64_t>> split_ints(const std::string& s, std::string* bad);
