@@ -598,26 +598,28 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
-    const bool windows = hooks && hooks->has_windows(layer);
-    if (!uses_fused_attention(m, layer, hooks) || (windows && !per_row))
+    // The rows where a window hides some key from some query of this call ([B] bool): a window
+    // hides key j from query q when sink <= j <= q - recent, so over the S keys here it hides
+    // nothing when sink + recent >= S, and such a window changes nothing: the row stays fused.
+    const int64_t B = q.size(0), S = k.size(1);
+    at::Tensor hiding;
+    bool any_hiding = false;
+    if (hooks && hooks->has_windows(layer)) {
+        const LayerWindows lw = hooks->windows(layer, B, m.config.n_heads, c10::Device(c10::kCPU));
+        hiding = (lw.sink + lw.recent).lt(S).any(1);
+        any_hiding = hiding.any().item<bool>();
+    }
+    if (!uses_fused_attention(m, layer, hooks) || (any_hiding && !per_row))
         return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
     if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v), hooks, per_row);
     // Per-row exactness: each row goes to the fused kernel alone, so that its bits are those of its
     // unbatched run whatever the batch (a fused kernel may tile or split by batch size), and a row
-    // that carries a window takes the blocked attention (which the windows need) while the rows
-    // without one stay fused like their unbatched runs.
-    const int64_t B = q.size(0);
-    at::Tensor z, windowed;  // windowed: [B] bool, the rows carrying a window at this layer
-    if (windows) {
-        windowed = hooks->windows(layer, B, m.config.n_heads, c10::Device(c10::kCPU))
-                       .recent.ne(LayerWindows::kNoWindow)
-                       .any(1);
-        z = BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z().clone(at::MemoryFormat::Contiguous);
-    } else {
-        z = at::empty({B, q.size(1), q.size(2), q.size(3)}, q.options());
-    }
+    // whose window hides keys takes the blocked attention (which windows need) while the others stay
+    // fused like their unbatched runs.
+    at::Tensor z = any_hiding ? BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z().clone(at::MemoryFormat::Contiguous)
+                              : at::empty({B, q.size(1), q.size(2), q.size(3)}, q.options());
     for (int64_t r = 0; r < B; ++r) {
-        if (windowed.defined() && windowed[r].item<bool>()) continue;
+        if (any_hiding && hiding[r].item<bool>()) continue;
         z.narrow(0, r, 1).copy_(fused_z(m.config, layer, q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1)));
     }
     return attention_output(m, layer, z, hooks, per_row);

@@ -78,9 +78,10 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
 
 // Whether attention() hands this layer's product to libtorch's fused kernel (LoadOptions::attention,
 // AttentionKernel): not where a hook observes or edits scores or pattern, or the family soft-caps
-// scores. Windows need the blocked attention: in a per-row forward only the rows that carry one take
-// it (the others stay fused, one kernel call a row, bit-identical to their unbatched runs); in a
-// folded forward the whole layer does.
+// scores. A window that hides keys needs the blocked attention: in a per-row forward only the rows
+// that carry one take it (the others stay fused, one kernel call a row, bit-identical to their
+// unbatched runs); in a folded forward the whole layer does. A window that hides nothing at the
+// call's key count (sink + recent >= keys) changes nothing and keeps the fused kernel.
 bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
 
 // The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
