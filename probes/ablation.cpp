@@ -4,6 +4,7 @@
 #include "errors.h"
 #include "guard.h"
 #include "hooks.h"
+#include "lines.h"
 #include "progress.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -110,15 +111,6 @@ struct FileRows {
     std::vector<int64_t> answers, cfs, variants;
 };
 
-// One JSON object a line; DataError "FILE:LINE: not a JSON object" otherwise.
-nlohmann::json json_line(const std::string& line, const std::string& where) {
-    try {
-        return nlohmann::json::parse(line);
-    } catch (const std::exception&) {
-        throw DataError(fmt::format("{}: not a JSON object", where));
-    }
-}
-
 // text: the whole file tokenised and cut into rows of seq_len tokens (BOS first when there is one).
 void add_text_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer& t,
                    const std::string& text) {
@@ -200,27 +192,23 @@ void add_prompt_line(FileRows& r, const Experiment& e, const DataSpec& d, const 
 // tokens, conflicts, prompts: one line each (blank lines skipped), `count` lines at most.
 void add_line_rows(FileRows& r, const Experiment& e, const DataSpec& d, const Model& m, const Tokenizer* tok,
                    const std::string& text) {
-    int line_no = 0;
     int64_t lines = 0;  // conflicts: lines read (count limits lines, not rows)
-    for (const auto& raw : split(text, '\n')) {
-        ++line_no;
-        const auto line = trim(raw);
-        if (line.empty()) continue;
-        if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(r.seqs.size())) >= d.count) break;
-        const std::string where = fmt::format("{}:{}", d.file, line_no);
+    for_each_line(text, d.file, [&](const std::string& line, const std::string& where, int) {
+        if (d.count > 0 && (d.kind == DataKind::kConflicts ? lines : static_cast<int64_t>(r.seqs.size())) >= d.count) return false;
         if (d.kind == DataKind::kTokens) {
             std::vector<int64_t> ids = parse_token_list(line, where);
             check_ids(e, d, m, ids, where);
             r.seqs.push_back(std::move(ids));
         } else if (d.kind == DataKind::kConflicts) {
             const Tokenizer& t = need_tokenizer(e, d, tok);
-            add_conflicts_line(r, e, d, m, t, json_line(line, where), where);
+            add_conflicts_line(r, e, d, m, t, parse_json_line(line, where), where);
             ++lines;
         } else {
             const Tokenizer& t = need_tokenizer(e, d, tok);
-            add_prompt_line(r, e, d, m, t, json_line(line, where), where);
+            add_prompt_line(r, e, d, m, t, parse_json_line(line, where), where);
         }
-    }
+        return true;
+    });
     if (r.seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", d.file));
 }
 

@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "guard.h"
+#include "lines.h"
 #include "rouge.h"
 #include "util.h"
 
@@ -264,18 +265,9 @@ const char* const kDefaultTemplate = "{context}Based on the content of the book,
 std::vector<Needle> read_needles(const std::string& path) {
     const std::string text = read_utf8_text_file(path);
     std::vector<Needle> out;
-    int line_no = 0;
-    for (const auto& raw : split(text, '\n')) {
-        ++line_no;
-        const std::string line = trim(raw);
-        if (line.empty()) continue;
-        const std::string where = fmt::format("{}:{}", path, line_no);
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(line);
-        } catch (const std::exception&) {
-            throw DataError(fmt::format("{}: not a JSON object (expected {{\"needle\": ..., \"question\": ..., \"answer\": ...}}; \"real_needle\" may name the answer)", where));
-        }
+    for_each_line(text, path, [&](const std::string& line, const std::string& where, int line_no) {
+        const nlohmann::json j = parse_json_line(
+            line, where, " (expected {\"needle\": ..., \"question\": ..., \"answer\": ...}; \"real_needle\" may name the answer)");
         if (!j.is_object()) throw DataError(fmt::format("{}: not a JSON object", where));
         Needle n;
         n.line = line_no;
@@ -298,7 +290,8 @@ std::vector<Needle> read_needles(const std::string& path) {
         if (rouge_tokens(n.answer, false).empty())
             throw DataError(fmt::format("{}: the answer \"{}\" has no word (letters or digits)", where, n.answer));
         out.push_back(std::move(n));
-    }
+        return true;
+    });
     if (out.empty()) throw DataError(fmt::format("{}: no needles (the file is empty)", path));
     return out;
 }

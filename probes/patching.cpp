@@ -3,6 +3,7 @@
 #include "errors.h"
 #include "guard.h"
 #include "hooks.h"
+#include "lines.h"
 #include "progress.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -35,18 +36,8 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
     const std::string text = read_utf8_text_file(path);
     std::vector<std::vector<int64_t>> clean, corrupt;
     PatchPairs out;
-    int line_no = 0;
-    for (const auto& raw : split(text, '\n')) {
-        ++line_no;
-        const auto line = trim(raw);
-        if (line.empty()) continue;
-        const std::string where = fmt::format("{}:{}", path, line_no);
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(line);
-        } catch (const std::exception&) {
-            throw DataError(fmt::format("{}: not a JSON object", where));
-        }
+    for_each_line(text, path, [&](const std::string& line, const std::string& where, int) {
+        const nlohmann::json j = parse_json_line(line, where);
         const bool diff = metric == MetricKind::kLogitDiff;
         const char* shape = diff ? "expected {\"clean\": TEXT or [ids], \"corrupt\": TEXT or [ids], \"answer\": TEXT or id, "
                                    "\"wrong\": TEXT or id}"
@@ -108,7 +99,8 @@ PatchPairs read_patch_pairs(const std::string& path, const Model& m, const Token
         out.lengths.push_back(static_cast<int64_t>(c.size()));
         clean.push_back(std::move(c));
         corrupt.push_back(std::move(r));
-    }
+        return true;
+    });
     if (clean.empty()) throw DataError(fmt::format("{}: no pairs (the file is empty)", path));
     const int64_t N = static_cast<int64_t>(clean.size());
     const int64_t T = *std::max_element(out.lengths.begin(), out.lengths.end());

@@ -3,6 +3,7 @@
 #include "attention_detectors.h"
 #include "commands.h"
 #include "common.h"
+#include "lines.h"
 #include "schema.h"
 #include "errors.h"
 #include "heads.h"
@@ -55,12 +56,7 @@ static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, 
     const std::string& file = text ? o.text_file : o.tokens_file;
     const auto& cfg = l.model->config;
     std::vector<std::vector<int64_t>> seqs;
-    int line_no = 0;
-    for (const auto& raw : split(read_utf8_text_file(file), '\n')) {
-        ++line_no;
-        auto line = trim(raw);
-        if (line.empty()) continue;
-        const std::string where = fmt::format("{}:{}", file, line_no);
+    for_each_line(read_utf8_text_file(file), file, [&](const std::string& line, const std::string& where, int) {
         std::vector<int64_t> ids;
         if (text)
             for (auto id : l.tokenizer->encode(line, true)) ids.push_back(id);
@@ -73,7 +69,8 @@ static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, 
             throw DataError(fmt::format("{}: sequence of {} tokens exceeds the model's context of {}", where,
                                         ids.size(), cfg.max_seq_len));
         seqs.push_back(std::move(ids));
-    }
+        return true;
+    });
     if (seqs.empty()) throw DataError(fmt::format("{}: no sequences (the file is empty)", file));
     return seqs;
 }
