@@ -187,7 +187,7 @@ void add_study_config(CLI::App& root, CLI::App* sub) {
                root.get_config_ptr()->add_result(path);
            },
            "a study file (YAML): the options of this command as keys without the dashes, e.g. 'lengths: [512, 1024]'; "
-           "options on the command line win over the file's (docs/yaml-schema.md, \"Study files\")")
+           "options on the command line win over the file's (docs/experiments.md, \"Needle studies from a file\")")
         ->trigger_on_parse();
     sub->add_flag_callback(
         "--print-config", [&root] {

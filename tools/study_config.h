@@ -1,4 +1,4 @@
-// `--config STUDY.yaml`: a subcommand's options from a YAML file (docs/yaml-schema.md, "Study files").
+// `--config STUDY.yaml`: a subcommand's options from a YAML file (docs/experiments.md, "Needle studies from a file").
 //
 // The file is a mapping whose keys are the subcommand's long option names without the dashes
 // (`max-new-tokens`, or `max_new_tokens`), and the positional's name (`model`); a value is what the
