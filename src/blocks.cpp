@@ -601,6 +601,8 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     // The rows where a window hides some key from some query of this call ([B] bool): a window
     // hides key j from query q when sink <= j <= q - recent, so over the S keys here it hides
     // nothing when sink + recent >= S, and such a window changes nothing: the row stays fused.
+    if (!uses_fused_attention(m, layer, hooks))  // (the windows' rows below matter only to the fused path)
+        return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
     const int64_t B = q.size(0), S = k.size(1);
     at::Tensor hiding;
     bool any_hiding = false;
@@ -609,7 +611,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         hiding = (lw.sink + lw.recent).lt(S).any(1);
         any_hiding = hiding.any().item<bool>();
     }
-    if (!uses_fused_attention(m, layer, hooks) || (any_hiding && !per_row))
+    if (any_hiding && !per_row)
         return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
     if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v), hooks, per_row);
     // Per-row exactness: each row goes to the fused kernel alone, so that its bits are those of its
