@@ -175,7 +175,7 @@ static void write_trial_arrays(ResultWriter& w, const std::string& g, const std:
 }
 
 // The parts of the file that do not depend on the trials' results: the trials' prompts and spans,
-// the parameters, the score groups' descriptions (needle_store.h writes the rest).
+// the parameters, the score groups' descriptions (schema::write_needle_results writes the rest).
 static void write_needle_static(ResultWriter& w, const NeedleTest& test, const Attrs& params, bool want_ret,
                                 bool want_locos, int64_t bootstrap, int64_t seed) {
     auto with = [&](Attrs a) {
@@ -230,7 +230,7 @@ static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path
     const std::string was_shard = a.count("shard") ? attr_text(a.at("shard")) : "(none)";
     if (was_shard != shard.str())
         throw StorageError(fmt::format("{}: was run as shard {}, not {}; refusing to resume", path, was_shard, shard.str()));
-    return std::make_unique<NeedleResults>(read_needle_results(r));
+    return std::make_unique<NeedleResults>(schema::read_needle_results(r));
 }
 
 // ---- streaming heads: --stream-sweep ----
@@ -621,7 +621,8 @@ class NeedleScan {
 public:
     NeedleScan(const RetrievalOptions& o, const RetrievalPlan& p, const Model& m, const NeedleTest& test, Attrs params,
                std::unique_ptr<NeedleResults> prev, bool resuming)
-        : o_(o), p_(p), m_(m), test_(test), params_(std::move(params)), prev_(std::move(prev)), resuming_(resuming) {
+        : o_(o), p_(p), m_(m), test_(test), work_(test, p.cfg.decode.scope == AblationScope::kDecode && o.sweep_rows > 1),
+          params_(std::move(params)), prev_(std::move(prev)), resuming_(resuming) {
         const int64_t N = static_cast<int64_t>(test.trials().size());
         res_.init(N, m.config.n_layers, m.config.n_heads, p.proto.max_new_tokens, p.proto.ablation_max_new_tokens,
                   p.cfg.keep_steps);
@@ -632,22 +633,12 @@ public:
 
     const NeedleResults& results() const { return res_; }
     const std::vector<std::vector<Head>>& sets() const { return sets_; }
-    // Work items: the baseline's batches g (item g), then each ablation set s's batches of the
-    // ablation trials (item G + s * Ga + g); a shard owns item k when k % N == I.
-    int64_t n_items() const { return static_cast<int64_t>(test_.batches().size()); }
-    int64_t n_ablation_items() const { return static_cast<int64_t>(test_.ablation_batches().size()); }
-    int64_t item(int64_t set, int64_t g) const {
-        if (set < 0) return g;
-        return rows_mode() ? n_items() + g : n_items() + set * n_ablation_items() + g;
-    }
-    // With an unablated prefill (scope decode) the sets decode as rows of shared forwards, one prefill
-    // a trial for all of them (--sweep-rows rows a forward): an ablation batch is then one work item
-    // for every set, so that a row's forward holds the same rows in a shard, a resumed run and the
-    // whole run (rows share GEMMs: their last bits depend on the rows beside them).
-    bool rows_mode() const { return p_.cfg.decode.scope == AblationScope::kDecode && o_.sweep_rows > 1; }
-    const std::vector<std::vector<int64_t>>& batches_of(int64_t set) const {
-        return set < 0 ? test_.batches() : test_.ablation_batches();
-    }
+    // The scan's work items (probes/needle_results.h NeedleWork): with an unablated prefill (scope
+    // decode) and --sweep-rows > 1 the sets decode as rows of shared forwards, one item a batch for
+    // every set.
+    bool rows_mode() const { return work_.rows(); }
+    bool owns(int64_t set, int64_t g) const { return p_.shard.owns(work_.item(set, g)); }
+    int64_t owned_decodes(int64_t n_sets) const { return work_.owned_decodes(n_sets, p_.shard.index, p_.shard.count); }
 
     // Set 0 = `heads` (from --ablate, --ablate-top K --from, or this run's scores), sets 1.. the
     // random controls (distinct; fewer when the other heads hold fewer distinct sets), then, when
@@ -680,11 +671,11 @@ public:
     // Decodes this shard's batches of one pass (set -1 = the scored baseline), skipping the done
     // ones; tick() per trial, a checkpoint after each batch that ran.
     void run_pass(int64_t set, const HeadSet* ablate, const std::function<void()>& tick) {
-        const auto& batches = batches_of(set);
+        const auto& batches = work_.batches_of(set);
         const int64_t G = static_cast<int64_t>(batches.size());
         for (int64_t g = 0; g < G; ++g) {
-            if (!p_.shard.owns(item(set, g))) continue;
-            if (batch_done(set, g)) {
+            if (!owns(set, g)) continue;
+            if (work_.batch_done(res_, set, g)) {
                 for (size_t k = 0; k < batches[g].size(); ++k) tick();
                 continue;
             }
@@ -704,9 +695,9 @@ public:
         std::vector<const HeadSet*> ptrs;
         for (const auto& hs : sets) ptrs.push_back(&hs);
         for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g) {
-            if (!p_.shard.owns(item(0, g))) continue;
+            if (!owns(0, g)) continue;
             bool all_done = true;
-            for (int64_t si = 0; si < static_cast<int64_t>(sets.size()); ++si) all_done = all_done && batch_done(si, g);
+            for (int64_t si = 0; si < static_cast<int64_t>(sets.size()); ++si) all_done = all_done && work_.batch_done(res_, si, g);
             if (all_done) {
                 for (size_t k = 0; k < batches[g].size() * sets.size(); ++k) tick();
                 continue;
@@ -732,17 +723,7 @@ public:
     const at::Tensor& q_mean() const { return q_mean_; }
 
     // Every item this shard owns is done (the planned sets included).
-    bool complete(int64_t n_sets_planned) const {
-        for (int64_t set = -1; set < n_sets_planned; ++set) {
-            const int64_t G = static_cast<int64_t>(batches_of(set).size());
-            for (int64_t g = 0; g < G; ++g) {
-                if (!p_.shard.owns(item(set, g))) continue;
-                if (set >= 0 && res_.S <= set) return false;
-                if (!batch_done(set, g)) return false;
-            }
-        }
-        return true;
-    }
+    bool complete(int64_t n_sets_planned) const { return work_.complete(res_, n_sets_planned, p_.shard.index, p_.shard.count); }
     // The sets an ablating run decodes: the named heads, the controls, the ablation trials' baseline.
     int64_t n_sets_planned() const {
         if (!p_.ablating) return 0;
@@ -765,13 +746,6 @@ public:
     const std::optional<DecodingPass>& decoding() const { return decoding_; }
 
 private:
-    bool batch_done(int64_t set, int64_t g) const {
-        const auto& done = set < 0 ? res_.done : res_.abl_done;
-        const int64_t offset = set < 0 ? 0 : set * res_.N;
-        for (auto i : batches_of(set)[static_cast<size_t>(g)])
-            if (!done[offset + i]) return false;
-        return true;
-    }
     void checkpoint() {
         const auto now = std::chrono::steady_clock::now();
         if (std::chrono::duration<double>(now - last_write_).count() < o_.checkpoint_seconds) return;
@@ -784,6 +758,7 @@ private:
     const RetrievalPlan& p_;
     const Model& m_;
     const NeedleTest& test_;
+    NeedleWork work_;
     Attrs params_;
     std::unique_ptr<NeedleResults> prev_;
     bool resuming_ = false, first_write_ = true;
@@ -811,7 +786,7 @@ void NeedleScan::write(int64_t n_sets_planned) {
                                {"shard_index", p_.shard.index},
                                {"shard_count", p_.shard.count},
                                {"complete", int64_t(complete(n_sets_planned))}});
-    write_needle_results(w, res_, sum, p_.want_ret, p_.want_locos);
+    schema::write_needle_results(w, res_, sum.stored(), p_.want_ret, p_.want_locos);
     if (res_.S > 0) {
         const std::string ag = schema::retrieval_ablation();
         std::vector<std::string> names;
@@ -1017,12 +992,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     const int64_t n_sets_planned = scan.n_sets_planned();
     const bool calibrate = p.ablating && p.ablation == Intervention::kMeanQuery;
     const int64_t n_calib = calibrate ? std::min(o.calibration_trials, N) : 0;
-    int64_t planned = n_calib;
-    for (int64_t set = -1; set < n_sets_planned; ++set) {
-        const auto& batches = scan.batches_of(set);
-        for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g)
-            if (p.shard.owns(scan.item(set, g))) planned += static_cast<int64_t>(batches[static_cast<size_t>(g)].size());
-    }
+    int64_t planned = n_calib + scan.owned_decodes(n_sets_planned);
     if (p.decoding != CombineRule::kIndependent)
         planned += N * (p.decoding == CombineRule::kDecore ? 1 + o.random_controls : 1);
     Progress prog("needle trials", planned);
@@ -1033,7 +1003,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
         std::vector<char> owned(static_cast<size_t>(N), 0);
         const auto& batches = test.ablation_batches();
         for (int64_t g = 0; g < static_cast<int64_t>(batches.size()); ++g)
-            if (p.shard.owns(scan.item(0, g)))
+            if (scan.owns(0, g))
                 for (auto i : batches[static_cast<size_t>(g)]) owned[static_cast<size_t>(i)] = 1;
         test.keep_scan_prefills([&owned](int64_t i) { return owned[static_cast<size_t>(i)] != 0; });
     }

@@ -1,8 +1,13 @@
 #include "schema.h"
 
 #include "errors.h"
+#include "util.h"
 
+#include <fmt/format.h>
+
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <iterator>
 #include <regex>
 #include <type_traits>
@@ -52,7 +57,7 @@ const PathEntry kLayout[] = {
     {"/inputs/<probe>/tokens", K::kDataset, "inputs"},
     {"/logits", K::kDataset, "logits"},
     {"/tokens", K::kDataset, "logits"},
-    // the needle scan (tools/needle_store.cpp, tools/cmd_retrieval.cpp)
+    // the needle scan (NeedleRecord below; static parts: tools/cmd_retrieval.cpp)
     {"/scores/locos/ci_low", K::kDataset, "retrieval"},
     {"/scores/locos/ci_high", K::kDataset, "retrieval"},
     {"/retrieval", K::kGroup, "retrieval"},
@@ -245,6 +250,7 @@ std::string retrieval_trials(const std::string& ds) { return below("/retrieval/t
 std::string retrieval_ablation(const std::string& ds) { return below("/retrieval/ablation", ds); }
 std::string retrieval_decoding(const std::string& ds) { return below("/retrieval/decoding", ds); }
 std::string retrieval_streaming(const std::string& ds) { return below("/retrieval/streaming", ds); }
+std::string retrieval_steps(const std::string& ds) { return below("/retrieval/steps", ds); }
 
 void write_array(ResultWriter& w, const std::string& path, const Array& a) {
     std::visit(
@@ -428,6 +434,182 @@ void write_streaming(ResultWriter& w, const StreamingRecord& s) {
     put(w, retrieval_streaming("rougeL_f"), s.rougeL_f, {s.R, s.F});
     put(w, retrieval_streaming("kv_budget"), s.kv_budget, {s.F});
     attrs(w, retrieval_streaming(), s.attrs);
+}
+
+// ---- the needle scan's per-trial results
+
+namespace {
+constexpr float kNaNf = std::numeric_limits<float>::quiet_NaN();
+// A dataset rewritten at every checkpoint: the old one removed first.
+template <class T>
+void replace(ResultWriter& w, const std::string& path, const std::vector<T>& v, const std::vector<int64_t>& shape) {
+    if (w.exists(path)) w.remove(path);
+    put(w, path, v, shape);
+}
+}  // namespace
+
+void NeedleRecord::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast, bool ws) {
+    N = n, L = l, H = h, steps = st, abl_steps = ast, with_steps = ws;
+    done.assign(N, 0);
+    generated.assign(N * steps, -1);
+    response.assign(N, "");
+    rouge1.assign(N, kNaNf), rougeL.assign(N, kNaNf);
+    passed.assign(N, 0);
+    answer_steps.assign(N, 0);
+    retrieval.assign(N * L * H, kNaNf), locos.assign(N * L * H, kNaNf);
+    lplus.assign(N * L * H, kNaNf), lminus.assign(N * L * H, kNaNf);
+    const int64_t per = with_steps ? N * steps * L * H : 0;
+    step_credit.assign(per, kNaNf), step_lplus.assign(per, kNaNf), step_lminus.assign(per, kNaNf);
+    S = 0;
+    masks.clear(), abl_done.clear(), abl_rouge1.clear(), abl_rougeL.clear(), abl_passed.clear(), abl_generated.clear();
+}
+
+void NeedleRecord::init_sets(int64_t s, std::vector<int32_t> m) {
+    S = s;
+    masks = std::move(m);
+    masks.resize(S * L * H, 0);
+    abl_done.assign(S * N, 0);
+    abl_rouge1.assign(S * N, kNaNf), abl_rougeL.assign(S * N, kNaNf);
+    abl_passed.assign(S * N, 0);
+    abl_generated.assign(S * N * abl_steps, -1);
+}
+
+void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
+                          bool want_locos) {
+    const int64_t N = r.N, L = r.L, H = r.H;
+    replace(w, retrieval_trials("generated"), r.generated, {N, r.steps});
+    if (w.exists(retrieval_trials("response"))) w.remove(retrieval_trials("response"));
+    put(w, retrieval_trials("response"), r.response);
+    replace(w, retrieval_trials("rouge1_recall"), r.rouge1, {N});
+    replace(w, retrieval_trials("rougeL_f"), r.rougeL, {N});
+    replace(w, retrieval_trials("passed"), r.passed, {N});
+    replace(w, retrieval_trials("answer_steps"), r.answer_steps, {N});
+    replace(w, retrieval_trials("retrieval"), r.retrieval, {N, L, H});
+    replace(w, retrieval_trials("locos"), r.locos, {N, L, H});
+    replace(w, retrieval_trials("lplus"), r.lplus, {N, L, H});
+    replace(w, retrieval_trials("lminus"), r.lminus, {N, L, H});
+    replace(w, retrieval_trials("done"), r.done, {N});
+    if (r.with_steps) {
+        replace(w, retrieval_steps("credit"), r.step_credit, {N, r.steps, L, H});
+        replace(w, retrieval_steps("lplus"), r.step_lplus, {N, r.steps, L, H});
+        replace(w, retrieval_steps("lminus"), r.step_lminus, {N, r.steps, L, H});
+        attrs(w, retrieval_steps(), {{"description", std::string("per trial and decode step (NaN past the trial's end): each head's "
+                                                                 "retrieval credit, and L+ and L- for the step's generated token "
+                                                                 "(NaN where the needle's span was not found)")}});
+    }
+    const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
+    attrs(w, retrieval(), common);
+    if (want_ret) {
+        replace(w, scores("retrieval", "score"), s.retrieval, {L, H});
+        Attrs a = common;
+        a["flagged"] = s.flagged;
+        a["n_trials_scored"] = s.n_pass;
+        attrs(w, scores("retrieval"), a);
+    }
+    if (want_locos) {
+        replace(w, scores("locos", "score"), s.locos, {L, H});
+        replace(w, scores("locos", "ci_low"), s.ci_low, {L, H});
+        replace(w, scores("locos", "ci_high"), s.ci_high, {L, H});
+        Attrs a = common;
+        a["n_trials_scored"] = s.n_locos;
+        attrs(w, scores("locos"), a);
+    }
+    if (r.S == 0) return;
+    const int64_t S = r.S;
+    replace(w, retrieval_ablation("masks"), r.masks, {S, L, H});
+    replace(w, retrieval_ablation("rouge1_recall"), r.abl_rouge1, {S, N});
+    replace(w, retrieval_ablation("rougeL_f"), r.abl_rougeL, {S, N});
+    replace(w, retrieval_ablation("passed"), r.abl_passed, {S, N});
+    replace(w, retrieval_ablation("done"), r.abl_done, {S, N});
+    replace(w, retrieval_ablation("generated"), r.abl_generated, {S, N, r.abl_steps});
+    replace(w, retrieval_ablation("accuracy"), s.abl_accuracy, {S});
+    // The baseline of the ablated passes: the scan's trials, or (when the ablation passes decode
+    // prompts of their own) the last set, which ablates no head.
+    const bool own_baseline =
+        S > 1 && std::all_of(r.masks.begin() + (S - 1) * L * H, r.masks.begin() + S * L * H, [](int32_t v) { return v == 0; });
+    if (!own_baseline) {
+        replace(w, retrieval_ablation("baseline_rouge1_recall"), r.rouge1, {N});
+        replace(w, retrieval_ablation("baseline_rougeL_f"), r.rougeL, {N});
+        replace(w, retrieval_ablation("baseline_accuracy"), std::vector<float>{static_cast<float>(s.accuracy)}, {1});
+        return;
+    }
+    const int64_t base = S - 1;
+    auto row = [&](const std::vector<float>& v) { return std::vector<float>(v.begin() + base * N, v.begin() + (base + 1) * N); };
+    replace(w, retrieval_ablation("baseline_rouge1_recall"), row(r.abl_rouge1), {N});
+    replace(w, retrieval_ablation("baseline_rougeL_f"), row(r.abl_rougeL), {N});
+    replace(w, retrieval_ablation("baseline_accuracy"), std::vector<float>{s.abl_accuracy[static_cast<size_t>(base)]}, {1});
+}
+
+namespace {
+// `n` of /meta as an integer (StorageError naming the file otherwise).
+int64_t meta_int(const ResultReader& f, const char* n) {
+    const std::string t = attr_text(f, meta(), n);
+    if (t.empty()) throw StorageError(fmt::format("{}: /meta has no attribute {}", f.path(), n));
+    const auto v = parse_int64(t);
+    if (!v) throw StorageError(fmt::format("{}: /meta attribute {} is not an integer", f.path(), n));
+    return *v;
+}
+}  // namespace
+
+NeedleRecord read_needle_results(const ResultReader& f) {
+    const std::string tg = retrieval_trials(), ag = retrieval_ablation();
+    if (!f.exists(retrieval_trials("done")))
+        throw StorageError(fmt::format("{}: holds no resumable or mergeable needle results (no {}/done: not written by "
+                                       "`headscope retrieval`, or by a version before shards)", f.path(), tg));
+    auto done = f.read_numbers(retrieval_trials("done")), gen = f.read_numbers(retrieval_trials("generated"));
+    if (done.shape.size() != 1 || gen.shape.size() != 2 || gen.shape[0] != done.shape[0])
+        throw StorageError(fmt::format("{}: {}/done {} and generated {} do not fit; damaged file", f.path(), tg,
+                                       shape_str(done.shape), shape_str(gen.shape)));
+    const int64_t L = meta_int(f, "n_layers"), H = meta_int(f, "n_heads");
+    if (L < 1 || H < 1 || L > 100000 || H > 100000) throw StorageError(fmt::format("{}: /meta n_layers {} n_heads {}", f.path(), L, H));
+    const int64_t abl_steps = f.exists(ag + "/generated") ? f.read_numbers(ag + "/generated").shape.back() : gen.shape[1];
+    const bool with_steps = f.exists(retrieval_steps("credit"));
+    NeedleRecord r;
+    r.init(done.shape[0], L, H, gen.shape[1], abl_steps, with_steps);
+    const int64_t N = r.N;
+    auto numbers = [&](const std::string& name, const std::vector<int64_t>& shape) {
+        auto d = f.read_numbers(name);
+        if (d.shape != shape)
+            throw StorageError(fmt::format("{}: {} has shape {}, expected {}; damaged file", f.path(), name,
+                                           shape_str(d.shape), shape_str(shape)));
+        return d.values;
+    };
+    auto conv = [](auto& dst, const std::vector<double>& src) {
+        for (size_t k = 0; k < src.size(); ++k) dst[k] = static_cast<std::decay_t<decltype(dst[0])>>(src[k]);
+    };
+    conv(r.done, done.values);
+    conv(r.generated, gen.values);
+    conv(r.rouge1, numbers(retrieval_trials("rouge1_recall"), {N}));
+    conv(r.rougeL, numbers(retrieval_trials("rougeL_f"), {N}));
+    conv(r.passed, numbers(retrieval_trials("passed"), {N}));
+    conv(r.answer_steps, numbers(retrieval_trials("answer_steps"), {N}));
+    conv(r.retrieval, numbers(retrieval_trials("retrieval"), {N, L, H}));
+    conv(r.locos, numbers(retrieval_trials("locos"), {N, L, H}));
+    if (f.exists(retrieval_trials("lplus"))) conv(r.lplus, numbers(retrieval_trials("lplus"), {N, L, H}));
+    if (f.exists(retrieval_trials("lminus"))) conv(r.lminus, numbers(retrieval_trials("lminus"), {N, L, H}));
+    if (with_steps) {
+        conv(r.step_credit, numbers(retrieval_steps("credit"), {N, r.steps, L, H}));
+        conv(r.step_lplus, numbers(retrieval_steps("lplus"), {N, r.steps, L, H}));
+        conv(r.step_lminus, numbers(retrieval_steps("lminus"), {N, r.steps, L, H}));
+    }
+    auto resp = f.read(retrieval_trials("response"));
+    if (!resp.is_string || static_cast<int64_t>(resp.strings.size()) != N)
+        throw StorageError(fmt::format("{}: {}/response is not {} strings; damaged file", f.path(), tg, N));
+    r.response = resp.strings;
+    if (!f.exists(ag + "/done")) return r;
+    auto mk = f.read_numbers(ag + "/masks");
+    if (mk.shape.size() != 3 || mk.shape[1] != L || mk.shape[2] != H)
+        throw StorageError(fmt::format("{}: {}/masks has shape {}, expected [S, {}, {}]; damaged file", f.path(), ag,
+                                       shape_str(mk.shape), L, H));
+    std::vector<int32_t> masks(mk.values.size());
+    conv(masks, mk.values);
+    r.init_sets(mk.shape[0], std::move(masks));
+    conv(r.abl_done, numbers(ag + "/done", {r.S, N}));
+    conv(r.abl_rouge1, numbers(ag + "/rouge1_recall", {r.S, N}));
+    conv(r.abl_rougeL, numbers(ag + "/rougeL_f", {r.S, N}));
+    conv(r.abl_passed, numbers(ag + "/passed", {r.S, N}));
+    if (f.exists(ag + "/generated")) conv(r.abl_generated, numbers(ag + "/generated", {r.S, N, r.abl_steps}));
+    return r;
 }
 
 namespace {

@@ -4,8 +4,9 @@
 // with one write and one read function. A path built here must match a layout() pattern (HS_REQUIRE:
 // writing a name the schema does not know is a bug), so a new dataset is added here and in the doc.
 //
-// The needle scan's /retrieval and /scores/{retrieval,locos} paths have their builders here; their
-// records are still written and read by tools/needle_store.cpp and tools/cmd_retrieval.cpp (issue 33).
+// The needle scan's per-trial results are a record here too (NeedleRecord); its static parts (the
+// trials' prompts and spans, the run's parameters) are written by tools/cmd_retrieval.cpp through the
+// path builders.
 #pragma once
 
 #include "store.h"
@@ -60,6 +61,7 @@ std::string retrieval_trials(const std::string& ds = {});         // /retrieval/
 std::string retrieval_ablation(const std::string& ds = {});       // /retrieval/ablation[/<ds>]
 std::string retrieval_decoding(const std::string& ds = {});       // /retrieval/decoding[/<ds>]
 std::string retrieval_streaming(const std::string& ds = {});      // /retrieval/streaming[/<ds>]
+std::string retrieval_steps(const std::string& ds = {});          // /retrieval/steps[/<ds>]
 
 // ---- stored arrays
 
@@ -203,6 +205,53 @@ struct StreamingRecord {
     Attrs attrs;
 };
 void write_streaming(ResultWriter& w, const StreamingRecord& s);
+
+// ---- the needle scan's per-trial results: /retrieval/trials, /retrieval/steps, /retrieval/ablation
+// What `retrieval` writes after every checkpoint, --resume reads back and `merge` joins; the head
+// scores and accuracies are always recomputed from it (probes/needle_results.h summarize), so a merged
+// file equals the unsharded run's bit for bit.
+struct NeedleRecord {
+    int64_t N = 0, L = 0, H = 0, steps = 0;  // trials, layers, heads, max_new_tokens
+    int64_t abl_steps = 0;                   // the ablation passes' max_new_tokens
+    bool with_steps = false;                 // per-step scores kept (--dump-steps)
+    std::vector<uint8_t> done;               // [N] the unablated decode ran
+    std::vector<int64_t> generated;          // [N, steps], -1 past the end
+    std::vector<std::string> response;       // [N]
+    std::vector<float> rouge1, rougeL;       // [N]
+    std::vector<int32_t> passed;             // [N]
+    std::vector<int64_t> answer_steps;       // [N]
+    std::vector<float> retrieval, locos;     // [N, L, H]
+    std::vector<float> lplus, lminus;        // [N, L, H] means over the answer steps
+    std::vector<float> step_credit, step_lplus, step_lminus;  // [N, steps, L, H] (with_steps), NaN past the end
+    int64_t S = 0;                           // ablation sets (0: none yet)
+    std::vector<int32_t> masks;              // [S, L, H]
+    std::vector<uint8_t> abl_done;           // [S, N]
+    std::vector<float> abl_rouge1, abl_rougeL;  // [S, N]
+    std::vector<int32_t> abl_passed;         // [S, N]
+    std::vector<int64_t> abl_generated;      // [S, N, abl_steps], -1 past the end
+
+    // Every array at its shape, nothing done (NaN scores, -1 tokens), no ablation sets.
+    void init(int64_t n, int64_t l, int64_t h, int64_t steps, int64_t abl_steps, bool with_steps);
+    // S ablation sets of these [S, L, H] masks, nothing of them done.
+    void init_sets(int64_t s, std::vector<int32_t> masks);
+};
+// What is computed from a NeedleRecord and stored beside it (over the done trials).
+struct NeedleScoresRecord {
+    int64_t n_done = 0, n_pass = 0, n_locos = 0;  // trials decoded, passed, scored by LOCOS
+    double accuracy = 0;
+    std::vector<float> retrieval, locos, ci_low, ci_high;  // [L, H]
+    std::vector<float> abl_accuracy;       // [S]
+    std::vector<std::string> flagged;      // heads whose retrieval score passes the threshold
+};
+// Writes (replacing) every dataset and attribute that depends on the results: /retrieval/trials/
+// results and done, /retrieval/steps (with_steps), /retrieval/ablation/ results, done and accuracies
+// (when S > 0), the /scores/retrieval and /scores/locos datasets (want_*), and the n_passed,
+// accuracy, n_trials_done, n_trials_scored and flagged attributes.
+void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
+                          bool want_locos);
+// A retrieval file's results (StorageError naming the file when something is missing or has another
+// shape than [N, ...] with the file's own N and its /meta L, H).
+NeedleRecord read_needle_results(const ResultReader& f);
 
 // ---- patching: /patching/<name>
 struct PatchingRecord {
