@@ -126,7 +126,7 @@ std::vector<std::string> read_haystack_dir(const std::string& dir, size_t n_need
                 j = nlohmann::json::parse(read_utf8_text_file(rows));
             } catch (const nlohmann::json::exception&) {
                 throw DataError(fmt::format("{}: not JSON (the rows format reads {{\"rows\": [{{\"row\": {{\"text\": ...}}}}]}}; "
-                                            "--haystack-format raw reads it as text)",
+                                            "the haystack format `raw` reads it as text)",
                                             rows));
             }
             if (!j.is_object() || !j.contains("rows") || !j["rows"].is_array())
@@ -195,7 +195,7 @@ std::string repeat_haystack(const std::string& text, int64_t max_words, Haystack
         const int64_t adds = python_word_count(text + text) - words;
         if (adds <= 0 && words < max_words)
             throw DataError(fmt::format("the haystack is one word ({} words after two copies): the reference's concatenation "
-                                        "to {} words (len(text.split())) never ends; --haystack-repeat tokens repeats it by tokens",
+                                        "to {} words (len(text.split())) never ends; the haystack repeat `tokens` repeats it by tokens",
                                         words + adds, max_words));
         int64_t have = words, copies = 1;
         while (have < max_words) have += adds, ++copies;
@@ -435,8 +435,8 @@ TrialBuilder::TrialBuilder(const Tokenizer& tok, NeedleProtocol proto, TokenFact
         }
         if (periods_.empty())
             throw ConfigError(fmt::format("{}: no period piece (\".\", \"\u2581.\" or \"\u0120.\") in the vocabulary, so "
-                                          "--insertion period has nowhere to put a needle (use --insertion encoded-period or "
-                                          "sentence-end)",
+                                          "the insertion `period` has nowhere to put a needle (insertion `encoded-period` or "
+                                          "`sentence-end` can)",
                                           tok_.source_path()));
     } else if (p_.insertion == Insertion::kEncodedPeriod) {
         periods_ = enc(".", false);  // needle_utils.py get_period_tokens: set(encode(".", add_special_tokens=False))
