@@ -16,26 +16,30 @@ using namespace torch::indexing;
 
 static at::Tensor f32(const at::Tensor& t) { return t.to(torch::kFloat); }
 
-at::Tensor effective_embedding(const Model& m, int64_t row_block) {
-    if (row_block <= 0) throw UsageError(fmt::format("block size must be positive, got {}", row_block));
+at::Tensor effective_embedding_rows(const Model& m, const at::Tensor& ids) {
     torch::NoGradGuard ng;
     const auto& c = m.config;
     const auto& lw = m.weights.layers.at(0);
-    const int64_t V = c.vocab_size;
-    auto wv = f32(lw.wv), wo = f32(lw.wo);  // [K*d, D], [D, H*d]
-    auto out = torch::empty({V, c.d_model}, torch::TensorOptions().dtype(torch::kFloat).device(m.options.device));
+    const int64_t n = ids.size(0);
+    auto x = embed_rows(m, ids);  // [n, D]
+    auto v = torch::matmul(attn_input(m, 0, x), f32(lw.wv).t()).view({n, c.n_kv_heads, c.d_head});
+    // A token attending only to itself: z = its own v; query head h reads kv head h / g.
+    auto z = v.repeat_interleave(c.kv_group(), 1).reshape({n, c.d_q()});  // [n, H*d]
+    auto attn = torch::matmul(z, f32(lw.wo).t());                         // [n, D]
+    if (c.sandwich_norm || c.post_norm_only)
+        attn = f32(blocks::norm(c, attn.to(m.options.dtype), lw.post_attn_norm_w, lw.post_attn_norm_b));
+    auto r = x + attn;
+    return r + mlp_output(m, 0, c.parallel_residual ? x : r);
+}
+
+at::Tensor effective_embedding(const Model& m, int64_t row_block) {
+    if (row_block <= 0) throw UsageError(fmt::format("block size must be positive, got {}", row_block));
+    torch::NoGradGuard ng;
+    const int64_t V = m.config.vocab_size;
+    auto out = torch::empty({V, m.config.d_model}, torch::TensorOptions().dtype(torch::kFloat).device(m.options.device));
     for (int64_t a = 0; a < V; a += row_block) {
         const int64_t b = std::min(V, a + row_block);
-        auto ids = torch::arange(a, b, torch::TensorOptions().dtype(torch::kLong).device(m.options.device));
-        auto x = embed_rows(m, ids);                                          // [n, D]
-        auto v = torch::matmul(attn_input(m, 0, x), wv.t()).view({b - a, c.n_kv_heads, c.d_head});
-        // A token attending only to itself: z = its own v; query head h reads kv head h / g.
-        auto z = v.repeat_interleave(c.kv_group(), 1).reshape({b - a, c.d_q()});  // [n, H*d]
-        auto attn = torch::matmul(z, wo.t());                                 // [n, D]
-        if (c.sandwich_norm || c.post_norm_only)
-            attn = f32(blocks::norm(c, attn.to(m.options.dtype), lw.post_attn_norm_w, lw.post_attn_norm_b));
-        auto r = x + attn;
-        out.index_put_({Slice(a, b)}, r + mlp_output(m, 0, c.parallel_residual ? x : r));
+        out.index_put_({Slice(a, b)}, effective_embedding_rows(m, torch::arange(a, b, torch::TensorOptions().dtype(torch::kLong).device(m.options.device))));
     }
     return out;
 }

@@ -26,6 +26,8 @@ namespace hs {
 // (each token attending only to itself, no biases); W_EE = r + MLP0(norm2_0(r)) (MLP0 reads x for
 // parallel-residual families). Formed row_block tokens at a time.
 at::Tensor effective_embedding(const Model& m, int64_t row_block);
+// The rows of W_EE for token ids [n] int64 (on the model's device): [n, D] float32.
+at::Tensor effective_embedding_rows(const Model& m, const at::Tensor& ids);
 // W_U with the final norm folded in and centred over the vocabulary: [V, D] float32.
 at::Tensor folded_unembed(const Model& m);
 

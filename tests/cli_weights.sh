@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Command-line behaviour of the weight probes (maps, copy-suppression, dla, qk-spectrum): bad relation and
-# prompt files get one clear line naming the file, exit code 5 (data), no stack trace and no
+# Command-line behaviour of the weight probes (maps, copy-suppression, dla, qk-spectrum, successor): bad
+# relation, prompt and task files get one clear line naming the file, exit code 5 (data), no stack trace and no
 # output file left behind; short relations are reported, never skipped silently.
 # Usage: cli_weights.sh path/to/headscope
 set -u
@@ -8,7 +8,7 @@ HS="$1"
 EXPECT_MAX_LINES=999  # warnings about skipped relations may precede the error
 source "$(dirname "$0")/lib_cli.sh"
 
-for cmd in maps copy-suppression dla qk-spectrum; do
+for cmd in maps copy-suppression dla qk-spectrum successor; do
   "$HS" "$cmd" --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL $cmd --help has no example"; }
 done
 
@@ -57,6 +57,26 @@ if [ -n "$TD" ]; then
   no_file "$TMP/q2.h5"
   expect "qk-spectrum no model" 4 "nonexistent" -- "$HS" qk-spectrum "$TMP/nonexistent.bin" --out "$TMP/q2.h5"
   no_file "$TMP/q2.h5"
+  # successor: tinystories-656k spells a word as "▁" then the word, so only the letters are single tokens
+  # (the "piece" form); every other default task is skipped and said so.
+  PY=$(bash "$(dirname "$0")/../scripts/find_python.sh" h5py numpy) || { echo "FAIL: no Python with h5py"; exit 1; }
+  ok "successor (default tasks)" -- "$HS" successor "$M" --out "$TMP/s.h5" --top 3
+  check "successor prints the scored task" -- grep -qE "^  L[0-9]+H[0-9]+ +[0-9.]+ +[0-9.]+$" "$TMP/out"
+  check "successor reports skipped tasks" -- grep -q "task 'days': 0 of 7 words are single tokens: skipped" "$TMP/err"
+  check "successor: task_score is [T, L, H]" -- "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); g=f['scores/successor']; assert g['task_score'].shape==(1,2,8), g['task_score'].shape; assert list(g.attrs['tasks'])==['letters']; assert g['successor_rank'].shape==(2,8,25)" "$TMP/s.h5"
+  "$HS" successor "$M" --print-tasks >"$TMP/tasks.json" 2>/dev/null
+  check "successor --print-tasks is a task file" -- "$HS" successor "$M" --tasks "$TMP/tasks.json" --out "$TMP/s2.h5" --top 0
+  check "successor --tasks FILE = the default" -- "$PY" -c "import h5py,sys,numpy as np; a=h5py.File(sys.argv[1])['scores/successor/score'][()]; b=h5py.File(sys.argv[2])['scores/successor/score'][()]; assert np.array_equal(a,b)" "$TMP/s.h5" "$TMP/s2.h5"
+  printf '{"days": ["Monday", "Tuesday"]}' >"$TMP/multi.json"
+  expect "successor: no single-token task" 5 "multi.json: no task's words are all single tokens" -- "$HS" successor "$M" --tasks "$TMP/multi.json" --out "$TMP/s3.h5"
+  no_file "$TMP/s3.h5"
+  printf '{}' >"$TMP/empty.json"
+  expect "successor: empty task list" 5 "empty.json: no tasks" -- "$HS" successor "$M" --tasks "$TMP/empty.json" --out "$TMP/s3.h5"
+  printf '{"a": ["x", "y"' >"$TMP/trunc.json"
+  expect "successor: truncated JSON" 5 "trunc.json:1: not valid JSON" -- "$HS" successor "$M" --tasks "$TMP/trunc.json" --out "$TMP/s3.h5"
+  no_file "$TMP/s3.h5"
+  expect "successor: bad embedding" 2 "--embedding: 'foo' is not mlp0, effective or raw" -- "$HS" successor "$M" --embedding foo --out "$TMP/s3.h5"
+  expect "successor: no --out" 2 "--out is required" -- "$HS" successor "$M"
 else
   echo "skipped the test-data checks: ../shared/testdata not found"
 fi

@@ -20,7 +20,7 @@ using K = PathEntry::Kind;
 // The table itself (a table, not code: each row a path of docs/hdf5-schema.md).
 const PathEntry kLayout[] = {
     {"/meta", K::kGroup, "meta"},
-    // scores: detect, run's probes:, qk-spectrum, dla, maps, copy-suppression
+    // scores: detect, run's probes:, qk-spectrum, dla, maps, successor, copy-suppression
     {"/scores/<probe>", K::kGroup, "scores"},
     {"/scores/<probe>/score", K::kDataset, "scores"},
     {"/scores/<probe>/samples", K::kDataset, "scores"},
@@ -41,6 +41,12 @@ const PathEntry kLayout[] = {
     {"/scores/maps/<relation>/target_rank", K::kDataset, "scores"},
     {"/scores/maps/<relation>/source_tokens", K::kDataset, "scores"},
     {"/scores/maps/<relation>/target_tokens", K::kDataset, "scores"},
+    {"/scores/successor/task_score", K::kDataset, "scores"},
+    {"/scores/successor/successor_rank", K::kDataset, "scores"},
+    {"/scores/successor/predicted", K::kDataset, "scores"},
+    {"/scores/successor/source_tokens", K::kDataset, "scores"},
+    {"/scores/successor/target_tokens", K::kDataset, "scores"},
+    {"/scores/successor/task_index", K::kDataset, "scores"},
     {"/scores/copy-suppression/ov_median_rank", K::kDataset, "scores"},
     {"/scores/copy-suppression/ov_frac_rank0", K::kDataset, "scores"},
     {"/scores/copy-suppression/ov_frac_rank_lt10", K::kDataset, "scores"},
