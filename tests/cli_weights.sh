@@ -64,6 +64,8 @@ if [ -n "$TD" ]; then
   check "successor prints the scored task" -- grep -qE "^  L[0-9]+H[0-9]+ +[0-9.]+ +[0-9.]+$" "$TMP/out"
   check "successor reports skipped tasks" -- grep -q "task 'days': 0 of 7 words are single tokens: skipped" "$TMP/err"
   check "successor: task_score is [T, L, H]" -- "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); g=f['scores/successor']; assert g['task_score'].shape==(1,2,8), g['task_score'].shape; assert list(g.attrs['tasks'])==['letters']; assert g['successor_rank'].shape==(2,8,25)" "$TMP/s.h5"
+  ok "successor report" -- "$HS" report "$TMP/s.h5" --out "$TMP/s.html"
+  check "report: the successor per-task table and the skipped tasks" -- grep -q "<td>letters</td><td>26</td><td>piece</td>.*days (0 of 7 words single tokens)" "$TMP/s.html"
   "$HS" successor "$M" --print-tasks >"$TMP/tasks.json" 2>/dev/null
   check "successor --print-tasks is a task file" -- "$HS" successor "$M" --tasks "$TMP/tasks.json" --out "$TMP/s2.h5" --top 0
   check "successor --tasks FILE = the default" -- "$PY" -c "import h5py,sys,numpy as np; a=h5py.File(sys.argv[1])['scores/successor/score'][()]; b=h5py.File(sys.argv[2])['scores/successor/score'][()]; assert np.array_equal(a,b)" "$TMP/s.h5" "$TMP/s2.h5"

@@ -76,6 +76,7 @@ TEST_CASE("successor: a planted head scores 1.0 under the paper's MLP0 embedding
     // The others: random OVs, near chance (1/10 and 1/16 a token); mean well below, none at 1.
     auto others = s.score.clone();
     others[1][2] = 0;
+    MESSAGE("other heads: max " << others.max().item<float>() << ", mean " << others.sum().item<float>() / (others.numel() - 1));
     CHECK(others.max().item<float>() < 0.5f);
     CHECK(others.sum().item<float>() / (others.numel() - 1) < 0.25f);
     // The score is the per-token success fraction: recomputed from the ranks.
@@ -116,8 +117,10 @@ TEST_CASE("successor: planted under W_EE, the head carries the successor in the 
         }
         return static_cast<double>(n) / static_cast<double>(row);
     };
-    CHECK(hits(false) == 1.0);
-    CHECK(hits(true) < 0.2);
+    const double with = hits(false), without = hits(true);
+    MESSAGE("forward: successor first among the task's tokens " << with << " with the head, " << without << " zero-ablated");
+    CHECK(with == 1.0);
+    CHECK(without < 0.2);
 }
 
 TEST_CASE("successor tasks: the paper's eight, a file round-trips, bad files are one line naming the file") {

@@ -317,6 +317,50 @@ std::string top_table(const std::string& probe, const std::vector<std::pair<std:
 
 bool signed_probe(const std::string& p) { return p == "dla" || p == "locos"; }
 
+// Successor heads: one row per task (its coverage, its best head, the overall best head's score
+// on it), then the tasks skipped for words that are not single tokens.
+std::string successor_tasks(const schema::StoredScores& st, int64_t L, int64_t H) {
+    auto strings = [&](const char* k) {
+        const auto it = st.attrs.find(k);
+        return it != st.attrs.end() && std::holds_alternative<std::vector<std::string>>(it->second)
+                   ? std::get<std::vector<std::string>>(it->second)
+                   : std::vector<std::string>{};
+    };
+    auto longs = [&](const char* k) {
+        const auto it = st.attrs.find(k);
+        return it != st.attrs.end() && std::holds_alternative<std::vector<int64_t>>(it->second)
+                   ? std::get<std::vector<int64_t>>(it->second)
+                   : std::vector<int64_t>{};
+    };
+    const Dataset* ts = nullptr;
+    for (const auto& [c, d] : st.others)
+        if (c == "task_score") ts = &d;
+    const auto tasks = strings("tasks"), all = strings("all_tasks"), form = strings("task_form");
+    const auto words = longs("task_words"), single = longs("task_single_tokens");
+    if (!ts || ts->shape != std::vector<int64_t>{static_cast<int64_t>(tasks.size()), L, H}) return "";
+    const auto& sc = st.score.values;
+    const int64_t best = std::max_element(sc.begin(), sc.end()) - sc.begin();
+    std::string s = fmt::format("<table><caption>per task (the overall best head: {})</caption><tr><th>task</th>"
+                                "<th>words</th><th>form</th><th>best head</th><th>its score</th><th>{}</th></tr>",
+                                head_name(best, H), head_name(best, H));
+    for (size_t t = 0; t < tasks.size(); ++t) {
+        const double* v = ts->values.data() + t * L * H;
+        const int64_t b = std::max_element(v, v + L * H) - v;
+        const auto k = std::find(all.begin(), all.end(), tasks[t]) - all.begin();
+        const bool known = k < static_cast<int64_t>(words.size()) && k < static_cast<int64_t>(form.size());
+        s += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>", esc(tasks[t]),
+                         known ? std::to_string(words[k]) : "", known ? esc(form[k]) : "", head_name(b, H), num(v[b]),
+                         num(v[best]));
+    }
+    s += "</table>";
+    std::vector<std::string> skipped;
+    for (size_t k = 0; k < all.size() && k < form.size() && k < words.size() && k < single.size(); ++k)
+        if (form[k] == "skipped") skipped.push_back(fmt::format("{} ({} of {} words single tokens)", all[k], single[k], words[k]));
+    if (!skipped.empty())
+        s += "<p class=\"note\">skipped (words that are not single tokens): " + esc(fmt::format("{}", fmt::join(skipped, "; "))) + "</p>";
+    return s;
+}
+
 // One /scores/<probe> group that holds a score [L, H] (and maybe other [L, H] datasets).
 std::string score_group(FileView& f, const std::string& probe, int top_k) {
     const auto st = schema::read_scores(*f.r, probe);
@@ -342,6 +386,7 @@ std::string score_group(FileView& f, const std::string& probe, int top_k) {
         if (is_lh(d, L, H)) cols.emplace_back(c, d), extra.push_back(c);
     }
     s += top_table(probe, cols, H, top_k, fmt::format("top {} heads by score", std::min<int64_t>(top_k, L * H))) + "</div>";
+    if (probe == "successor") s += successor_tasks(st, L, H);
     if (probe == "locos" && ga.count("ci_level") == 0 && f.r->exists(schema::scores(probe, "ci_low")))
         s += "<p class=\"note\">ci_low / ci_high: the bootstrap confidence interval of each head's LOCOS score.</p>";
     if (baseline && !baseline->values.empty())
