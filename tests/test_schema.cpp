@@ -36,7 +36,7 @@ std::string strip(std::string s) {
 // tables), plus, in the tables of objects (first column "object", "path" or "name"), each comma-
 // separated sibling of a row's first path, and names relative to the section heading's path.
 std::set<std::string> documented_paths(const std::string& doc) {
-    const std::regex token(R"((^|[^A-Za-z0-9_.:/])(/(meta|scores|inputs|logits|tokens|experiment|data|ablation|patching|retrieval)(/[A-Za-z0-9_<>\-]+)*)/?)");
+    const std::regex token(R"((^|[^A-Za-z0-9_.:/])(/(meta|scores|inputs|logits|tokens|experiment|data|ablation|patching|retrieval|influence)(/[A-Za-z0-9_<>\-]+)*)/?)");
     const std::regex name(R"(^[A-Za-z_][A-Za-z0-9_<>/\-]*$)");
     std::set<std::string> out;
     std::istringstream in(doc);
@@ -145,6 +145,12 @@ TEST_CASE("schema: each result type's write and read round-trip") {
         p.name = "path", p.shape = {1}, p.scores = {0.75f}, p.patched = {2.f}, p.paths = {"L0H0->L1H0:k"};
         p.metric_clean = 1.f, p.metric_corrupt = 3.f, p.attrs = {{"method", std::string("path")}};
         schema::write_patching(w, p);
+        schema::InfluenceRecord inf;
+        inf.N = 2, inf.S = 1, inf.L = 1, inf.H = 2;
+        inf.loss = {2.f, 3.f}, inf.masked_loss = {2.5f, 3.f}, inf.score = {0.25f, 0.f}, inf.n_tokens = {4, 9};
+        inf.line = {1, 3}, inf.rank = {0, 1}, inf.selected = {1, 0}, inf.truncated = {0, 1}, inf.masks = {1, 0};
+        inf.preview = {"Once", "Tom"}, inf.attrs = {{"corpus", std::string("c.jsonl")}};
+        schema::write_influence(w, inf);
         w.commit();
     }
     ResultReader r(path);
@@ -180,4 +186,45 @@ TEST_CASE("schema: each result type's write and read round-trip") {
     CHECK(pr.path.strings == std::vector<std::string>{"L0H0->L1H0:k"});
     CHECK(pr.metric_clean == 1.0);
     CHECK(pr.metric_corrupt == 3.0);
+    const auto inf = schema::read_influence(r);
+    CHECK((inf.N == 2 && inf.S == 1 && inf.L == 1 && inf.H == 2));
+    CHECK(inf.masked_loss == std::vector<float>{2.5f, 3.f});
+    CHECK(inf.truncated == std::vector<uint8_t>{0, 1});
+    CHECK(inf.preview == std::vector<std::string>{"Once", "Tom"});
+    CHECK(attr_to_string(inf.attrs.at("corpus")) == "c.jsonl");
+}
+
+TEST_CASE("schema: the needle scan's per-trial record round-trips (what --resume and merge read)") {
+    TempDir dir;
+    const std::string path = dir.file("n.h5");
+    schema::NeedleRecord nr;
+    nr.init(2, 1, 2, 3, 2, true);
+    nr.done = {1, 0}, nr.generated = {5, 6, -1, -1, -1, -1}, nr.response = {"a b", ""}, nr.passed = {1, 0};
+    nr.answer_steps = {2, 0}, nr.retrieval = {0.5f, 0.f, NAN, NAN}, nr.step_credit[0] = 0.25f;
+    nr.init_sets(1, {1, 0});
+    nr.abl_done = {1, 1}, nr.abl_passed = {0, 1}, nr.abl_generated = {7, -1, 8, 9};
+    schema::NeedleScoresRecord sc;
+    sc.n_done = 1, sc.n_pass = 1, sc.accuracy = 1.0, sc.retrieval = {0.5f, 0.f}, sc.locos = {0.f, 0.f};
+    sc.ci_low = sc.ci_high = {NAN, NAN}, sc.abl_accuracy = {0.5f};
+    {
+        ResultWriter w(path, WriteMode::kCreate);
+        schema::write_meta(w, {{"n_layers", int64_t{1}}, {"n_heads", int64_t{2}}});
+        schema::write_needle_results(w, nr, sc, true, true);
+        schema::write_needle_results(w, nr, sc, true, true);  // a checkpoint rewrites every dataset
+        w.commit();
+    }
+    ResultReader r(path);
+    const auto back = schema::read_needle_results(r);
+    CHECK((back.N == 2 && back.L == 1 && back.H == 2 && back.steps == 3 && back.abl_steps == 2 && back.with_steps));
+    CHECK(back.generated == nr.generated);
+    CHECK(back.response == nr.response);
+    CHECK(back.answer_steps == nr.answer_steps);
+    CHECK(back.retrieval[0] == 0.5f);
+    CHECK(std::isnan(back.retrieval[2]));
+    CHECK(back.step_credit[0] == 0.25f);
+    CHECK((back.S == 1 && back.masks == std::vector<int32_t>{1, 0}));
+    CHECK(back.abl_generated == nr.abl_generated);
+    CHECK(back.abl_passed == nr.abl_passed);
+    CHECK(r.read_numbers(schema::retrieval_ablation("accuracy")).values == std::vector<double>{0.5});
+    CHECK(attr_to_string(r.attrs(schema::scores("retrieval")).at("n_trials_scored")) == "1");
 }

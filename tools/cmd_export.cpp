@@ -98,11 +98,54 @@ static std::string json_rows(const std::vector<Table>& tables) {
     return rows.dump(1) + "\n";
 }
 
+// /influence as a ranked table: one row per sample, highest set-0 score first.
+static std::string influence_table(const ResultReader& r, const std::string& format) {
+    const auto x = schema::read_influence(r);
+    const std::vector<std::string> cols = {"rank", "sample", "line", "score", "loss", "masked_loss", "control_score_mean",
+                                           "n_tokens", "selected", "truncated", "preview"};
+    auto rows = nlohmann::json::array();
+    for (int64_t k = 0; k < x.N; ++k) {
+        const auto i = static_cast<size_t>(x.rank[static_cast<size_t>(k)]);
+        double c = 0;
+        for (int64_t s = 1; s < x.S; ++s) c += x.score[static_cast<size_t>(s) * x.N + i];
+        rows.push_back({{"rank", k + 1}, {"sample", i}, {"line", x.line[i]}, {"score", x.score[i]}, {"loss", x.loss[i]},
+                        {"masked_loss", x.masked_loss[i]},
+                        {"control_score_mean", x.S > 1 ? nlohmann::json(static_cast<float>(c / static_cast<double>(x.S - 1))) : nlohmann::json()},
+                        {"n_tokens", x.n_tokens[i]}, {"selected", x.selected[i]}, {"truncated", x.truncated[i]},
+                        {"preview", x.preview[i]}});
+    }
+    if (format == "json") return rows.dump(1) + "\n";
+    const char sep = format == "csv" ? ',' : '\t';
+    std::string s;
+    for (size_t c = 0; c < cols.size(); ++c) s += (c ? std::string(1, sep) : "") + cols[c];
+    s += "\n";
+    for (const auto& row : rows) {
+        for (size_t c = 0; c < cols.size(); ++c) {
+            const auto& v = row[cols[c]];
+            const std::string t = v.is_null() ? "" : v.is_string() ? v.get<std::string>() : v.is_number_float() ? value_text(v.get<double>()) : v.dump();
+            s += (c ? std::string(1, sep) : "") + quote(t, sep);
+        }
+        s += "\n";
+    }
+    return s;
+}
+
 void run_export(const ExportOptions& o) {
     if (o.format != "csv" && o.format != "tsv" && o.format != "json")
         throw UsageError(fmt::format("--format '{}': expected csv, tsv or json", o.format));
     ResultReader r(o.file);
     std::vector<Table> tables;
+    if (o.table == "influence" || o.table == "/influence") {
+        const std::string text = influence_table(r, o.format);
+        if (o.out.empty()) {
+            std::fwrite(text.data(), 1, text.size(), stdout);
+            return;
+        }
+        AtomicFile f(o.out);
+        f.write(text);
+        f.commit();
+        return;
+    }
     if (!o.table.empty()) {
         tables.push_back(read_table(r, o.table));
     } else {
@@ -126,7 +169,7 @@ void setup_export(CLI::App& app) {
                                    "each scalar attribute of the score group as a column (all /scores/* without --table)\n"
                                    "Example: headscope export scores.h5 --table scores/induction --format csv --out induction.csv");
     sub->add_option("file", o->file, "HDF5 result file")->required();
-    sub->add_option("--table", o->table, "one score group, e.g. scores/induction");
+    sub->add_option("--table", o->table, "one score group, e.g. scores/induction; or influence (the ranked samples)");
     sub->add_option("--format", o->format, "csv, tsv or json")->capture_default_str();
     sub->add_option("-o,--out", o->out, "output file (written atomically; default stdout)");
     sub->callback([o] { run_export(*o); });

@@ -16,6 +16,7 @@ void setup_top(CLI::App& app);
 void setup_train_toy(CLI::App& app);
 void setup_maps(CLI::App& app);
 void setup_successor(CLI::App& app);
+void setup_influence(CLI::App& app);
 void setup_copy_suppression(CLI::App& app);
 void setup_dla(CLI::App& app);
 void setup_qk_spectrum(CLI::App& app);

@@ -43,6 +43,7 @@ int main(int argc, char** argv) {
     cli::setup_train_toy(app);
     cli::setup_maps(app);
     cli::setup_successor(app);
+    cli::setup_influence(app);
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);
     cli::setup_qk_spectrum(app);

@@ -117,6 +117,17 @@ const PathEntry kLayout[] = {
     {"/retrieval/decoding/accuracy", K::kDataset, "retrieval"},
     {"/retrieval/decoding/mean_rougeL_f", K::kDataset, "retrieval"},
     {"/retrieval/decoding/mean_answer_margin", K::kDataset, "retrieval"},
+    {"/influence", K::kGroup, "influence"},
+    {"/influence/loss", K::kDataset, "influence"},
+    {"/influence/masked_loss", K::kDataset, "influence"},
+    {"/influence/score", K::kDataset, "influence"},
+    {"/influence/n_tokens", K::kDataset, "influence"},
+    {"/influence/line", K::kDataset, "influence"},
+    {"/influence/rank", K::kDataset, "influence"},
+    {"/influence/selected", K::kDataset, "influence"},
+    {"/influence/truncated", K::kDataset, "influence"},
+    {"/influence/masks", K::kDataset, "influence"},
+    {"/influence/preview", K::kDataset, "influence"},
     {"/retrieval/streaming", K::kGroup, "streaming"},
     {"/retrieval/streaming/fractions", K::kDataset, "streaming"},
     {"/retrieval/streaming/full_heads", K::kDataset, "streaming"},
@@ -257,6 +268,7 @@ std::string retrieval_ablation(const std::string& ds) { return below("/retrieval
 std::string retrieval_decoding(const std::string& ds) { return below("/retrieval/decoding", ds); }
 std::string retrieval_streaming(const std::string& ds) { return below("/retrieval/streaming", ds); }
 std::string retrieval_steps(const std::string& ds) { return below("/retrieval/steps", ds); }
+std::string influence(const std::string& ds) { return below("/influence", ds); }
 
 void write_array(ResultWriter& w, const std::string& path, const Array& a) {
     std::visit(
@@ -618,6 +630,23 @@ NeedleRecord read_needle_results(const ResultReader& f) {
     return r;
 }
 
+// ---- AttentionInfluence
+
+void write_influence(ResultWriter& w, const InfluenceRecord& r) {
+    if (w.exists(influence())) w.remove(influence());
+    put(w, influence("loss"), r.loss, {r.N});
+    put(w, influence("masked_loss"), r.masked_loss, {r.S, r.N});
+    put(w, influence("score"), r.score, {r.S, r.N});
+    put(w, influence("n_tokens"), r.n_tokens, {r.N});
+    put(w, influence("line"), r.line, {r.N});
+    put(w, influence("rank"), r.rank, {r.N});
+    put(w, influence("selected"), r.selected, {r.N});
+    put(w, influence("truncated"), r.truncated, {r.N});
+    put(w, influence("masks"), r.masks, {r.S, r.L, r.H});
+    put(w, influence("preview"), r.preview);
+    attrs(w, influence(), r.attrs);
+}
+
 namespace {
 // A numeric dataset of exactly `shape`, as float or int64 values (StorageError otherwise).
 Dataset need(const ResultReader& r, const std::string& path, const std::vector<int64_t>& shape) {
@@ -715,6 +744,31 @@ StoredPatching read_patching(const ResultReader& r, const std::string& name) {
     p.metric_clean = scalar("metric_clean");
     p.metric_corrupt = scalar("metric_corrupt");
     return p;
+}
+
+InfluenceRecord read_influence(const ResultReader& r) {
+    if (!r.exists(influence("score"))) throw StorageError(r.path() + ": no " + influence() + " (not written by `headscope influence`)");
+    InfluenceRecord x;
+    const Dataset sc = r.read_numbers(influence("score"));
+    const Dataset mk = r.read_numbers(influence("masks"));
+    if (sc.shape.size() != 2 || mk.shape.size() != 3 || mk.shape[0] != sc.shape[0])
+        throw StorageError(r.path() + ": " + influence("score") + " and masks do not fit; damaged file");
+    x.S = sc.shape[0], x.N = sc.shape[1], x.L = mk.shape[1], x.H = mk.shape[2];
+    x.score = floats(sc);
+    x.masked_loss = floats(need(r, influence("masked_loss"), {x.S, x.N}));
+    x.loss = floats(need(r, influence("loss"), {x.N}));
+    x.n_tokens = longs(need(r, influence("n_tokens"), {x.N}));
+    x.line = longs(need(r, influence("line"), {x.N}));
+    x.rank = longs(need(r, influence("rank"), {x.N}));
+    for (double v : need(r, influence("selected"), {x.N}).values) x.selected.push_back(static_cast<uint8_t>(v));
+    for (double v : need(r, influence("truncated"), {x.N}).values) x.truncated.push_back(static_cast<uint8_t>(v));
+    for (double v : mk.values) x.masks.push_back(static_cast<uint8_t>(v));
+    const Dataset pv = r.read(influence("preview"));
+    if (!pv.is_string || static_cast<int64_t>(pv.strings.size()) != x.N)
+        throw StorageError(r.path() + ": " + influence("preview") + " is not " + std::to_string(x.N) + " strings; damaged file");
+    x.preview = pv.strings;
+    x.attrs = r.attrs(influence());
+    return x;
 }
 
 }  // namespace hs::schema

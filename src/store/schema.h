@@ -28,7 +28,7 @@ struct PathEntry {
     enum class Kind { kGroup, kDataset };
     const char* pattern;
     Kind kind;
-    const char* result;  // the result type: meta, scores, inputs, logits, retrieval, streaming, study, data, gates, duo, juice, patching
+    const char* result;  // the result type: meta, scores, inputs, logits, retrieval, streaming, study, data, gates, duo, juice, patching, influence
 };
 const std::vector<PathEntry>& layout();
 // `path` as one of layout()'s patterns (a placeholder matches one name: no '/'; <probe> of a
@@ -62,6 +62,7 @@ std::string retrieval_ablation(const std::string& ds = {});       // /retrieval/
 std::string retrieval_decoding(const std::string& ds = {});       // /retrieval/decoding[/<ds>]
 std::string retrieval_streaming(const std::string& ds = {});      // /retrieval/streaming[/<ds>]
 std::string retrieval_steps(const std::string& ds = {});          // /retrieval/steps[/<ds>]
+std::string influence(const std::string& ds = {});                // /influence[/<ds>]
 
 // ---- stored arrays
 
@@ -252,6 +253,23 @@ void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleSc
 // A retrieval file's results (StorageError naming the file when something is missing or has another
 // shape than [N, ...] with the file's own N and its /meta L, H).
 NeedleRecord read_needle_results(const ResultReader& f);
+
+// ---- AttentionInfluence: /influence (`headscope influence`)
+// N corpus samples, S head sets (set 0 the named heads, then random controls).
+struct InfluenceRecord {
+    int64_t N = 0, S = 0, L = 0, H = 0;
+    std::vector<float> loss;                  // [N] mean next-token loss, no head masked
+    std::vector<float> masked_loss, score;    // [S, N]; score = (masked_loss - loss) / loss
+    std::vector<int64_t> n_tokens, line;      // [N] tokens scored, the corpus line
+    std::vector<int64_t> rank;                // [N] sample indices by set 0's score, highest first
+    std::vector<uint8_t> selected, truncated; // [N]
+    std::vector<uint8_t> masks;               // [S, L, H]
+    std::vector<std::string> preview;         // [N] the sample's first characters
+    Attrs attrs;                              // on /influence
+};
+void write_influence(ResultWriter& w, const InfluenceRecord& r);  // an existing /influence is replaced
+// StorageError naming the file when /influence is absent or a dataset has another shape.
+InfluenceRecord read_influence(const ResultReader& r);
 
 // ---- patching: /patching/<name>
 struct PatchingRecord {

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# AttentionInfluence on the command line (`headscope influence`): on the CI toy recall model (its
+# training log proves L1H0, L1H1, L1H2 carry recall), masking those heads with the last-token loss ranks
+# the 16 rows that end in a recall answer above the 16 that end in filler (>= 14 of the top 16
+# selected); the file's scores are (masked - loss) / loss of its own losses; `export --table influence`
+# writes the ranked table; the report draws the section; --from/--top takes the heads from a score
+# file; bad corpora and flags are one line, the documented exit code, and no file left behind.
+# Usage: cli_influence.sh path/to/headscope
+set -u
+HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
+cd "$(dirname "$0")/.."
+EXPECT_MAX_LINES=3  # the corpus line's error may follow a progress line
+source tests/lib_cli.sh
+TOY="$(ci_toy recall)" || { echo "FAIL: no toy recall model"; exit 1; }
+PY=$(bash scripts/find_python.sh h5py numpy) || { echo "FAIL: no Python with h5py"; exit 1; }
+C=datasets/examples/toy-recall-influence.jsonl
+
+"$HS" influence --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no example"; }
+ok "influence (toy, recall heads, last token)" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --loss-tokens last \
+  --select-fraction 0.5 --random-controls 3 --out "$TMP/i.h5"
+check "prints the heads and 3 controls" -- grep -qE "^heads +L1H0,L1H1,L1H2 +mean score" "$TMP/out"
+check "the ranking selects the recall rows" -- "$PY" -c "
+import h5py, numpy as np, sys
+f = h5py.File(sys.argv[1]); g = f['influence']
+s, loss, ml, sel = g['score'][()], g['loss'][()], g['masked_loss'][()], g['selected'][()]
+assert s.shape == (4, 32) and g['masks'].shape == (4, 2, 4), s.shape
+assert np.allclose(s, (ml - loss[None]) / loss[None], rtol=1e-6, atol=0)
+n = int(sel[0::2].sum()); print('recall rows selected:', n, 'of', int(sel.sum()))
+assert sel.sum() == 16 and n >= 14
+assert list(g['rank'][()][:1]) == [int(np.argmax(s[0]))]
+" "$TMP/i.h5"
+ok "export --table influence" -- "$HS" export "$TMP/i.h5" --table influence --format csv --out "$TMP/i.csv"
+check "the table is ranked, one row a sample" -- "$PY" -c "
+import csv, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert len(rows) == 32 and rows[0]['rank'] == '1'
+assert all(float(a['score']) >= float(b['score']) for a, b in zip(rows, rows[1:]))
+" "$TMP/i.csv"
+ok "report" -- "$HS" report "$TMP/i.h5" --out "$TMP/i.html"
+check "report draws the AttentionInfluence section" -- grep -q "AttentionInfluence</h2>" "$TMP/i.html"
+# Heads from a score file: a detect result's top 2.
+ok "detect for --from" -- "$HS" detect "$TOY" --out "$TMP/d.h5"
+ok "influence --from --top" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/d.h5:scores/induction/score" --top 2 --out "$TMP/i2.h5"
+check "--from recorded" -- "$PY" -c "import h5py,sys; a=h5py.File(sys.argv[1])['influence'].attrs['heads_source']; assert 'top 2 of' in str(a), a" "$TMP/i2.h5"
+
+# Bad input: one line, exit code, nothing left.
+printf '{"text": "1a2b"}\nnot json\n' >"$TMP/bad.jsonl"
+expect "corpus line not JSON" 5 "bad.jsonl:2: not a JSON object" -- "$HS" influence "$TOY" --corpus "$TMP/bad.jsonl" --heads L1H0 --out "$TMP/b.h5"
+no_file "$TMP/b.h5"
+printf '{"words": 3}\n' >"$TMP/notext.jsonl"
+expect "corpus line without text" 5 "notext.jsonl:1: has neither a string \"text\" nor a list \"tokens\"" -- "$HS" influence "$TOY" --corpus "$TMP/notext.jsonl" --heads L1H0 --out "$TMP/b.h5"
+no_file "$TMP/b.h5"
+printf '{"tokens": [1, 9999]}\n' >"$TMP/range.jsonl"
+expect "token id out of range" 5 "range.jsonl:1: token id 9999 out of range" -- "$HS" influence "$TOY" --corpus "$TMP/range.jsonl" --heads L1H0 --out "$TMP/b.h5"
+: >"$TMP/empty.jsonl"
+expect "empty corpus" 5 "empty.jsonl: no samples" -- "$HS" influence "$TOY" --corpus "$TMP/empty.jsonl" --heads L1H0 --out "$TMP/b.h5"
+expect "missing corpus" 5 "nope.jsonl" -- "$HS" influence "$TOY" --corpus "$TMP/nope.jsonl" --heads L1H0 --out "$TMP/b.h5"
+expect "no heads" 2 "give --heads, or --from FILE.h5:DATASET with --top K" -- "$HS" influence "$TOY" --corpus "$C" --out "$TMP/b.h5"
+expect "head outside the model" 2 "--heads" -- "$HS" influence "$TOY" --corpus "$C" --heads L9H0 --out "$TMP/b.h5"
+expect "--heads with --from" 2 "excludes" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --from "$TMP/d.h5:scores/induction/score" --top 1 --out "$TMP/b.h5"
+expect "bad --loss-tokens" 2 "--loss-tokens" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --loss-tokens first --out "$TMP/b.h5"
+expect "--top too large" 2 "--top: 99 is more than the model's 8 heads" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/d.h5:scores/induction/score" --top 99 --out "$TMP/b.h5"
+no_file "$TMP/b.h5"
+echo "cli-influence: $pass passed, $fail failed"
+[ "$fail" -eq 0 ]
