@@ -98,6 +98,17 @@ static std::string json_rows(const std::vector<Table>& tables) {
     return rows.dump(1) + "\n";
 }
 
+// The text to stdout (out empty) or into `out`, written atomically.
+static void emit(const std::string& text, const std::string& out) {
+    if (out.empty()) {
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        return;
+    }
+    AtomicFile f(out);
+    f.write(text);
+    f.commit();
+}
+
 // /influence as a ranked table: one row per sample, highest set-0 score first.
 static std::string influence_table(const ResultReader& r, const std::string& format) {
     const auto x = schema::read_influence(r);
@@ -135,31 +146,14 @@ void run_export(const ExportOptions& o) {
         throw UsageError(fmt::format("--format '{}': expected csv, tsv or json", o.format));
     ResultReader r(o.file);
     std::vector<Table> tables;
-    if (o.table == "influence" || o.table == "/influence") {
-        const std::string text = influence_table(r, o.format);
-        if (o.out.empty()) {
-            std::fwrite(text.data(), 1, text.size(), stdout);
-            return;
-        }
-        AtomicFile f(o.out);
-        f.write(text);
-        f.commit();
-        return;
-    }
+    if (o.table == "influence" || o.table == "/influence") return emit(influence_table(r, o.format), o.out);
     if (!o.table.empty()) {
         tables.push_back(read_table(r, o.table));
     } else {
         if (!r.is_group(schema::scores_root())) throw UsageError(fmt::format("{}: no /scores group to export", o.file));
         for (const auto& c : r.children(schema::scores_root())) tables.push_back(read_table(r, schema::scores(c)));
     }
-    const std::string text = o.format == "json" ? json_rows(tables) : delimited(tables, o.format == "csv" ? ',' : '\t');
-    if (o.out.empty()) {
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        return;
-    }
-    AtomicFile f(o.out);
-    f.write(text);
-    f.commit();
+    emit(o.format == "json" ? json_rows(tables) : delimited(tables, o.format == "csv" ? ',' : '\t'), o.out);
 }
 
 void setup_export(CLI::App& app) {

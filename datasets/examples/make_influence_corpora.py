@@ -12,11 +12,16 @@
 Run from the repository root: python3 datasets/examples/make_influence_corpora.py
 """
 import json
+import os
 import random
 import re
 import string
+import sys
 
-LENGTH, SEED, EACH = 63, 7, 16
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "experiments"))
+import make_toy_recall_prompts  # noqa: E402  (the recall rows' one generator)
+
+SEED, EACH = 7, 16
 
 
 def stories():
@@ -28,22 +33,12 @@ def stories():
 
 
 def recall_row(rng, query):
-    n_pairs = rng.randint(2, 12)
-    keys = rng.sample(string.ascii_lowercase, n_pairs)
-    values = [rng.choice(string.ascii_uppercase) for _ in keys]
-    body = LENGTH - 3  # room for "?k" and the answer
-    gaps = [0] * (n_pairs + 1)
-    for _ in range(body - 2 * n_pairs):
-        gaps[rng.randint(0, n_pairs)] += 1
-    text = []
-    for p in range(n_pairs + 1):
-        text += [rng.choice(string.digits + ".") for _ in range(gaps[p])]
-        if p < n_pairs:
-            text += [keys[p], values[p]]
+    """A toy recall row (make_toy_recall_prompts.prompt: 63 characters ending "?k"), then k's value (the
+    answer) - or, without a query, that "?k" and the answer replaced by filler."""
+    p = make_toy_recall_prompts.prompt(rng)
     if query:
-        q = rng.randrange(n_pairs)
-        return "".join(text) + "?" + keys[q] + values[q]
-    return "".join(text) + "".join(rng.choice(string.digits + ".") for _ in range(3))
+        return p["prompt"] + p["answer"]
+    return p["prompt"][:-2] + "".join(rng.choice(string.digits + ".") for _ in range(3))
 
 
 def main():
