@@ -24,7 +24,7 @@ struct InfluenceCliOptions {
     ModelArgs model;
     OutputArgs out;
     std::string corpus, heads, from;
-    int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 64, show = 3;
+    int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 8, show = 3;
     double select_fraction = 0.3;
     std::string loss_tokens = "all";
 };
