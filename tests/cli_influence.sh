@@ -4,7 +4,8 @@
 # the 16 rows that end in a recall answer above the 16 that end in filler (>= 14 of the top 16
 # selected); the file's scores are (masked - loss) / loss of its own losses; `export --table influence`
 # writes the ranked table; the report draws the section; --from/--top takes the heads from a score
-# file; bad corpora and flags are one line, the documented exit code, and no file left behind.
+# file; two shards merged equal the unsharded run and --resume keeps finished chunks; bad corpora and
+# flags are one line, the documented exit code, and no file left behind.
 # Usage: cli_influence.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -42,6 +43,33 @@ check "report draws the AttentionInfluence section" -- grep -q "AttentionInfluen
 ok "detect for --from" -- "$HS" detect "$TOY" --out "$TMP/d.h5"
 ok "influence --from --top" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/d.h5:scores/induction/score" --top 2 --out "$TMP/i2.h5"
 check "--from recorded" -- "$PY" -c "import h5py,sys; a=h5py.File(sys.argv[1])['influence'].attrs['heads_source']; assert 'top 2 of' in str(a), a" "$TMP/i2.h5"
+
+# Shards and resume: two shards (chunks of 5 samples) merged equal the unsharded run bit for bit;
+# --resume of a finished file computes nothing and changes nothing; another run's file is refused.
+A=("$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --random-controls 2 --chunk 5)
+ok "unsharded, chunks of 5" -- "$HS" influence "${A[@]}" --out "$TMP/u.h5"
+ok "shard 0/2" -- "$HS" influence "${A[@]}" --shard 0/2 --out "$TMP/s0.h5"
+ok "shard 1/2" -- "$HS" influence "${A[@]}" --shard 1/2 --out "$TMP/s1.h5"
+check "a shard holds its own chunks only" -- "$PY" -c "
+import h5py, sys; d = h5py.File(sys.argv[1])['influence/done'][()]
+assert list(d) == [1 if (i // 5) % 2 == 0 else 0 for i in range(32)], list(d)
+assert h5py.File(sys.argv[1])['influence'].attrs['complete'] == 1" "$TMP/s0.h5"
+ok "merge" -- "$HS" merge "$TMP/s0.h5" "$TMP/s1.h5" --out "$TMP/m.h5"
+check "merged == unsharded" -- "$PY" -c "
+import h5py, numpy as np, sys
+a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+for k in ['loss', 'masked_loss', 'score', 'rank', 'selected', 'done', 'n_tokens']:
+    assert np.array_equal(a[k][()], b[k][()]), k
+assert b.attrs['shard'] == 'merged'" "$TMP/u.h5" "$TMP/m.h5"
+expect "merge: a shard given twice" 6 "shard 0/2 given twice" -- "$HS" merge "$TMP/s0.h5" "$TMP/s0.h5" --out "$TMP/m2.h5"
+no_file "$TMP/m2.h5"
+ok "resume a finished file" -- "$HS" influence "${A[@]}" --resume --out "$TMP/u.h5"
+check "resume computed nothing" -- grep -q "(0 forwards)" "$TMP/err"
+check "resume changed nothing" -- "$PY" -c "
+import h5py, numpy as np, sys
+a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+assert np.array_equal(a['score'][()], b['score'][()])" "$TMP/u.h5" "$TMP/m.h5"
+expect "resume another run's file" 6 "--resume: another run's file \(heads" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --chunk 5 --resume --out "$TMP/u.h5"
 
 # Bad input: one line, exit code, nothing left.
 printf '{"text": "1a2b"}\nnot json\n' >"$TMP/bad.jsonl"

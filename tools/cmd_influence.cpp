@@ -6,7 +6,9 @@
 #include "errors.h"
 #include "heads.h"
 #include "influence.h"
+#include "needle_store.h"
 #include "progress.h"
+#include "run_state.h"
 #include "schema.h"
 #include "tokenizer.h"
 #include "util.h"
@@ -14,7 +16,9 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <optional>
 #include <cstdio>
 #include <numeric>
 
@@ -27,6 +31,10 @@ struct InfluenceCliOptions {
     int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 8, show = 3;
     double select_fraction = 0.3;
     std::string loss_tokens = "all";
+    int64_t chunk = 64;          // samples a work item (the unit a shard owns and a checkpoint completes)
+    std::string shard;           // "I/N" or slurm forms (run_state.h)
+    bool resume = false;
+    double checkpoint_seconds = 60;
 };
 
 // Set 0 (the named heads) and where it came from.
@@ -38,37 +46,29 @@ static std::pair<std::vector<Head>, std::string> chosen_heads(const InfluenceCli
     return {top_heads(score, o.top), fmt::format("top {} of {}", o.top, o.from)};
 }
 
-static schema::InfluenceRecord make_record(const InfluenceCliOptions& o, const Model& m, const std::vector<CorpusSample>& corpus,
-                                           const std::vector<std::vector<Head>>& sets, const InfluenceResult& r) {
+// The file's record with nothing done: NaN losses, the static parts (lines, previews, masks, attributes).
+static schema::InfluenceRecord empty_record(const InfluenceCliOptions& o, const Model& m, const std::vector<CorpusSample>& corpus,
+                                            const std::vector<std::vector<Head>>& sets) {
     schema::InfluenceRecord x;
     x.N = static_cast<int64_t>(corpus.size()), x.S = static_cast<int64_t>(sets.size());
     x.L = m.config.n_layers, x.H = m.config.n_heads;
-    x.loss = host_floats(r.loss), x.masked_loss = host_floats(r.masked_loss), x.score = host_floats(r.score);
-    x.n_tokens = r.n_tokens;
-    for (const auto& s : corpus) {
-        x.line.push_back(s.line);
-        x.truncated.push_back(s.truncated ? 1 : 0);
-        x.preview.push_back(s.preview);
+    const float nan = std::nanf("");
+    x.loss.assign(static_cast<size_t>(x.N), nan);
+    x.masked_loss.assign(static_cast<size_t>(x.S * x.N), nan), x.score.assign(static_cast<size_t>(x.S * x.N), nan);
+    x.n_tokens.assign(static_cast<size_t>(x.N), 0), x.done.assign(static_cast<size_t>(x.N), 0);
+    int64_t n_trunc = 0;
+    for (const auto& c : corpus) {
+        x.line.push_back(c.line);
+        x.truncated.push_back(c.truncated ? 1 : 0);
+        x.preview.push_back(c.preview);
+        n_trunc += c.truncated;
     }
-    x.rank.resize(static_cast<size_t>(x.N));
-    std::iota(x.rank.begin(), x.rank.end(), 0);
-    // Highest score first; NaN (a sample whose loss is 0) last; ties keep corpus order.
-    std::stable_sort(x.rank.begin(), x.rank.end(), [&](int64_t a, int64_t b) {
-        const float sa = x.score[static_cast<size_t>(a)], sb = x.score[static_cast<size_t>(b)];
-        if (std::isnan(sa) || std::isnan(sb)) return !std::isnan(sa) && std::isnan(sb);
-        return sa > sb;
-    });
-    const auto n_sel = static_cast<int64_t>(std::ceil(o.select_fraction * static_cast<double>(x.N) - 1e-9));
-    x.selected.assign(static_cast<size_t>(x.N), 0);
-    for (int64_t i = 0; i < n_sel; ++i) x.selected[static_cast<size_t>(x.rank[static_cast<size_t>(i)])] = 1;
     x.masks.assign(static_cast<size_t>(x.S * x.L * x.H), 0);
     std::vector<std::string> names;
     for (int64_t s = 0; s < x.S; ++s) {
         names.push_back(format_heads(sets[static_cast<size_t>(s)]));
         for (auto [l, h] : sets[static_cast<size_t>(s)]) x.masks[static_cast<size_t>((s * x.L + l) * x.H + h)] = 1;
     }
-    int64_t n_trunc = 0;
-    for (auto t : x.truncated) n_trunc += t;
     x.attrs = {{"corpus", o.corpus},
                {"corpus_sha256", sha256_file(o.corpus)},
                {"heads", names},
@@ -85,10 +85,51 @@ static schema::InfluenceRecord make_record(const InfluenceCliOptions& o, const M
                {"max_tokens", o.max_tokens},
                {"n_truncated", n_trunc},
                {"select_fraction", o.select_fraction},
-               {"n_selected", n_sel},
                {"max_rows", o.max_rows},
-               {"forwards", r.forwards}};
+               {"chunk", o.chunk}};
     return x;
+}
+
+// The ranking by set 0's score over the done samples (highest first; NaN, then samples not done,
+// last; ties keep corpus order) and the selected top fraction of the done samples.
+static void rank_and_select(schema::InfluenceRecord& x, double fraction) {
+    x.rank.resize(static_cast<size_t>(x.N));
+    std::iota(x.rank.begin(), x.rank.end(), 0);
+    auto key = [&](int64_t i) {  // 0: a score, 1: NaN, 2: not done
+        return !x.done[static_cast<size_t>(i)] ? 2 : std::isnan(x.score[static_cast<size_t>(i)]) ? 1 : 0;
+    };
+    std::stable_sort(x.rank.begin(), x.rank.end(), [&](int64_t a, int64_t b) {
+        const int ka = key(a), kb = key(b);
+        if (ka != kb) return ka < kb;
+        return ka == 0 && x.score[static_cast<size_t>(a)] > x.score[static_cast<size_t>(b)];
+    });
+    int64_t n_done = 0;
+    for (auto d : x.done) n_done += d;
+    const auto n_sel = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n_done) - 1e-9));
+    x.selected.assign(static_cast<size_t>(x.N), 0);
+    for (int64_t k = 0; k < n_sel; ++k) x.selected[static_cast<size_t>(x.rank[static_cast<size_t>(k)])] = 1;
+    x.attrs["n_selected"] = n_sel;
+    x.attrs["n_done"] = n_done;
+}
+
+// Sample i's values from another record of the same corpus and sets.
+static void copy_sample(schema::InfluenceRecord& x, const schema::InfluenceRecord& from, int64_t i) {
+    const auto k = static_cast<size_t>(i);
+    x.loss[k] = from.loss[k], x.n_tokens[k] = from.n_tokens[k], x.done[k] = 1;
+    for (int64_t s = 0; s < x.S; ++s) {
+        const auto j = static_cast<size_t>(s * x.N + i);
+        x.masked_loss[j] = from.masked_loss[j], x.score[j] = from.score[j];
+    }
+}
+
+// The attributes that define the work: two files of one run (a shard and its resume, the shards of a
+// merge) agree on them. "" when they do, else "NAME: A vs B".
+static std::string work_difference(const Attrs& a, const Attrs& b) {
+    for (const char* k : {"corpus_sha256", "heads", "control_seed", "loss_tokens", "max_tokens", "chunk", "max_rows"}) {
+        const std::string x = a.count(k) ? attr_to_string(a.at(k)) : "(absent)", y = b.count(k) ? attr_to_string(b.at(k)) : "(absent)";
+        if (x != y) return fmt::format("{}: {} vs {}", k, x.substr(0, 60), y.substr(0, 60));
+    }
+    return "";
 }
 
 static void print_influence(const schema::InfluenceRecord& x, const std::vector<std::string>& names, int64_t show) {
@@ -116,8 +157,30 @@ static void print_influence(const schema::InfluenceRecord& x, const std::vector<
     for (int64_t k = std::max<int64_t>(std::min(show, x.N), x.N - show); k < x.N; ++k) row("bottom", k);
 }
 
+// The samples of work item k (chunks of o.chunk samples).
+static std::vector<CorpusSample> chunk_of(const std::vector<CorpusSample>& corpus, int64_t k, int64_t chunk) {
+    const auto a = static_cast<size_t>(k * chunk), b = std::min(corpus.size(), static_cast<size_t>((k + 1) * chunk));
+    return {corpus.begin() + static_cast<std::ptrdiff_t>(a), corpus.begin() + static_cast<std::ptrdiff_t>(b)};
+}
+
+// A resumed file's record, refused when it is another run's (corpus, heads, settings, shard, model).
+static std::optional<schema::InfluenceRecord> resumable(const InfluenceCliOptions& o, const schema::InfluenceRecord& fresh,
+                                                        const Shard& sh, const Model& m) {
+    if (!o.resume || !file_exists(o.out.out)) return std::nullopt;
+    ResultReader r(o.out.out);
+    auto prev = schema::read_influence(r);
+    std::string d = work_difference(prev.attrs, fresh.attrs);
+    if (d.empty() && schema::attr_text(r, schema::influence(), "shard") != sh.str())
+        d = fmt::format("shard: {} vs {}", schema::attr_text(r, schema::influence(), "shard"), sh.str());
+    if (d.empty() && schema::attr_text(r, schema::meta(), "weights_sha256") != m.weights_sha256()) d = "the model's weights differ";
+    if (d.empty() && (prev.N != fresh.N || prev.S != fresh.S)) d = fmt::format("{} samples x {} sets vs {} x {}", prev.N, prev.S, fresh.N, fresh.S);
+    if (!d.empty()) throw StorageError(fmt::format("{}: --resume: another run's file ({}); give another --out or leave out --resume", o.out.out, d));
+    return prev;
+}
+
 void run_influence(InfluenceCliOptions o) {
     const WriteMode mode = write_mode(o.out);
+    const Shard sh = o.shard.empty() ? Shard{} : parse_shard(o.shard);
     auto l = open_model(o.model, false);
     const Model& m = *l.model;
     const int L = m.config.n_layers, H = m.config.n_heads;
@@ -133,21 +196,105 @@ void run_influence(InfluenceCliOptions o) {
                  return random_head_sets(L, H, heads, o.random_controls, static_cast<uint64_t>(o.seed), &possible);
              }))
             sets.push_back(s);
-    log_info("{} samples from {}; heads {} ({}) and {} random control set(s)", corpus.size(), o.corpus, format_heads(heads),
-             source, sets.size() - 1);
-    const auto r = attention_influence(m, corpus, sets, {o.max_rows, o.loss_tokens == "last"});
-    auto x = make_record(o, m, corpus, sets, r);
+    auto x = empty_record(o, m, corpus, sets);
     x.attrs["heads_source"] = source;
     x.attrs["distinct_controls_possible"] = possible;
-    ResultWriter w = open_result(o.out.out, mode);
-    if (mode == WriteMode::kAppend) check_same_model(w, m);
-    write_meta(w, m, o.seed);
-    schema::write_influence(w, x);
-    w.commit();
+    x.attrs["shard"] = sh.str(), x.attrs["shard_index"] = sh.index, x.attrs["shard_count"] = sh.count;
+    const auto prev = resumable(o, x, sh, m);
+    const int64_t n_chunks = (x.N + o.chunk - 1) / o.chunk;
+    int64_t owned = 0, forwards = 0;
+    for (int64_t k = 0; k < n_chunks; ++k) owned += sh.owns(k) ? static_cast<int64_t>(chunk_of(corpus, k, o.chunk).size()) : 0;
+    log_info("{} samples from {} ({} in {} chunk(s) of {} for shard {}); heads {} ({}) and {} random control set(s)", corpus.size(),
+             o.corpus, owned, n_chunks, o.chunk, sh.str(), format_heads(heads), source, sets.size() - 1);
+    bool first_write = true;
+    auto write = [&](bool complete) {
+        rank_and_select(x, o.select_fraction);
+        x.attrs["complete"] = int64_t(complete);
+        x.attrs["forwards"] = forwards;
+        ResultWriter w(o.out.out, first_write && !prev ? mode : WriteMode::kAppend);
+        if (w.exists(schema::meta())) check_same_model(w, m);
+        write_meta(w, m, o.seed);
+        schema::write_influence(w, x);
+        w.commit();
+        first_write = false;
+    };
+    Progress bar("influence (samples)", owned);
+    int64_t ticked = 0;
+    auto last = std::chrono::steady_clock::now();
+    for (int64_t k = 0; k < n_chunks; ++k) {
+        if (!sh.owns(k)) continue;
+        const int64_t a = k * o.chunk, n = static_cast<int64_t>(chunk_of(corpus, k, o.chunk).size());
+        bool done = prev.has_value();
+        for (int64_t i = a; done && i < a + n; ++i) done = prev->done[static_cast<size_t>(i)] != 0;
+        if (done) {
+            for (int64_t i = a; i < a + n; ++i) copy_sample(x, *prev, i);
+        } else {
+            const auto r = attention_influence(m, chunk_of(corpus, k, o.chunk), sets, {o.max_rows, o.loss_tokens == "last"});
+            forwards += r.forwards;
+            const auto loss = host_floats(r.loss), masked = host_floats(r.masked_loss), score = host_floats(r.score);
+            for (int64_t j = 0; j < n; ++j) {
+                const auto i = static_cast<size_t>(a + j);
+                x.loss[i] = loss[static_cast<size_t>(j)], x.n_tokens[i] = r.n_tokens[static_cast<size_t>(j)], x.done[i] = 1;
+                for (int64_t s = 0; s < x.S; ++s) {
+                    x.masked_loss[static_cast<size_t>(s * x.N) + i] = masked[static_cast<size_t>(s * n + j)];
+                    x.score[static_cast<size_t>(s * x.N) + i] = score[static_cast<size_t>(s * n + j)];
+                }
+            }
+        }
+        bar.update(ticked += n);
+        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count() >= o.checkpoint_seconds) {
+            write(false);
+            last = std::chrono::steady_clock::now();
+        }
+    }
+    bar.finish();
+    write(true);
     std::vector<std::string> names;
     for (const auto& s : sets) names.push_back(format_heads(s));
     print_influence(x, names, o.show);
-    log_info("wrote {} ({} forwards)", o.out.out, r.forwards);
+    log_info("wrote {} ({} forwards)", o.out.out, forwards);
+}
+
+void merge_influence(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs) {
+    const ResultReader& first = *rs.front();
+    auto all = schema::read_influence(first);
+    std::fill(all.done.begin(), all.done.end(), 0);
+    std::vector<bool> seen;
+    for (const auto& r : rs) {
+        const auto x = schema::read_influence(*r);
+        std::string d = work_difference(all.attrs, x.attrs);
+        if (d.empty() && schema::attr_text(*r, schema::meta(), "weights_sha256") != schema::attr_text(first, schema::meta(), "weights_sha256"))
+            d = "the model's weights differ";
+        if (d.empty() && (x.N != all.N || x.S != all.S)) d = fmt::format("{} samples x {} sets vs {} x {}", x.N, x.S, all.N, all.S);
+        if (!d.empty()) throw StorageError(fmt::format("{}: a shard of another influence run than {} ({}); refusing to merge", r->path(), first.path(), d));
+        const auto idx = parse_int64(schema::attr_text(*r, schema::influence(), "shard_index"));
+        const auto cnt = parse_int64(schema::attr_text(*r, schema::influence(), "shard_count"));
+        if (!idx || !cnt || schema::attr_text(*r, schema::influence(), "shard") == "merged")
+            throw StorageError(fmt::format("{}: not a shard (merged already, or no shard_index); refusing to merge", r->path()));
+        if (seen.empty()) seen.assign(static_cast<size_t>(*cnt), false);
+        if (static_cast<int64_t>(seen.size()) != *cnt)
+            throw StorageError(fmt::format("{}: a shard of {}, {} of {}; refusing to merge", r->path(), *cnt, first.path(), seen.size()));
+        if (seen[static_cast<size_t>(*idx)]) throw StorageError(fmt::format("{}: shard {}/{} given twice; refusing to merge", r->path(), *idx, *cnt));
+        seen[static_cast<size_t>(*idx)] = true;
+        if (!o.partial && schema::attr_text(*r, schema::influence(), "complete") != "1")
+            throw StorageError(fmt::format("{}: shard {}/{} is incomplete; rerun it with --resume, or merge with --partial", r->path(), *idx, *cnt));
+        for (int64_t i = 0; i < all.N; ++i)
+            if (x.done[static_cast<size_t>(i)] && !all.done[static_cast<size_t>(i)]) copy_sample(all, x, i);
+    }
+    int64_t left = 0;
+    for (auto d : all.done) left += !d;
+    if (left && !o.partial)
+        throw StorageError(fmt::format("{}: {} samples are in none of the shards (give every shard, or --partial); refusing to merge", first.path(), left));
+    rank_and_select(all, std::stod(schema::attr_text(first, schema::influence(), "select_fraction")));
+    for (const auto& [k, v] : merged_attrs(o.inputs, left == 0)) all.attrs[k] = v;
+    const MergeStage stage(first.path(), o.out);
+    {
+        ResultWriter w(stage.path(), WriteMode::kAppend);
+        schema::write_influence(w, all);
+        w.commit();
+    }
+    rename_into_place(stage.path(), o.out);
+    log_info("wrote {} (merged {} shards: {} samples)", o.out, rs.size(), all.N - left);
 }
 
 void setup_influence(CLI::App& app) {
@@ -173,6 +320,12 @@ void setup_influence(CLI::App& app) {
         ->check(in_range(0, 1))->capture_default_str();
     sub->add_option("--loss-tokens", o->loss_tokens, "all (the paper's: every token after the first) or last (the last token alone)")
         ->check(CLI::IsMember({"all", "last"}))->capture_default_str();
+    sub->add_option("--chunk", o->chunk, "samples a work item: what a shard owns and a checkpoint completes")
+        ->check(at_least(1))->capture_default_str();
+    sub->add_option("--shard", o->shard, "I/N: run work items k with k % N == I (or slurm, slurm/N); `headscope merge` joins them");
+    sub->add_flag("--resume", o->resume, "keep the finished chunks of --out (the same run's file) and do the rest");
+    sub->add_option("--checkpoint-seconds", o->checkpoint_seconds, "write --out at most this often while running")
+        ->check(at_least(0))->capture_default_str();
     sub->add_option("--show", o->show, "top and bottom samples printed")->check(at_least(0))->capture_default_str();
     sub->callback([o] { run_influence(*o); });
 }

@@ -1,5 +1,6 @@
-// headscope merge: joins the shards of one experiment (`headscope run --shard I/N`) or of one needle
-// scan (`headscope retrieval --shard I/N`, needle_store.cpp) into one file. Refuses files of
+// headscope merge: joins the shards of one experiment (`headscope run --shard I/N`), of one needle
+// scan (`headscope retrieval --shard I/N`, needle_store.cpp) or of one AttentionInfluence ranking
+// (`headscope influence --shard I/N`, cmd_influence.cpp) into one file. Refuses files of
 // different experiments (naming the first YAML line that differs) or scans (naming the parameter),
 // models (weights sha256) or shard counts, a shard given twice, missing or unfinished.
 #include "commands.h"
@@ -100,6 +101,7 @@ void run_merge(const MergeOptions& o) {
     for (const auto& f : o.inputs) rs.push_back(std::make_unique<ResultReader>(f));
     const auto& first = *rs.front();
     if (first.exists(schema::retrieval()) && !first.exists(schema::ablation_root())) return merge_retrieval(o, rs);
+    if (first.exists(schema::influence())) return merge_influence(o, rs);
     if (!first.exists(schema::experiment()) || !first.exists(schema::ablation_root()))
         throw StorageError(fmt::format("{}: not a `headscope run` result (no /experiment or /ablation)", first.path()));
     const std::string sha = exp_attr(first, "sha256"), wsha = meta_attr(first, "weights_sha256");
@@ -151,8 +153,9 @@ void run_merge(const MergeOptions& o) {
 void setup_merge(CLI::App& app) {
     auto o = std::make_shared<MergeOptions>();
     auto* sub = app.add_subcommand("merge",
-                                   "join the shards of one `headscope run --shard I/N` experiment, or of one\n"
-                                   "`headscope retrieval --shard I/N` needle scan, into one file: what one unsharded run\n"
+                                   "join the shards of one `headscope run --shard I/N` experiment, of one\n"
+                                   "`headscope retrieval --shard I/N` needle scan, or of one `headscope influence --shard I/N`\n"
+                                   "ranking, into one file: what one unsharded run\n"
                                    "writes (needle scores and intervals are computed from the merged per-trial results).\n"
                                    "Refuses files of different experiments or scans (naming what differs), models or\n"
                                    "shard counts, and a shard given twice, missing or unfinished (--partial allows the last two).\n"

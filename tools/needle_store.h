@@ -44,6 +44,9 @@ struct MergeArgs {
 };
 // headscope merge for retrieval shards.
 void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs);
+// headscope merge for `headscope influence --shard` files (tools/cmd_influence.cpp): each sample from
+// the shard that computed it, the ranking and selection recomputed over them.
+void merge_influence(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs);
 
 // Attribute values as text with a one-element list read as its element (a list of one is read back
 // as a scalar by some HDF5 readers): for comparing parameters.

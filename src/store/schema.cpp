@@ -126,6 +126,7 @@ const PathEntry kLayout[] = {
     {"/influence/rank", K::kDataset, "influence"},
     {"/influence/selected", K::kDataset, "influence"},
     {"/influence/truncated", K::kDataset, "influence"},
+    {"/influence/done", K::kDataset, "influence"},
     {"/influence/masks", K::kDataset, "influence"},
     {"/influence/preview", K::kDataset, "influence"},
     {"/retrieval/streaming", K::kGroup, "streaming"},
@@ -642,6 +643,7 @@ void write_influence(ResultWriter& w, const InfluenceRecord& r) {
     put(w, influence("rank"), r.rank, {r.N});
     put(w, influence("selected"), r.selected, {r.N});
     put(w, influence("truncated"), r.truncated, {r.N});
+    put(w, influence("done"), r.done, {r.N});
     put(w, influence("masks"), r.masks, {r.S, r.L, r.H});
     put(w, influence("preview"), r.preview);
     attrs(w, influence(), r.attrs);
@@ -762,6 +764,7 @@ InfluenceRecord read_influence(const ResultReader& r) {
     x.rank = longs(need(r, influence("rank"), {x.N}));
     for (double v : need(r, influence("selected"), {x.N}).values) x.selected.push_back(static_cast<uint8_t>(v));
     for (double v : need(r, influence("truncated"), {x.N}).values) x.truncated.push_back(static_cast<uint8_t>(v));
+    for (double v : need(r, influence("done"), {x.N}).values) x.done.push_back(static_cast<uint8_t>(v));
     for (double v : mk.values) x.masks.push_back(static_cast<uint8_t>(v));
     const Dataset pv = r.read(influence("preview"));
     if (!pv.is_string || static_cast<int64_t>(pv.strings.size()) != x.N)

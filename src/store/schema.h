@@ -263,6 +263,7 @@ struct InfluenceRecord {
     std::vector<int64_t> n_tokens, line;      // [N] tokens scored, the corpus line
     std::vector<int64_t> rank;                // [N] sample indices by set 0's score, highest first
     std::vector<uint8_t> selected, truncated; // [N]
+    std::vector<uint8_t> done;                // [N] the sample's losses were computed (a shard's own)
     std::vector<uint8_t> masks;               // [S, L, H]
     std::vector<std::string> preview;         // [N] the sample's first characters
     Attrs attrs;                              // on /influence
