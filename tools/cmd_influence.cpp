@@ -285,7 +285,9 @@ void merge_influence(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     for (auto d : all.done) left += !d;
     if (left && !o.partial)
         throw StorageError(fmt::format("{}: {} samples are in none of the shards (give every shard, or --partial); refusing to merge", first.path(), left));
-    rank_and_select(all, std::stod(schema::attr_text(first, schema::influence(), "select_fraction")));
+    const auto fraction = parse_double(schema::attr_text(first, schema::influence(), "select_fraction"));
+    if (!fraction) throw StorageError(fmt::format("{}: /influence has no select_fraction; damaged file", first.path()));
+    rank_and_select(all, *fraction);
     for (const auto& [k, v] : merged_attrs(o.inputs, left == 0)) all.attrs[k] = v;
     const MergeStage stage(first.path(), o.out);
     {
