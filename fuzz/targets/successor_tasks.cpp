@@ -1,0 +1,20 @@
+// Successor task files (probes/successor.cpp read_successor_tasks): a JSON object of ordered word
+// lists. Bad input: DataError (exit 5).
+#include "fuzz_target.h"
+
+#include "successor.h"
+
+#include <set>
+
+HS_FUZZ_TARGET(successor_tasks) {
+    const std::string path = hs_fuzz::write_temp("tasks.json", std::string(reinterpret_cast<const char*>(data), size));
+    hs_fuzz::run_guarded("successor_tasks", {hs::ExitCode::kData}, [&] {
+        const auto tasks = hs::read_successor_tasks(path);
+        hs_fuzz::check(!tasks.empty(), "successor_tasks", "an empty task list was accepted");
+        for (const auto& t : tasks) {
+            hs_fuzz::check(t.words.size() >= 2, "successor_tasks", "a task of fewer than two words was accepted");
+            hs_fuzz::check(std::set<std::string>(t.words.begin(), t.words.end()).size() == t.words.size(), "successor_tasks",
+                           "a task with a repeated word was accepted");
+        }
+    });
+}
