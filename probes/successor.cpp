@@ -147,9 +147,10 @@ SuccessorScores successor_scores(const Model& m, const std::vector<TokenizedTask
     if (e == SuccessorEmbedding::kMlp0) above = mlp_output(m, 0, raw);
     else if (e == SuccessorEmbedding::kEffective) above = effective_embedding_rows(m, ids_t);
     else above = raw;
-    auto unembed = e == SuccessorEmbedding::kEffective ? fold_final_norm(m, m.weights.unembed.to(torch::kFloat))
-                                                       : m.weights.unembed.to(torch::kFloat);
-    auto u_task = unembed.index({ids_t});  // [A, D]
+    // The task tokens' unembedding rows only ([A, D]; the fold is row by row, so folding after the
+    // gather equals gathering from the folded [V, D]).
+    const auto u_rows = m.weights.unembed.index({ids_t}).to(torch::kFloat);
+    const auto u_task = e == SuccessorEmbedding::kEffective ? fold_final_norm(m, u_rows) : u_rows;
     s.score = torch::zeros({L, H});
     s.task_score = torch::zeros({T, L, H});
     s.rank = torch::zeros({L, H, N}, torch::kLong);

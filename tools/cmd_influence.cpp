@@ -157,11 +157,8 @@ static void print_influence(const schema::InfluenceRecord& x, const std::vector<
     for (int64_t k = std::max<int64_t>(std::min(show, x.N), x.N - show); k < x.N; ++k) row("bottom", k);
 }
 
-// The samples of work item k (chunks of o.chunk samples).
-static std::vector<CorpusSample> chunk_of(const std::vector<CorpusSample>& corpus, int64_t k, int64_t chunk) {
-    const auto a = static_cast<size_t>(k * chunk), b = std::min(corpus.size(), static_cast<size_t>((k + 1) * chunk));
-    return {corpus.begin() + static_cast<std::ptrdiff_t>(a), corpus.begin() + static_cast<std::ptrdiff_t>(b)};
-}
+// Work item k: samples [k * chunk, k * chunk + its size) of n.
+static int64_t chunk_size(int64_t n, int64_t k, int64_t chunk) { return std::min(n, (k + 1) * chunk) - k * chunk; }
 
 // A resumed file's record, refused when it is another run's (corpus, heads, settings, shard, model).
 static std::optional<schema::InfluenceRecord> resumable(const InfluenceCliOptions& o, const schema::InfluenceRecord& fresh,
@@ -203,7 +200,7 @@ void run_influence(InfluenceCliOptions o) {
     const auto prev = resumable(o, x, sh, m);
     const int64_t n_chunks = (x.N + o.chunk - 1) / o.chunk;
     int64_t owned = 0, forwards = 0;
-    for (int64_t k = 0; k < n_chunks; ++k) owned += sh.owns(k) ? static_cast<int64_t>(chunk_of(corpus, k, o.chunk).size()) : 0;
+    for (int64_t k = 0; k < n_chunks; ++k) owned += sh.owns(k) ? chunk_size(x.N, k, o.chunk) : 0;
     log_info("{} samples from {} ({} in {} chunk(s) of {} for shard {}); heads {} ({}) and {} random control set(s)", corpus.size(),
              o.corpus, owned, n_chunks, o.chunk, sh.str(), format_heads(heads), source, sets.size() - 1);
     bool first_write = true;
@@ -223,13 +220,14 @@ void run_influence(InfluenceCliOptions o) {
     auto last = std::chrono::steady_clock::now();
     for (int64_t k = 0; k < n_chunks; ++k) {
         if (!sh.owns(k)) continue;
-        const int64_t a = k * o.chunk, n = static_cast<int64_t>(chunk_of(corpus, k, o.chunk).size());
+        const int64_t a = k * o.chunk, n = chunk_size(x.N, k, o.chunk);
         bool done = prev.has_value();
         for (int64_t i = a; done && i < a + n; ++i) done = prev->done[static_cast<size_t>(i)] != 0;
         if (done) {
             for (int64_t i = a; i < a + n; ++i) copy_sample(x, *prev, i);
         } else {
-            const auto r = attention_influence(m, chunk_of(corpus, k, o.chunk), sets, {o.max_rows, o.loss_tokens == "last"});
+            const std::vector<CorpusSample> samples(corpus.begin() + a, corpus.begin() + a + n);
+            const auto r = attention_influence(m, samples, sets, {o.max_rows, o.loss_tokens == "last"});
             forwards += r.forwards;
             const auto loss = host_floats(r.loss), masked = host_floats(r.masked_loss), score = host_floats(r.score);
             for (int64_t j = 0; j < n; ++j) {

@@ -13,7 +13,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 
 namespace hs::cli {
 
@@ -94,9 +93,7 @@ static void write_successor(ResultWriter& w, const Model& m, const std::vector<T
 static void print_successor(const Model& m, const std::vector<TokenizedTask>& tasks, const SuccessorScores& s, int top) {
     const int64_t H = m.config.n_heads;
     auto flat = s.score.reshape(-1);
-    std::vector<int64_t> order(static_cast<size_t>(flat.numel()));
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) { return flat[x].item<float>() > flat[y].item<float>(); });
+    const auto order = rank_heads(s.score);  // best first, ties in (layer, head) order
     std::vector<std::string> used;
     for (const auto& t : tasks)
         if (!t.ids.empty()) used.push_back(t.task.name);
