@@ -32,7 +32,10 @@ if [ "$rc" -eq 3 ]; then
   echo "gguf fixtures: SKIPPED (PyPI unreachable, no gguf environment)"
   exit 0
 fi
-[ "$rc" -eq 0 ] && [ -x "$py" ] || { echo "make_gguf_fixtures.sh: scripts/setup_gguf.sh failed (exit $rc)" >&2; exit 1; }
+if [ "$rc" -ne 0 ] || [ ! -x "$py" ]; then
+  echo "make_gguf_fixtures.sh: scripts/setup_gguf.sh failed (exit $rc)" >&2
+  exit 1
+fi
 
 rm -f "$ready"
 # one python process per file is ~0.3 s; the whole set (~35 files) takes ~10 s
