@@ -119,6 +119,11 @@ static at::Tensor inv_freq(const ModelConfig& cfg, int64_t rot_dim, double theta
     auto f = 1.0 / torch::pow(theta, idx / static_cast<double>(rot_dim));
     const auto& s = cfg.rope_scaling;
     if (s.type == "linear") return f / s.factor;
+    if (s.type == "factors") {
+        if (static_cast<int64_t>(s.freq_factors.size()) != f.size(0))
+            throw ConfigError(fmt::format("{} RoPE frequency divisors for {} frequencies", s.freq_factors.size(), f.size(0)));
+        return f / torch::tensor(s.freq_factors, torch::kDouble).to(torch::kFloat);
+    }
     if (s.type == "llama3") {
         const double low_wavelen = s.original_max_position / s.low_freq_factor;
         const double high_wavelen = s.original_max_position / s.high_freq_factor;

@@ -12,7 +12,8 @@ enum class NormKind { kRms, kRmsPlusOne, kLayerNorm };  // RmsPlusOne: Gemma's x
 enum class Activation { kSilu, kGeluTanh, kGeluExact, kRelu };
 
 struct RopeScaling {
-    std::string type = "none";  // none | linear | llama3
+    std::string type = "none";  // none | linear | llama3 | factors
+    std::vector<double> freq_factors;  // factors: inv_freq[i] / freq_factors[i] (a GGUF's rope_freqs)
     double factor = 1.0;
     double low_freq_factor = 1.0;
     double high_freq_factor = 4.0;

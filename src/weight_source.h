@@ -5,6 +5,7 @@
 #include "model.h"
 #include "safetensors.h"
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -15,6 +16,9 @@ class WeightSource {
 public:
     // files: single model.safetensors, or the shards named by model.safetensors.index.json.
     explicit WeightSource(std::vector<std::string> files, LoadOptions opts);
+    // Tensors already read and renamed (a GGUF file's, under Hugging Face names); `file` names
+    // them in messages.
+    WeightSource(std::string file, std::map<std::string, at::Tensor> tensors, LoadOptions opts);
 
     bool has(const std::string& name) const;
     // Tensor `name` with exactly `shape`, converted to the compute dtype and device. Throws
@@ -34,6 +38,7 @@ private:
     const SafetensorsFile* find(const std::string& name) const;
     std::vector<std::string> files_;
     std::vector<std::unique_ptr<SafetensorsFile>> st_;
+    std::map<std::string, at::Tensor> mem_;  // the in-memory form (files_ holds its one file name)
     LoadOptions opts_;
 };
 

@@ -177,5 +177,8 @@ std::unique_ptr<Tokenizer> load_hf_tokenizer_json(const std::string& path);
 std::unique_ptr<Tokenizer> load_gpt2_vocab_merges(const std::string& vocab_path,
                                                   const std::string& merges_path);
 std::unique_ptr<Tokenizer> load_llama2c_tokenizer(const std::string& path, int expected_vocab);
+// A GGUF file's own tokenizer (tokenizer.ggml.*: "llama" SentencePiece or "gpt2" byte-level BPE);
+// nullptr when the file has none and !required.
+std::unique_ptr<Tokenizer> load_gguf_tokenizer(const std::string& path, bool required = true);
 
 }  // namespace hs::detail
