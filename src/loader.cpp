@@ -1,6 +1,7 @@
 // load_model: Hugging Face folders (config.json + safetensors, sharded or not) and llama2.c .bin.
 #include "errors.h"
 #include "families/registry.h"
+#include "hub.h"
 #include "model.h"
 #include "util.h"
 #include "weight_source.h"
@@ -292,10 +293,23 @@ static std::unique_ptr<Model> load_any(const std::string& path, const LoadOption
     throw ModelLoadError(fmt::format("{}: not a checkpoint folder or a llama2.c .bin file", path));
 }
 
+// A path that exists always wins; else a Hugging Face name (org/name[@revision]) is resolved
+// through the local cache (hub.h) and its snapshot folder loaded.
 std::unique_ptr<Model> load_model(const std::string& path, const LoadOptions& opts) {
-    if (!file_exists(path)) throw ModelLoadError(fmt::format("{}: no such file or folder", path));
+    HubSnapshot hub;
+    if (!file_exists(path)) {
+        if (!looks_like_hub_name(path)) throw ModelLoadError(fmt::format("{}: no such file or folder", path));
+        hub = resolve_hub_name(path);
+    }
     torch::NoGradGuard no_grad;
-    auto m = load_any(path, opts);
+    auto m = load_any(hub.folder.empty() ? path : hub.folder, opts);
+    if (!hub.folder.empty()) {
+        m->path = hub.folder;
+        m->source.hub_repo = hub.repo;
+        m->source.hub_revision = hub.revision;
+        m->source.hub_commit = hub.commit;
+        m->source.snapshot = hub.folder;
+    }
     auto& w = m->weights;
     if (w.unembed.defined() && w.unembed.device().is_cpu() && !w.unembed_b.defined() &&
         w.unembed.numel() * static_cast<int64_t>(w.unembed.element_size()) <= (int64_t{1} << 30))

@@ -110,12 +110,23 @@ struct ForwardOptions {
     at::Tensor start_resid;
 };
 
+// Where a model's weights came from: the file format, and for a Hugging Face cache name the repository,
+// the revision asked for and the snapshot's commit (what makes a result reproducible).
+struct ModelSource {
+    std::string format;        // "safetensors", "llama2c" or "gguf"
+    std::string hub_repo;      // "org/name" when the user named the model through the Hugging Face cache
+    std::string hub_revision;  // the revision asked for ("main" when none was given)
+    std::string hub_commit;    // the snapshot folder's commit hash
+    std::string snapshot;      // the snapshot folder the name resolved to
+};
+
 class Model {
 public:
     ModelConfig config;
     ModelWeights weights;
     LoadOptions options;
-    std::string path;          // what the user named
+    std::string path;          // the checkpoint on disk (a hub name's snapshot folder)
+    ModelSource source;
     std::string weight_files;  // ';'-joined weight files, for hashing
 
     // tokens: int64 [B, T] (or [T]) on any device. Returns logits [B, T, V] float32 for fp32 runs,

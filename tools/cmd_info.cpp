@@ -44,8 +44,13 @@ void run_info(const InfoOptions& o) {
     const auto& c = l.model->config;
     const int64_t n = l.model->n_params();
     const double mb = static_cast<double>(n) * c10::elementSize(l.model->options.dtype) / (1 << 20);
+    const ModelSource& src = l.model->source;
     if (o.json) {
-        nlohmann::json j = {{"path", l.model->path}, {"architecture", c.architecture},
+        nlohmann::json j = {{"path", l.model->path},
+                            {"source", {{"format", src.format}, {"hub_repo", src.hub_repo},
+                                        {"hub_revision", src.hub_revision}, {"hub_commit", src.hub_commit},
+                                        {"snapshot", src.snapshot}}},
+                            {"architecture", c.architecture},
                             {"family", family_name(c.family)}, {"n_layers", c.n_layers}, {"n_heads", c.n_heads},
                             {"n_kv_heads", c.n_kv_heads}, {"d_model", c.d_model}, {"d_head", c.d_head},
                             {"d_ff", c.d_ff}, {"vocab_size", c.vocab_size}, {"max_seq_len", c.max_seq_len},
@@ -54,6 +59,13 @@ void run_info(const InfoOptions& o) {
         fmt::print("{}\n", j.dump(2));
     } else {
         fmt::print("model         {}\n", l.model->path);
+        // The format, and for a Hugging Face cache name what it resolved to (the snapshot is the model line).
+        const std::string format = src.format.empty() ? std::string("unknown format") : src.format;
+        if (src.hub_repo.empty())
+            fmt::print("source        {}\n", format);
+        else
+            fmt::print("source        {}, Hugging Face cache {}@{} -> commit {}\n", format, src.hub_repo,
+                       src.hub_revision, src.hub_commit);
         fmt::print("architecture  {} (family {})\n", c.architecture, family_name(c.family));
         fmt::print("layers        {}\n", c.n_layers);
         fmt::print("heads         {} query, {} key/value (query head h reads kv head h / {})\n", c.n_heads,
@@ -74,8 +86,10 @@ void setup_info(CLI::App& app) {
     auto opts = std::make_shared<InfoOptions>();
     auto* sub = app.add_subcommand("info", "describe a model checkpoint, or this machine with --system\n"
                                            "Example: headscope info ../shared/testdata/stories260K/stories260K.bin");
-    sub->add_option("model", opts->model.model, "checkpoint folder or llama2.c .bin (omit with --system)");
-    sub->add_option("--tokenizer", opts->model.tokenizer, "tokenizer path (default: found next to the model)");
+    sub->add_option("model", opts->model.model, "checkpoint folder or llama2.c .bin, or a Hugging Face cache name "
+                                                "org/name[@revision] (omit with --system)");
+    sub->add_option("--tokenizer", opts->model.tokenizer, "tokenizer path or Hugging Face cache name (default: found "
+                                                          "next to the model)");
     sub->add_option("--dtype", opts->model.dtype, "compute dtype (auto: bfloat16 on CUDA, float32 on the CPU)")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}));
     sub->add_option("--threads", opts->model.threads, "intra-op threads (default: every core)");

@@ -502,9 +502,9 @@ static NeedleInputs read_needle_inputs(const RetrievalOptions& o, const Retrieva
     // built from config.json), as model_utils.py get_stop_token_ids reads them.
     std::vector<int64_t> config_eos, generation_eos;
     if (m.config.eos_id >= 0) config_eos.push_back(m.config.eos_id);
-    if (is_directory(o.model.model)) {
-        const std::string gen = path_join(o.model.model, "generation_config.json");
-        generation_eos = file_exists(gen) ? json_eos_ids(gen) : json_eos_ids(path_join(o.model.model, "config.json"));
+    if (is_directory(m.path)) {  // the checkpoint folder on disk (a Hugging Face name's snapshot)
+        const std::string gen = path_join(m.path, "generation_config.json");
+        generation_eos = file_exists(gen) ? json_eos_ids(gen) : json_eos_ids(path_join(m.path, "config.json"));
     } else {
         generation_eos = config_eos;
     }

@@ -15,8 +15,9 @@ struct TokenizeOptions {
 };
 
 // A model path (folder with config.json, or a llama2.c model .bin) finds its tokenizer;
-// anything else is taken as a tokenizer path.
-static std::unique_ptr<Tokenizer> tokenizer_for(const std::string& path) {
+// anything else is taken as a tokenizer path. A Hugging Face cache name stands for its snapshot folder.
+static std::unique_ptr<Tokenizer> tokenizer_for(const std::string& spec) {
+    const std::string path = tokenizer_location(spec);
     if (is_directory(path) && file_exists(path_join(path, "config.json"))) {
         auto t = find_tokenizer_for_model(path, -1);
         if (!t) throw DataError(fmt::format("{}: no tokenizer.json or vocab.json+merges.txt in the folder", path));
@@ -52,7 +53,8 @@ void setup_tokenize(CLI::App& app) {
     auto o = std::make_shared<TokenizeOptions>();
     auto* sub = app.add_subcommand("tokenize", "print the token ids of a text as a JSON array\n"
                                                "Example: headscope tokenize ../shared/testdata/tinystories-656k --text 'Hello world'");
-    sub->add_option("path", o->path, "model folder, llama2.c model .bin, or a tokenizer file/folder")->required();
+    sub->add_option("path", o->path, "model folder, llama2.c model .bin, a tokenizer file/folder, or a Hugging Face "
+                                     "cache name org/name[@revision]")->required();
     sub->add_option("--text", o->text, "text to encode")->required();
     sub->add_flag("--no-special", o->no_special, "add no BOS/EOS");
     sub->add_flag("--parse-special", o->parse_special, "match special-token strings in the text");

@@ -2,6 +2,7 @@
 #include "study_config.h"
 
 #include "errors.h"
+#include "hub.h"
 #include "progress.h"
 #include "schema.h"
 #include "torch_compat.h"
@@ -52,9 +53,10 @@ CLI::Validator in_range(double lo, double hi) {
 }
 
 void add_model_args(CLI::App* app, ModelArgs& a) {
-    app->add_option("model", a.model, "checkpoint folder (config.json + safetensors) or llama2.c .bin")->required();
-    app->add_option("--tokenizer", a.tokenizer, "tokenizer.json, vocab.json+merges.txt folder or llama2.c tok.bin "
-                                                "(default: found next to the model)");
+    app->add_option("model", a.model, "checkpoint folder (config.json + safetensors) or llama2.c .bin, or a Hugging "
+                                      "Face cache name org/name[@revision] (offline: the local cache only)")->required();
+    app->add_option("--tokenizer", a.tokenizer, "tokenizer.json, vocab.json+merges.txt folder or llama2.c tok.bin, or a "
+                                                "Hugging Face cache name org/name[@revision] (default: found next to the model)");
     app->add_option("--dtype", a.dtype, "compute dtype: auto (bfloat16 on CUDA, float32 on the CPU), float32, bfloat16, float16")
         ->check(CLI::IsMember({"auto", "float32", "bfloat16", "float16"}))
         ->capture_default_str();
@@ -131,15 +133,24 @@ Loaded open_model(const ModelArgs& a, bool require_tokenizer) {
     warn_if_slow_dtype(lo);
     l.model = load_model(a.model, lo);
     if (!a.tokenizer.empty())
-        l.tokenizer = load_tokenizer(a.tokenizer, l.model->config.vocab_size);
-    else
-        l.tokenizer = find_tokenizer_for_model(a.model, l.model->config.vocab_size);
+        l.tokenizer = load_tokenizer(tokenizer_location(a.tokenizer), l.model->config.vocab_size);
+    else  // next to the checkpoint on disk (a hub name's snapshot folder)
+        l.tokenizer = find_tokenizer_for_model(l.model->path, l.model->config.vocab_size);
     if (require_tokenizer && !l.tokenizer)
-        throw DataError(fmt::format("{}: no tokenizer found next to the model (pass --tokenizer)", a.model));
+        throw DataError(fmt::format("{}: no tokenizer found next to the model (pass --tokenizer)", l.model->path));
     if (l.tokenizer && l.tokenizer->vocab_size() > l.model->config.vocab_size)
         throw DataError(fmt::format("{}: tokenizer has {} tokens but the model only {}", l.tokenizer->source_path(),
                                     l.tokenizer->vocab_size(), l.model->config.vocab_size));
     return l;
+}
+
+std::string tokenizer_location(const std::string& spec) {
+    if (file_exists(spec) || !looks_like_hub_name(spec)) return spec;
+    try {
+        return resolve_hub_name(spec).folder;
+    } catch (const ModelLoadError& e) {
+        throw DataError(e.what());
+    }
 }
 
 void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
@@ -152,6 +163,12 @@ void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     a["utc_time"] = utc_now_iso8601();
     a["model_path"] = m.path;
     a["weights_sha256"] = m.weights_sha256();
+    // Where the weights came from: the format, and for a Hugging Face cache name the repository, the
+    // revision asked for and the commit it resolved to ("" when the model was named by a path).
+    a["model_format"] = m.source.format;
+    a["hub_repo"] = m.source.hub_repo;
+    a["hub_revision"] = m.source.hub_revision;
+    a["hub_commit"] = m.source.hub_commit;
     a["architecture"] = c.architecture;
     a["family"] = family_name(c.family);
     a["n_layers"] = static_cast<int64_t>(c.n_layers);

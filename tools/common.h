@@ -93,7 +93,12 @@ struct Loaded {
 };
 
 // Sets threads, loads the model (and its tokenizer: required -> error when none is found).
+// MODEL and --tokenizer may be Hugging Face cache names (org/name[@revision], src/hub.h).
 Loaded open_model(const ModelArgs& a, bool require_tokenizer);
+// A tokenizer argument (or tokenize's tokenizer-or-model path): `spec` itself when it exists or is no
+// Hugging Face name, else the name's snapshot folder in the local cache; a name that does not
+// resolve is a DataError (the tokenizer's exit code) with the resolver's one line.
+std::string tokenizer_location(const std::string& spec);
 // Refuses (UsageError) a dtype the device cannot compute in at all.
 LoadOptions load_options(const ModelArgs& a);
 // One warning line when a CPU dtype's products run much slower than float32 (measured).
