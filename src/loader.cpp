@@ -1,6 +1,7 @@
 // load_model: Hugging Face folders (config.json + safetensors, sharded or not) and llama2.c .bin.
 #include "errors.h"
 #include "families/registry.h"
+#include "gguf_model.h"
 #include "hub.h"
 #include "model.h"
 #include "util.h"
@@ -20,6 +21,9 @@ WeightSource::WeightSource(std::vector<std::string> files, LoadOptions opts) : f
     for (const auto& f : files_) st_.push_back(std::make_unique<SafetensorsFile>(f));
 }
 
+WeightSource::WeightSource(std::string file, std::map<std::string, at::Tensor> tensors, LoadOptions opts)
+    : files_{std::move(file)}, mem_(std::move(tensors)), opts_(opts) {}
+
 const SafetensorsFile* WeightSource::find(const std::string& name) const {
     for (const auto& s : st_)
         if (s->has(name)) return s.get();
@@ -28,6 +32,10 @@ const SafetensorsFile* WeightSource::find(const std::string& name) const {
 
 double WeightSource::stored_values(double* largest) const {
     double n = 0, big = 0;
+    for (const auto& [name, t] : mem_) {
+        n += static_cast<double>(t.numel());
+        big = std::max(big, static_cast<double>(t.numel()));
+    }
     for (const auto& s : st_)
         for (const auto& [name, e] : s->entries()) {
             double k = 1;
@@ -39,7 +47,7 @@ double WeightSource::stored_values(double* largest) const {
     return n;
 }
 
-bool WeightSource::has(const std::string& name) const { return find(name) != nullptr; }
+bool WeightSource::has(const std::string& name) const { return mem_.count(name) != 0 || find(name) != nullptr; }
 
 std::string WeightSource::describe() const {
     if (files_.size() == 1) return files_[0];
@@ -47,6 +55,7 @@ std::string WeightSource::describe() const {
 }
 
 at::Tensor WeightSource::raw(const std::string& name) const {
+    if (auto it = mem_.find(name); it != mem_.end()) return it->second;
     const SafetensorsFile* s = find(name);
     if (!s) throw ModelLoadError(fmt::format("{}: missing tensor '{}'", describe(), name));
     const auto& e = s->entry(name);
@@ -62,7 +71,7 @@ at::Tensor WeightSource::convert(const at::Tensor& t) const {
 at::Tensor WeightSource::take(const std::string& name, const std::vector<int64_t>& shape) const {
     auto t = raw(name);
     if (t.sizes().vec() != shape)
-        throw ModelLoadError(fmt::format("{}: tensor '{}' has shape {}, expected {}", find(name)->path(), name,
+        throw ModelLoadError(fmt::format("{}: tensor '{}' has shape {}, expected {}", find(name) ? find(name)->path() : files_[0], name,
                                          shape_str(t.sizes().vec()), shape_str(shape)));
     return convert(t);
 }
@@ -175,6 +184,7 @@ static std::unique_ptr<Model> load_hf(const std::string& dir, const LoadOptions&
     }
     auto m = std::make_unique<Model>();
     m->path = dir;
+    m->source.format = "safetensors";
     m->options = opts;
     m->config = parse_model_config(text, cfg_path);
     const ArchSpec* spec = find_arch(m->config.architecture);
@@ -202,6 +212,7 @@ static std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOp
     std::memcpy(h, f.data(), sizeof h);
     auto m = std::make_unique<Model>();
     m->path = path;
+    m->source.format = "llama2c";
     m->weight_files = path;
     m->options = opts;
     ModelConfig& c = m->config;
@@ -287,10 +298,12 @@ static std::unique_ptr<Model> load_llama2c(const std::string& path, const LoadOp
 
 static std::unique_ptr<Model> load_any(const std::string& path, const LoadOptions& opts) {
     if (is_directory(path)) return load_hf(path, opts);
+    if ((path.size() >= 5 && path.compare(path.size() - 5, 5, ".gguf") == 0) || is_gguf_file(path))
+        return load_gguf_model(path, opts);
     if (path.size() >= 4 && path.compare(path.size() - 4, 4, ".bin") == 0) return load_llama2c(path, opts);
     if (path.size() >= 12 && path.compare(path.size() - 12, 12, ".safetensors") == 0)
         return load_hf(parent_dir(path), opts);
-    throw ModelLoadError(fmt::format("{}: not a checkpoint folder or a llama2.c .bin file", path));
+    throw ModelLoadError(fmt::format("{}: not a checkpoint folder, a GGUF file or a llama2.c .bin file", path));
 }
 
 // A path that exists always wins; else a Hugging Face name (org/name[@revision]) is resolved
@@ -321,6 +334,7 @@ std::vector<std::string> supported_architectures() {
     std::vector<std::string> out;
     for (const auto& s : arch_specs()) out.push_back(s.architecture);
     out.push_back("llama2c (.bin)");
+    out.push_back("GGUF (llama, qwen2, qwen3, gemma, gemma2, gemma3, olmo2, gpt2, gptneox)");
     return out;
 }
 

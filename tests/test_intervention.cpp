@@ -22,6 +22,14 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
     return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>();
 }
 
+// The same numbers up to float32 rounding: the mask and head forms (and an untouched row against a
+// plain forward) sum the heads' outputs in different orders, which moves logits of ~27 by a few
+// ulps (1.4e-5 seen on one CI machine's BLAS). 4e-6 of the largest logit is ~50 ulps; a real
+// difference (a head ablated or not) moves them by more than 1e-2.
+bool same_numbers(const at::Tensor& a, const at::Tensor& b) {
+    return max_diff(a, b) <= 4e-6 * std::max(1.0, b.abs().max().item<double>());
+}
+
 }  // namespace
 
 TEST_CASE("intervention names: one meaning each; a caller's subset is what it parses") {
@@ -77,8 +85,8 @@ TEST_CASE("apply_intervention on heads equals the hooks it stands for; a mode th
                            h.window({l, hd, -1, w, {}});
                        })));
     // Each changes the output (the check above could not pass by doing nothing).
-    CHECK(max_diff(applied({Intervention::kZero}, -1), m->forward(seq)) > 1e-4);
-    CHECK(max_diff(applied({Intervention::kStream, 1.0, {}, w}, -1), m->forward(seq)) > 1e-4);
+    CHECK(max_diff(applied({Intervention::kZero}, -1), m->forward(seq)) > 1e-2);
+    CHECK(max_diff(applied({Intervention::kStream, 1.0, {}, w}, -1), m->forward(seq)) > 1e-2);
     Hooks h;
     CHECK_THROWS_AS(apply_intervention(h, {Intervention::kMeanQueryPreRope}, heads, -1, study_interventions()), std::logic_error);
     CHECK_THROWS_AS(apply_intervention(h, {Intervention::kResample}, heads, -1, {}), std::logic_error);
@@ -110,9 +118,9 @@ TEST_CASE("apply_intervention per row: the mask form equals the head form row by
                                          InterventionSpec{Intervention::kStream, 1.0, {}, StreamWindow{1, 2, false}}}) {
         CAPTURE(intervention_name(spec.mode));
         auto a = rows_form(spec), b = heads_form(spec);
-        CHECK(max_diff(a, b) < 1e-5);
-        CHECK(max_diff(a[0], m->forward(seq)[0]) < 1e-5);
-        CHECK(max_diff(a[2], a[0]) > 1e-4);
+        CHECK(same_numbers(a, b));
+        CHECK(same_numbers(a[0], m->forward(seq)[0]));
+        CHECK(max_diff(a[2], a[0]) > 1e-2);
     }
     // Per-row factors: row r scaled by its own factor.
     Hooks h;
@@ -121,5 +129,5 @@ TEST_CASE("apply_intervention per row: the mask form equals the head form row by
     Hooks g;
     apply_intervention(g, {Intervention::kScale, 3.0}, {{1, 0}}, 1, {Intervention::kScale});
     apply_intervention(g, {Intervention::kScale, 0.0}, {{1, 0}, {1, 1}}, 2, {Intervention::kScale});
-    CHECK(max_diff(m->forward(seq, &h), m->forward(seq, &g)) < 1e-5);
+    CHECK(same_numbers(m->forward(seq, &h), m->forward(seq, &g)));
 }
