@@ -6,7 +6,7 @@ set -euo pipefail
 PKGS=(cmake g++ make pkg-config ccache git
       libtorch-dev libopenblas0-pthread libcli11-dev libhdf5-dev libfmt-dev libyaml-cpp-dev
       doctest-dev nlohmann-json3-dev libpcre2-dev libssl-dev
-      python3 python3-torch python3-h5py python3-numpy python3-matplotlib time
+      python3 python3-venv python3-torch python3-h5py python3-numpy python3-matplotlib time  # venv: the GGUF test files (scripts/setup_gguf.sh)
       chromium   # headless chromium renders the HTML report in tests/cli_report.sh
       clang libclang-rt-14-dev)  # scripts/fuzz.sh: libFuzzer + ASan/UBSan runtimes (docs/reliability.md)
 missing=()
