@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include <cstring>
+#include <fstream>
 
 namespace hs {
 
@@ -148,6 +149,12 @@ uint64_t tensor_bytes(const std::string& path, const std::string& name, uint32_t
 }
 
 }  // namespace
+
+bool is_gguf_file(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    char magic[4] = {};
+    return f.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
 
 const char* gguf_value_type_name(GgufValueType t) {
     static const char* kNames[] = {"uint8", "int8", "uint16", "int16", "uint32", "int32", "float32",

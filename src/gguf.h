@@ -87,6 +87,9 @@ private:
     std::map<std::string, GgufTensorInfo> tensors_;
 };
 
+// Whether `path` starts with the GGUF magic (a .gguf file under another name is still one).
+bool is_gguf_file(const std::string& path);
+
 // Parses the header (metadata and tensor table) of bytes [data, data + size) without torch: the
 // fuzz target's entry point. `path` names the file in messages.
 void parse_gguf_header(const std::string& path, const uint8_t* data, size_t size, uint32_t& version,

@@ -24,12 +24,6 @@
 
 namespace hs {
 
-bool is_gguf_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    char magic[4] = {};
-    return f.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
-}
-
 namespace {
 
 struct ArchInfo {

@@ -12,9 +12,6 @@ namespace hs {
 
 class GgufFile;
 
-// Whether `path` starts with the GGUF magic (a .gguf file under another name is still one).
-bool is_gguf_file(const std::string& path);
-
 // The config.json text (Hugging Face keys) the file's metadata describes, as load_gguf_model parses
 // it. Throws ModelLoadError / ConfigError naming the file: an architecture llama.cpp names that
 // headscope does not load, a missing or mistyped key.

@@ -1,6 +1,7 @@
 // load_model: Hugging Face folders (config.json + safetensors, sharded or not) and llama2.c .bin.
 #include "errors.h"
 #include "families/registry.h"
+#include "gguf.h"
 #include "gguf_model.h"
 #include "hub.h"
 #include "model.h"

@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "errors.h"
+#include "gguf.h"
 #include "tokenizer_internal.h"
 
 namespace hs {
@@ -28,12 +29,6 @@ char first_non_blank(const std::string& path) {
     while (f.get(c))
         if (c != ' ' && c != '\n' && c != '\r' && c != '\t') return c;
     return 0;
-}
-
-bool is_gguf(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    char magic[4] = {};
-    return f.read(magic, 4) && std::string(magic, 4) == "GGUF";
 }
 
 // A tokenizer in a folder, or nullptr. prefer_llama2c: look for tok<V>.bin / tokenizer.bin
@@ -77,7 +72,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path, int expected_
             throw DataError(fmt::format("{}: merges.txt needs vocab.json next to it", path));
         return detail::load_gpt2_vocab_merges((dir / "vocab.json").string(), path);
     }
-    if (p.extension() == ".gguf" || is_gguf(path)) return detail::load_gguf_tokenizer(path);
+    if (p.extension() == ".gguf" || is_gguf_file(path)) return detail::load_gguf_tokenizer(path);
     if (p.extension() == ".model")
         throw DataError(fmt::format("{}: SentencePiece .model files are not supported; use the model's "
                                     "tokenizer.json or a llama2.c tokenizer .bin", path));
@@ -90,7 +85,7 @@ std::unique_ptr<Tokenizer> find_tokenizer_for_model(const std::string& model_pat
     fs::path p(model_path);
     if (!fs::exists(p, ec)) return nullptr;
     if (fs::is_directory(p, ec)) return load_from_folder(p, vocab_size, false);
-    if (p.extension() == ".gguf" || is_gguf(model_path)) return detail::load_gguf_tokenizer(model_path, false);  // its own
+    if (p.extension() == ".gguf" || is_gguf_file(model_path)) return detail::load_gguf_tokenizer(model_path, false);  // its own
     fs::path dir = p.parent_path();
     if (dir.empty()) dir = ".";
     return load_from_folder(dir, vocab_size, p.extension() == ".bin");
