@@ -114,6 +114,28 @@ mkmodel; head -c 5000 "$M/model.safetensors" >"$T/m/model.safetensors"
 bad logits model.safetensors "truncated (first 5000 bytes)" 4 "model.safetensors: .*past end" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
 mkmodel; head -c 100 "$M/model.safetensors" >"$T/m/model.safetensors"
 bad logits model.safetensors "truncated inside the header" 4 "model.safetensors: header length" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
+# GGUF files (src/gguf.cpp): built byte by byte here, independent of the gguf package.
+gguf() {  # gguf FILE TYPE: one tensor 't' [32] of ggml TYPE under general.architecture llama
+  python3 - "$@" <<'PY'
+import struct, sys
+path, typ = sys.argv[1], int(sys.argv[2])
+s = lambda x: struct.pack("<Q", len(x)) + x.encode()
+b = b"GGUF" + struct.pack("<IQQ", 3, 1, 1) + s("general.architecture") + struct.pack("<I", 8) + s("llama")
+b += s("t") + struct.pack("<IQIQ", 1, 32, typ, 0)
+b += b"\0" * (-len(b) % 32) + b"\0" * 128
+open(path, "wb").write(b)
+PY
+}
+printf 'GGUF\3\0\0\0' >"$T/short.gguf"
+bad logits m.gguf "8 bytes: magic and version only" 4 "short.gguf: truncated" "$O" -- logits "$T/short.gguf" --tokens 1,2 --out "$O"
+echo "hello" >"$T/text.gguf"
+bad logits m.gguf "not GGUF (a text file named .gguf)" 4 "text.gguf: not a GGUF file" "$O" -- logits "$T/text.gguf" --tokens 1,2 --out "$O"
+gguf "$T/q4k.gguf" 12
+bad logits m.gguf "a Q4_K tensor" 4 "q4k.gguf: tensor 't' is Q4_K: headscope reads F32, F16, BF16 and Q8_0" "$O" -- logits "$T/q4k.gguf" --tokens 1,2 --out "$O"
+gguf "$T/t77.gguf" 77
+bad logits m.gguf "an unknown tensor type" 4 "t77.gguf: tensor 't' has unknown ggml type 77" "$O" -- logits "$T/t77.gguf" --tokens 1,2 --out "$O"
+gguf "$T/notensors.gguf" 0
+bad logits m.gguf "llama metadata without its sizes" 4 "notensors.gguf: missing metadata key 'llama.embedding_length'" "$O" -- logits "$T/notensors.gguf" --tokens 1,2 --out "$O"
 mkmodel; python3 - "$T/m/model.safetensors" <<'PY'
 import json, struct, sys
 p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8+n])
