@@ -333,18 +333,6 @@ const std::vector<double>* GgufFile::get_numbers(const std::string& key) const {
     return v ? &v->nums : nullptr;
 }
 
-double GgufFile::stored_values(double* largest) const {
-    double n = 0, big = 0;
-    for (const auto& [name, t] : tensors_) {
-        double k = 1;
-        for (auto d : t.shape) k *= static_cast<double>(d);
-        n += k;
-        big = std::max(big, k);
-    }
-    if (largest) *largest = big;
-    return n;
-}
-
 at::Tensor GgufFile::get(const std::string& name) const {
     auto it = tensors_.find(name);
     if (it == tensors_.end()) throw ModelLoadError(fmt::format("{}: no tensor '{}'", path_, name));

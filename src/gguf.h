@@ -76,8 +76,6 @@ public:
 
     // The tensor as stored: F32 / F16 / BF16 views over the mapping, Q8_0 dequantised to float32.
     at::Tensor get(const std::string& name) const;
-    // Elements of every tensor (and of the largest one).
-    double stored_values(double* largest = nullptr) const;
 
 private:
     std::string path_;

@@ -87,6 +87,22 @@ double tolerance(const std::string& type, Family family = Family::kLlama) {
     return 0.1;  // q8_0 (measured up to 0.06 on these random fixtures, 0.01 on tinystories-656k)
 }
 
+// The shared tokenizer vectors' ids for `key` ("tinystories" or "gpt2"), null entries skipped;
+// round_trip: decode must give the text back too. Returns how many were checked.
+int check_vectors(const Tokenizer& tok, const std::string& td, const char* key, bool round_trip) {
+    const auto vectors = nlohmann::json::parse(std::ifstream(td + "/tokenizer_vectors.json"));
+    int n = 0;
+    for (const auto& v : vectors["cases"]) {
+        if (v[key].is_null()) continue;
+        const std::string text = v["text"];
+        CAPTURE(text);
+        CHECK(tok.encode(text, false) == v[key].get<std::vector<int32_t>>());
+        if (round_trip) CHECK(tok.decode(tok.encode(text, false)) == text);
+        ++n;
+    }
+    return n;
+}
+
 }  // namespace
 
 TEST_CASE("gguf: every family's GGUF gives the safetensors logits within the dtype's tolerance") {
@@ -142,16 +158,7 @@ TEST_CASE("gguf: tinystories-656k in four dtypes; its own tokenizer gives the sh
     CHECK(tok->kind() == "gguf-spm");
     CHECK(tok->bos_id() == hf_tok->bos_id());
     CHECK(tok->encode("Once upon a time") == hf_tok->encode("Once upon a time"));
-    const auto vectors = nlohmann::json::parse(std::ifstream(td + "/tokenizer_vectors.json"));
-    int n = 0;
-    for (const auto& v : vectors["cases"]) {
-        if (v["tinystories"].is_null()) continue;
-        const std::string text = v["text"];
-        CAPTURE(text);
-        CHECK(tok->encode(text, false) == v["tinystories"].get<std::vector<int32_t>>());
-        ++n;
-    }
-    CHECK(n >= 5);
+    CHECK(check_vectors(*tok, td, "tinystories", false) >= 5);
 }
 
 TEST_CASE("gguf: GPT-2's vocabulary from a vocab-only GGUF gives the shared vectors' ids") {
@@ -160,17 +167,7 @@ TEST_CASE("gguf: GPT-2's vocabulary from a vocab-only GGUF gives the shared vect
     auto tok = load_tokenizer(dir + "/gpt2-vocab.gguf");
     CHECK(tok->vocab_size() == 50257);
     CHECK(tok->eos_id() == 50256);
-    const auto vectors = nlohmann::json::parse(std::ifstream(td + "/tokenizer_vectors.json"));
-    int n = 0;
-    for (const auto& v : vectors["cases"]) {
-        if (v["gpt2"].is_null()) continue;
-        const std::string text = v["text"];
-        CAPTURE(text);
-        CHECK(tok->encode(text, false) == v["gpt2"].get<std::vector<int32_t>>());
-        CHECK(tok->decode(tok->encode(text, false)) == text);
-        ++n;
-    }
-    CHECK(n >= 10);
+    CHECK(check_vectors(*tok, td, "gpt2", true) >= 10);
     // A vocab-only file is not a model.
     CHECK_THROWS_AS(load_model(dir + "/gpt2-vocab.gguf"), ModelLoadError);
 }
