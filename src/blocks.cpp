@@ -193,8 +193,8 @@ int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T,
 }
 
 at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const LayerWindows* windows) {
-    const int64_t T = q.size(1), S = k.size(1), H = q.size(2), K = k.size(2), d = q.size(3);
+                               const at::Tensor& v, const LayerWindows* windows, const LayerKeeps* keeps) {
+    const int64_t B = q.size(0), T = q.size(1), S = k.size(1), H = q.size(2), K = k.size(2), d = q.size(3);
     // Query head h reads key/value head h / (H / K) (grouped-query attention).
     auto kh = k.repeat_interleave(H / K, 2), vh = v.repeat_interleave(H / K, 2);  // [B, S, H, d]
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
@@ -207,21 +207,37 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
     auto visible = kpos <= qpos;
     if (cfg.is_sliding(layer)) visible = visible & (kpos > qpos - cfg.sliding_window);
     const double inf = std::numeric_limits<double>::infinity();
-    if (!windows || !windows->defined()) {
+    const bool win = windows && windows->defined(), kept = keeps && keeps->defined();
+    if (!win && !kept) {
         scores = scores.masked_fill(visible.logical_not().to(q.device()), -inf);
         auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
         return torch::einsum("bhts,bshd->bthd", {pattern, vh});                            // z [B, T, H, d]
     }
-    // Attention windows: head h of row b at query position p also needs key s < sink[b, h] or
-    // s > p - recent[b, h]. With compensation, the keys the window hides (visible to the layer, not
-    // to the window) are averaged into one more key and value, scored like any key.
-    const int64_t B = q.size(0);
     auto layer_vis = visible.to(q.device()).view({1, 1, T, S});
-    auto sink = windows->sink.view({B, H, 1, 1}), recent = windows->recent.view({B, H, 1, 1});
     auto kp = kpos.to(q.device()).view({1, 1, 1, S}), qp = qpos.to(q.device()).view({1, 1, T, 1});
-    auto seen = layer_vis & ((kp < sink) | (kp > qp - recent));  // [B, H, T, S]
+    auto seen = layer_vis.expand({B, H, T, S});  // [B, H, T, S]
+    at::Tensor use;                              // [B, H, T, 1]: queries that get a compensation column
+    if (win) {
+        // Attention windows: head h of row b at query position p also needs key s < sink[b, h] or
+        // s > p - recent[b, h]. With compensation, the keys the window hides (visible to the layer, not
+        // to the window) are averaged into one more key and value, scored like any key.
+        auto sink = windows->sink.view({B, H, 1, 1}), recent = windows->recent.view({B, H, 1, 1});
+        seen = seen & ((kp < sink) | (kp > qp - recent) | (qp < windows->from.view({B, H, 1, 1})));
+        if (windows->any_compensate) use = windows->compensate.view({B, H, 1, 1}).expand({B, H, T, 1});
+    }
+    if (kept) {
+        // Kept positions: a query at p >= from[b] sees key s < from[b] only where visible[b, h, s].
+        HS_REQUIRE(!(use.defined() && keeps->any_compensate), "attention_reference: windows and kept positions both compensate");
+        auto from = keeps->from.view({B, 1, 1, 1});
+        auto vis = torch::ones({B, H, S}, torch::TensorOptions().dtype(torch::kBool).device(q.device()));
+        const int64_t F = std::min(S, keeps->max_from);
+        vis.narrow(2, 0, F).copy_(keeps->visible.narrow(2, 0, F));
+        auto hide = (qp >= from) & (kp < from) & vis.view({B, H, 1, S}).logical_not();
+        seen = seen & hide.logical_not();
+        if (keeps->any_compensate) use = keeps->compensate.view({B, H, 1, 1}) & (qp >= from);
+    }
     scores = scores.masked_fill(seen.logical_not(), -inf);
-    if (!windows->any_compensate) {
+    if (!use.defined()) {
         auto pattern = torch::softmax(scores.to(torch::kFloat), -1).to(q.scalar_type());
         return torch::einsum("bhts,bshd->bthd", {pattern, vh});
     }
@@ -231,7 +247,7 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
     auto vbar = torch::einsum("bhts,bshd->bhtd", {hidden, vh.to(torch::kDouble)}) / count.clamp_min(1);
     auto extra = (q.permute({0, 2, 1, 3}).to(torch::kDouble) * kbar).sum(-1, true) * scale;  // [B, H, T, 1]
     if (cfg.attn_softcap > 0) extra = cfg.attn_softcap * torch::tanh(extra / cfg.attn_softcap);
-    auto use = (count > 0) & windows->compensate.view({B, H, 1, 1});
+    use = (count > 0) & use;
     extra = extra.masked_fill(use.logical_not(), -inf);
     auto pattern = torch::softmax(torch::cat({scores.to(torch::kDouble), extra}, -1), -1);  // [B, H, T, S + 1]
     auto z = torch::einsum("bhts,bshd->bthd", {pattern.narrow(3, 0, S), vh.to(torch::kDouble)}) +
@@ -304,7 +320,9 @@ private:
                     const at::Tensor& snk, const at::Tensor& rec, const Block& b) const;
     at::Tensor block_scores(const Block& b);
     void mask_block(at::Tensor& scores, const Block& b);
+    void mask_keeps(at::Tensor& scores, const Block& b);
     Compensation compensation(const Block& b) const;
+    Compensation keep_compensation(const Block& b) const;
     at::Tensor full_width(const at::Tensor& block, const Block& b, float fill);
 
     const ModelConfig& cfg_;
@@ -324,6 +342,9 @@ private:
     const float neg_inf_ = -std::numeric_limits<float>::infinity();
     // Attention windows and compensation's prefix sums.
     LayerWindows win_;
+    // Kept positions (Hooks::keep) and, with compensation, each (row, head)'s mean hidden key and value.
+    LayerKeeps keep_;
+    at::Tensor keep_kbar_, keep_vbar_, keep_has_;  // [B*K, g, d] in acc_ (twice), [B*K, g] bool
     c10::ScalarType acc_ = torch::kDouble;
     at::Tensor pk_, pv_;  // [B*K, S + 1, d]: sums of the first s keys / values
     // Blocks and scratch.
@@ -375,7 +396,23 @@ void BlockedAttention::need_kv3() {
 // give each query the means of the keys its window hides, one more column of the softmax.
 void BlockedAttention::plan_windows() {
     if (hooks_ && hooks_->has_windows(layer_)) win_ = hooks_->windows(layer_, B_, H_, device_);
+    if (hooks_ && hooks_->has_keeps(layer_)) keep_ = hooks_->keeps(layer_, B_, H_, device_);
     acc_ = device_.is_mps() ? torch::kFloat : torch::kDouble;  // prefix sums: double where there is one
+    if (keep_.any_compensate) {
+        if (win_.any_compensate) throw ConfigError(fmt::format("layer {}: windows and kept positions cannot both compensate", layer_));
+        if (window_ > 0) throw ConfigError(fmt::format("layer {}: kept-position compensation on a sliding-window layer is not supported", layer_));
+        // The hidden keys of a (row, head) are the same for every query that sees the compressed
+        // cache (s < from, not kept): their means once per layer.
+        need_kv3();
+        const int64_t F = std::min(S_, keep_.max_from);
+        auto s = torch::arange(F, pos_opts_).view({1, 1, F});
+        auto hidden = (keep_.visible.narrow(2, 0, F).logical_not() & (s < keep_.from.view({B_, 1, 1})))
+                          .reshape({B_ * K_, g_, F}).to(acc_);
+        auto count = hidden.sum(-1, true);  // [B*K, g, 1]
+        keep_has_ = count.squeeze(-1).gt(0) & keep_.compensate.reshape({B_ * K_, g_});
+        keep_kbar_ = at::bmm(hidden, k3_.narrow(1, 0, F).to(acc_)) / count.clamp_min(1);
+        keep_vbar_ = at::bmm(hidden, v3_.narrow(1, 0, F).to(acc_)) / count.clamp_min(1);
+    }
     if (!win_.any_compensate) return;
     need_kv3();
     auto zero = torch::zeros({B_ * K_, 1, d_}, k3_.options().dtype(acc_));
@@ -412,7 +449,7 @@ void BlockedAttention::plan_blocks(int64_t attn_block) {
 // [gap_hi, hi), skipping the keys between, which no head of theirs can see; the other groups
 // (idx_f) run over [lo, hi) as usual. The same scores, masks and softmax over fewer columns.
 void BlockedAttention::plan_streaming_groups() {
-    if (!win_.defined() || win_.any_compensate || whole_ || see_scores_ || see_pattern_) return;
+    if (!win_.defined() || win_.any_compensate || win_.any_from || keep_.defined() || whole_ || see_scores_ || see_pattern_) return;
     auto rec = win_.recent.to(torch::kCPU).reshape({B_ * K_, g_}), snk = win_.sink.to(torch::kCPU).reshape({B_ * K_, g_});
     auto streams = (rec < LayerWindows::kNoWindow).all(1);  // [B*K]
     if (!streams.any().item<bool>()) return;
@@ -456,7 +493,8 @@ at::Tensor BlockedAttention::block_z(const Block& b) {
     const int64_t n = b.n, m = b.m();
     auto scores = block_scores(b);  // [B*K, g*n, m] = [B, H, n, m]
     mask_block(scores, b);
-    const Compensation comp = win_.any_compensate ? compensation(b) : Compensation{};
+    if (keep_.defined()) mask_keeps(scores, b);
+    const Compensation comp = win_.any_compensate ? compensation(b) : keep_.any_compensate ? keep_compensation(b) : Compensation{};
     if (whole_) scores = hook(hooks_, Point::kAttnScores, layer_, scores.view({B_, H_, n, m})).reshape({B_ * K_, g_ * n, m});
     else if (see_scores_) hooks_->run_rows(Point::kAttnScores, layer_, b.q0, full_width(scores, b, neg_inf_));
     at::Tensor pattern;  // [B*K, g*n, m], softmax in fp32
@@ -514,7 +552,38 @@ void BlockedAttention::mask_block(at::Tensor& scores, const Block& b) {
     auto kpos = torch::arange(b.lo, b.hi, pos_opts_).view({1, 1, 1, m});
     auto qpos = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n, 1});
     auto sink = win_.sink.view({B_, H_, 1, 1}), recent = win_.recent.view({B_, H_, 1, 1});
-    scores.view({B_, H_, n, m}).masked_fill_((kpos >= sink) & (kpos <= qpos - recent), neg_inf_);
+    auto hide = (kpos >= sink) & (kpos <= qpos - recent);
+    if (win_.any_from) hide = hide & (qpos >= win_.from.view({B_, H_, 1, 1}));
+    scores.view({B_, H_, n, m}).masked_fill_(hide, neg_inf_);
+}
+
+// Kept positions: a query at p >= from[b] sees key s < from[b] only where visible[b, h, s] (the
+// mask is true from from[b] on, so the columns [lo, min(hi, F)) need no second test).
+void BlockedAttention::mask_keeps(at::Tensor& scores, const Block& b) {
+    const int64_t n = b.n, m = b.m(), F = std::min(b.hi, keep_.max_from);
+    if (F <= b.lo) return;
+    auto vis = keep_.visible.narrow(2, b.lo, F - b.lo).view({B_, H_, 1, F - b.lo});
+    auto qpos = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n, 1});
+    auto late = qpos >= keep_.from.view({B_, 1, 1, 1});  // [B, 1, n, 1]
+    scores.view({B_, H_, n, m}).narrow(3, 0, F - b.lo).masked_fill_(late & vis.logical_not(), neg_inf_);
+}
+
+// Kept-position compensation: queries at p >= from[b] of a compensating (row, head) with hidden keys
+// score the mean hidden key (keep_kbar_) and take the mean hidden value.
+BlockedAttention::Compensation BlockedAttention::keep_compensation(const Block& b) const {
+    const int64_t n = b.n;
+    auto qpos = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n});
+    auto late = qpos >= keep_.from.repeat_interleave(K_).view({B_ * K_, 1, 1});  // [B*K, 1, n]
+    auto use = (late & keep_has_.view({B_ * K_, g_, 1})).reshape({B_ * K_, g_ * n});
+    Compensation c;
+    if (!use.any().item<bool>()) return c;
+    auto q4 = b.qb.view({B_ * K_, g_, n, d_}).to(acc_);
+    auto extra = (q4 * keep_kbar_.view({B_ * K_, g_, 1, d_})).sum(-1).reshape({B_ * K_, g_ * n});
+    if (!scale_in_q_) extra.mul_(scale_);
+    if (cfg_.attn_softcap > 0) extra.div_(cfg_.attn_softcap).tanh_().mul_(cfg_.attn_softcap);
+    c.extra = extra.to(torch::kFloat).masked_fill(use.logical_not(), neg_inf_);
+    c.vbar = keep_vbar_.view({B_ * K_, g_, 1, d_}).expand({B_ * K_, g_, n, d_}).reshape({B_ * K_, g_ * n, d_});
+    return c;
 }
 
 // Hidden keys of query p: [a, e) with a = max(sink, p - window + 1), e = p - recent + 1. Only when
@@ -527,7 +596,9 @@ BlockedAttention::Compensation BlockedAttention::compensation(const Block& b) co
     if (window_ > 0) a = torch::maximum(a, qp - window_ + 1);
     auto e = qp - win_.recent.view({B_, H_, 1}) + 1;
     auto count = e - a;
-    auto use = ((count > 0) & win_.compensate.view({B_, H_, 1})).reshape({B_ * K_, g_ * n});
+    auto use = (count > 0) & win_.compensate.view({B_, H_, 1});
+    if (win_.any_from) use = use & (qp >= win_.from.view({B_, H_, 1}));
+    use = use.reshape({B_ * K_, g_ * n});
     Compensation c;
     if (!use.any().item<bool>()) return c;
     auto at_ = [&](const at::Tensor& P, const at::Tensor& i) {
@@ -613,7 +684,15 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     bool any_hiding = false;
     if (hooks && hooks->has_windows(layer)) {
         const LayerWindows lw = hooks->windows(layer, B, m.config.n_heads, c10::Device(c10::kCPU));
-        hiding = (lw.sink + lw.recent).lt(S).any(1);
+        hiding = ((lw.sink + lw.recent).lt(S) & lw.from.lt(S)).any(1);
+        any_hiding = hiding.any().item<bool>();
+    }
+    if (hooks && hooks->has_keeps(layer)) {
+        // A row whose keep hides a position from a query of this call (the last one, at S - 1, is
+        // the latest) takes the blocked attention; a decode step's keep rows all do.
+        const LayerKeeps lk = hooks->keeps(layer, B, m.config.n_heads, c10::Device(c10::kCPU));
+        auto keeping = lk.from.gt(0) & lk.from.lt(S) & lk.visible.logical_not().flatten(1).any(1);
+        hiding = hiding.defined() ? hiding | keeping : keeping;
         any_hiding = hiding.any().item<bool>();
     }
     if (any_hiding && !per_row)

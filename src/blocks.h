@@ -90,8 +90,11 @@ bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
 // equal it (tests/test_blocks.cpp); read this one first.
 // windows (optional): the layer's attention windows (Hooks::windows), applied as attention()
 // applies them, compensation included (in double, from the hidden keys directly).
+// keeps (optional): the layer's kept positions (Hooks::keeps), likewise. A layer may compensate for
+// windows or for kept positions, not both.
 at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
-                               const at::Tensor& v, const LayerWindows* windows = nullptr);
+                               const at::Tensor& v, const LayerWindows* windows = nullptr,
+                               const LayerKeeps* keeps = nullptr);
 
 // Positions [T] int64 continuing from the cache.
 at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache);

@@ -44,9 +44,55 @@ void Hooks::intervene_q_pre_rope(const HeadIntervention& iv) { q_pre_ivs_.push_b
 
 void Hooks::window(const HeadWindow& w) {
     if (w.window.sink < 0) throw ConfigError(fmt::format("attention window: sink {} is negative", w.window.sink));
+    if (w.window.from < 0) throw ConfigError(fmt::format("attention window: from {} is negative", w.window.from));
     if (w.window.recent < 1)
         throw ConfigError(fmt::format("attention window: recent {} must be at least 1 (the query sees itself)", w.window.recent));
     windows_.push_back(w);
+}
+
+void Hooks::keep(const HeadKeep& k) {
+    if (k.from < 1) throw ConfigError(fmt::format("kept positions: the prompt length {} must be at least 1", k.from));
+    if (!k.keep.defined() || k.keep.dim() != 2 || k.keep.size(1) != k.from)
+        throw ConfigError(fmt::format("kept positions: the keep mask must be [heads, {}]", k.from));
+    keeps_.push_back(k);
+}
+
+bool Hooks::has_keeps(int layer) const {
+    for (const auto& k : keeps_)
+        if (k.layer == layer) return true;
+    return false;
+}
+
+LayerKeeps Hooks::keeps(int layer, int64_t B, int64_t H, c10::Device device) const {
+    using namespace torch::indexing;
+    LayerKeeps lk;
+    if (!has_keeps(layer)) return lk;
+    int64_t F = 0;
+    for (const auto& k : keeps_)
+        if (k.layer == layer) F = std::max(F, k.from);
+    auto vis = torch::ones({B, H, F}, torch::kBool);
+    auto from = torch::zeros({B}, torch::kLong);
+    auto comp = torch::zeros({B, H}, torch::kBool);
+    std::vector<char> taken(static_cast<size_t>(B), 0);
+    for (const auto& k : keeps_) {
+        if (k.layer != layer) continue;
+        if (k.keep.size(0) != H) throw ConfigError(fmt::format("kept positions: the keep mask has {} heads, expected {}", k.keep.size(0), H));
+        if (k.row >= B) throw ConfigError(fmt::format("kept positions: row {} out of range [0, {})", k.row, B));
+        const int64_t r0 = k.row < 0 ? 0 : k.row, r1 = k.row < 0 ? B : k.row + 1;
+        for (int64_t r = r0; r < r1; ++r) {
+            if (taken[static_cast<size_t>(r)]) throw ConfigError(fmt::format("kept positions: two keeps on row {} of layer {}", r, layer));
+            taken[static_cast<size_t>(r)] = 1;
+            vis.index_put_({r, Slice(), Slice(0, k.from)}, k.keep.to(torch::kCPU).to(torch::kBool));
+            from[r] = k.from;
+            comp[r].fill_(k.compensate);
+        }
+    }
+    lk.max_from = F;
+    lk.any_compensate = comp.any().item<bool>();
+    lk.visible = vis.to(device);
+    lk.from = from.to(device);
+    lk.compensate = comp.to(device);
+    return lk;
 }
 
 void Hooks::clear() {
@@ -55,6 +101,7 @@ void Hooks::clear() {
     q_ivs_.clear();
     q_pre_ivs_.clear();
     windows_.clear();
+    keeps_.clear();
 }
 
 bool Hooks::wants(Point p, int layer) const {
@@ -75,6 +122,8 @@ bool Hooks::has_row_specific_interventions() const {
             if (iv.row >= 0) return true;
     for (const auto& w : windows_)
         if (w.row >= 0 || w.rows_heads.defined()) return true;
+    for (const auto& k : keeps_)
+        if (k.row >= 0) return true;
     return false;
 }
 
@@ -100,6 +149,7 @@ LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device)
     if (!has_windows(layer)) return lw;
     auto sink = torch::zeros({B, H}, torch::kLong), recent = torch::full({B, H}, LayerWindows::kNoWindow, torch::kLong);
     auto comp = torch::zeros({B, H}, torch::kBool);
+    auto from = torch::zeros({B, H}, torch::kLong);
     for (const auto& w : windows_) {
         if (w.layer != layer) continue;
         at::Tensor where;  // [B, H] bool
@@ -118,8 +168,11 @@ LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device)
         sink.masked_fill_(where, w.window.sink);
         recent.masked_fill_(where, w.window.recent);
         comp.masked_fill_(where, w.window.compensate);
+        from.masked_fill_(where, w.window.from);
     }
     lw.any_compensate = comp.any().item<bool>();
+    lw.any_from = from.gt(0).any().item<bool>();
+    lw.from = from.to(device);
     lw.sink = sink.to(device);
     lw.recent = recent.to(device);
     lw.compensate = comp.to(device);

@@ -58,10 +58,13 @@ struct HeadIntervention {
 // the layer's window shows too (the tighter of the two). With `compensate`, one more key and value,
 // the means of the keys and values the window hides from q that the layer would show
 // (RazorAttention's compensation token), scored like any key. The defaults are the command line's.
+// `from` > 0: only queries at positions >= from get the window (DuoAttention's deployment: a whole
+// prefill of `from` prompt tokens, then the streaming heads' cache trimmed to sink + recent).
 struct StreamWindow {
     int64_t sink = 4;
     int64_t recent = 64;  // >= 1: the query always sees itself
     bool compensate = false;
+    int64_t from = 0;
 };
 
 // Which query heads get a window: `head` in batch row `row` (-1: every row), or, when `rows_heads`
@@ -81,8 +84,36 @@ struct LayerWindows {
     static constexpr int64_t kNoWindow = int64_t{1} << 60;
     at::Tensor sink, recent;  // int64
     at::Tensor compensate;    // bool
-    bool any_compensate = false;
+    at::Tensor from;          // int64: the first query position the window acts on
+    bool any_compensate = false, any_from = false;
     bool defined() const { return sink.defined(); }
+};
+
+// A compressed prompt cache (KV-cache policies: SnapKV / HeadKV's per-head kept positions,
+// RazorAttention's sink + compensation + recent; docs/forward.md "Kept positions"): queries at
+// positions >= `from` (what is decoded after a prompt of `from` tokens) see a key s < from only where
+// keep[h][s]; keys >= from (the decoded tokens, never evicted) and every key of queries < from (the
+// prefill, which ran whole) stay as the layer shows them. With `compensate`, those queries get one
+// more key and value: the means of the hidden keys s < from and of their values (RazorAttention's
+// `_compress`), scored like any key. `keep` is [H, from] bool (every query head; the KV-group rule is
+// the caller's; a head that keeps every position is untouched), in batch row `row` (-1: every row).
+struct HeadKeep {
+    int layer = 0;
+    int64_t row = -1;
+    int64_t from = 0;
+    at::Tensor keep;  // [H, from] bool
+    bool compensate = false;
+};
+
+// One layer's kept positions as the attention reads them, on the attention's device. Rows without
+// a keep have from 0 (nothing hidden).
+struct LayerKeeps {
+    at::Tensor visible;     // [B, H, F] bool, F = the largest from: key s < from[b] seen by later queries
+    at::Tensor from;        // [B] int64
+    at::Tensor compensate;  // [B, H] bool
+    bool any_compensate = false;
+    int64_t max_from = 0;
+    bool defined() const { return visible.defined(); }
 };
 
 // Observer: sees the tensor, may keep a reduction. Editor: returns a replacement or nullopt.
@@ -113,6 +144,8 @@ public:
     void intervene_q_pre_rope(const HeadIntervention& iv);
     // An attention window (above). ConfigError for sink < 0 or recent < 1.
     void window(const HeadWindow& w);
+    // Kept positions (above). ConfigError for a keep that is not [H', from] with from >= 1.
+    void keep(const HeadKeep& k);
     void clear();
 
     bool wants(Point p, int layer) const;
@@ -128,6 +161,10 @@ public:
     // The layer's windows for B rows of H heads on `device` (undefined when it has none). ConfigError
     // for a head or row out of range or a rows_heads mask of another shape.
     LayerWindows windows(int layer, int64_t B, int64_t H, c10::Device device) const;
+    bool has_keeps(int layer) const;
+    // The layer's kept positions for B rows of H heads (undefined when it has none). ConfigError for
+    // a keep of another head count, a row out of range, or two keeps on one (row, layer).
+    LayerKeeps keeps(int layer, int64_t B, int64_t H, c10::Device device) const;
     // Applies edits (in subscription order) then captures; returns the possibly replaced tensor.
     // Row-block observers see the whole tensor here with q0 = 0.
     at::Tensor run(Point p, int layer, at::Tensor x) const;
@@ -148,6 +185,7 @@ private:
     std::array<std::vector<Entry>, kNumPoints> entries_;
     std::vector<HeadIntervention> z_ivs_, q_ivs_, q_pre_ivs_;
     std::vector<HeadWindow> windows_;
+    std::vector<HeadKeep> keeps_;
 };
 
 }  // namespace hs
