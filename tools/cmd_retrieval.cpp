@@ -81,6 +81,7 @@ struct RetrievalOptions {
     StreamWindow window;
     bool stream_sweep = false;
     std::string order = "locos";
+    std::string razor_preset = "headscope";  // --order razor's scoring and selection (probes/razor.h, RazorPreset)
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
     int64_t sweep_rows = 8;
@@ -239,6 +240,7 @@ static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path
 static void check_stream_options(const RetrievalOptions& o, const Shard& shard) {
     if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
     if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
+    with_flag("--razor-preset", [&] { return parse_razor_preset(o.razor_preset); });  // before the model loads
     if (!o.stream_sweep) return;
     if (shard.count > 1) throw UsageError("--stream-sweep: not sharded (run it unsharded, or on a merged scan's --order file)");
     if (o.random_orders < 0) throw UsageError("--random-orders: need >= 0");
@@ -257,8 +259,15 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
         return {};
     }
     if (o.order == "razor") {
-        *source = "razor (RazorAttention: echo and induction scores on repeated random tokens, max over each KV group)";
-        return razor_head_score(m, RazorSettings{});
+        const RazorPreset preset = with_flag("--razor-preset", [&] { return parse_razor_preset(o.razor_preset); });
+        if (preset == RazorPreset::kHeadscope) {
+            *source = "razor (RazorAttention: echo and induction scores on repeated random tokens, max over each KV group)";
+            return razor_head_score(m, RazorSettings{});
+        }
+        *source = fmt::format("razor --razor-preset {} (RazorAttention as golden-stick@a50ddc93 scores and selects{}: "
+                              "the selected KV groups first, then razor_combine's order)",
+                              razor_preset_name(preset), preset == RazorPreset::kPaper ? ", the full union" : ", quirks included");
+        return razor_preset_score(m, RazorSettings{}, preset);
     }
     *source = o.order;
     return with_flag("--order", [&] { return read_head_score(split_head_score_ref(o.order), L, H); });
@@ -1172,6 +1181,10 @@ static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
                   "the rest stream (--sink, --recent); also --random-orders random orders; writes /retrieval/streaming");
     sub->add_option("--order", o->order,
                     "stream sweep: locos or retrieval (this run's score), FILE.h5:DATASET (an [L, H] score), or razor")
+        ->capture_default_str();
+    sub->add_option("--razor-preset", o->razor_preset,
+                    "--order razor: headscope (its own scores and order), reference (golden-stick's scoring and "
+                    "selection as it runs, quirks included) or paper (the same, echo and induction heads' full union)")
         ->capture_default_str();
     sub->add_option("--full-fractions", o->full_fractions, "stream sweep: fractions of heads kept full")->capture_default_str();
     sub->add_option("--random-orders", o->random_orders, "stream sweep: random head orders (controls, seeded by --seed)")
