@@ -823,6 +823,56 @@ std::string retrieval_streaming(FileView& f) {
     return out + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
 }
 
+// KV-cache policies (retrieval --kv-compare): accuracy against the prompt cache kept (measured), one
+// line per policy, and each order policy's random orders' mean dashed in its colour.
+std::string retrieval_kv_compare(FileView& f) {
+    const std::string g = schema::retrieval_kv_compare();
+    schema::KvCompareRecord k;
+    try {
+        k = schema::read_kv_compare(*f.r);
+    } catch (const Error& e) {
+        return fmt::format("<p class=\"note\">{}: {}; not drawn</p>", esc(g), esc(e.what()));
+    }
+    const int64_t P = k.P, B = k.B, R = k.R;
+    std::vector<Series> ser;
+    for (int64_t p = 0; p < P; ++p) {
+        const std::string css = fmt::format("p{}", p % 8), rcss = fmt::format("r{}", p % 8);
+        Series s{k.policies[p], css, {}}, rs{k.policies[p] + ": random orders' mean", rcss, {}};
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t i = p * B + b;
+            s.pts.push_back({k.kv_fraction[i], k.accuracy[i],
+                             fmt::format("{} budget {} kept {} accuracy {}", k.policies[p], num(k.budgets[b]), num(k.kv_fraction[i]), num(k.accuracy[i]))});
+            double acc = 0, kv = 0;
+            int64_t n = 0;
+            for (int64_t r = 0; r < R; ++r)
+                if (std::isfinite(k.random_accuracy[i * R + r])) acc += k.random_accuracy[i * R + r], kv += k.random_kv_fraction[i * R + r], ++n;
+            if (n > 0) rs.pts.push_back({kv / n, acc / n, fmt::format("{} random orders' mean at budget {}: {}", k.policies[p], num(k.budgets[b]), num(acc / n))});
+        }
+        ser.push_back(std::move(s));
+        if (!rs.pts.empty()) ser.push_back(std::move(rs));
+    }
+    const Attrs& a = k.attrs;
+    std::string out = fmt::format("<p class=\"desc\">accuracy of the needle test when each head keeps only what its policy keeps "
+                                  "of the prompt cache (x: the fraction kept, measured; compressed at the {}); dashed: random "
+                                  "KV-group orders at the same count. Baseline accuracy: <b>{}</b>.</p>",
+                                  attr_str(a, "compress_at") == "question" ? "question (the context alone)" : "prompt's end",
+                                  esc(attr_str(a, "baseline_accuracy")));
+    out += render_chart(ser, "fraction of the prompt KV cache kept", "accuracy");
+    std::string t = "<table class=\"top\"><tr><th>policy</th><th>budget</th><th>kept</th><th>accuracy</th><th>ROUGE-L F</th>"
+                    "<th>groups whole</th><th>random orders' accuracy</th></tr>";
+    for (int64_t p = 0; p < P; ++p)
+        for (int64_t b = 0; b < B; ++b) {
+            const int64_t i = p * B + b;
+            std::string rnd;
+            for (int64_t r = 0; r < R; ++r)
+                if (std::isfinite(k.random_accuracy[i * R + r])) rnd += (rnd.empty() ? "" : " ") + num(k.random_accuracy[i * R + r]);
+            t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td data-value=\"{}\">{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+                             esc(k.policies[p]), num(k.budgets[b]), num(k.kv_fraction[i]), exact(k.accuracy[i]), num(k.accuracy[i]),
+                             num(k.rougeL_f[i]), k.full_groups[i] < 0 ? "" : std::to_string(k.full_groups[i]), rnd);
+        }
+    return out + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
+}
+
 // AttentionInfluence: each set's scores sorted (a quantile plot: the named heads against the
 // controls), the mean score per set, and the top and bottom samples of the ranking.
 std::string influence_section(FileView& f, int top_k) {
@@ -915,6 +965,10 @@ std::string render_file(FileView& f, const ReportOptions& o) {
         s += section(f, "Retrieval: streaming heads", retrieval_streaming(f));
         ++f.known;
     }
+    if (r.is_group(schema::retrieval_kv_compare())) {
+        s += section(f, "Retrieval: KV-cache policies at equal memory", retrieval_kv_compare(f));
+        ++f.known;
+    }
     if (r.is_group(schema::influence())) {
         s += section(f, "AttentionInfluence", influence_section(f, o.top_k));
         ++f.known;
@@ -954,6 +1008,7 @@ circle.control{fill:#e9a23b;fill-opacity:.6;stroke:#c77c02}polyline.base{fill:no
 .keys{font-size:11px}.key::before{content:"";display:inline-block;width:10px;height:10px;margin-right:4px;vertical-align:middle}
 .key.main::before{background:#3b528b}.key.control::before{background:#e9a23b}.key.cmean::before{background:#c77c02}.key.base::before{background:#777}
 details{margin:4px 0}summary{cursor:pointer;font-size:12px;color:#24507a}
+polyline.p0{fill:none;stroke:#3b528b;stroke-width:2}circle.p0{fill:#3b528b}.key.p0::before{background:#3b528b}polyline.p1{fill:none;stroke:#21918c;stroke-width:2}circle.p1{fill:#21918c}.key.p1::before{background:#21918c}polyline.p2{fill:none;stroke:#5ec962;stroke-width:2}circle.p2{fill:#5ec962}.key.p2::before{background:#5ec962}polyline.p3{fill:none;stroke:#b5367a;stroke-width:2}circle.p3{fill:#b5367a}.key.p3::before{background:#b5367a}polyline.p4{fill:none;stroke:#e16462;stroke-width:2}circle.p4{fill:#e16462}.key.p4::before{background:#e16462}polyline.p5{fill:none;stroke:#6a3d9a;stroke-width:2}circle.p5{fill:#6a3d9a}.key.p5::before{background:#6a3d9a}polyline.p6{fill:none;stroke:#1f78b4;stroke-width:2}circle.p6{fill:#1f78b4}.key.p6::before{background:#1f78b4}polyline.p7{fill:none;stroke:#444;stroke-width:2}circle.p7{fill:#444}.key.p7::before{background:#444}polyline.r0{fill:none;stroke:#3b528b;stroke-width:1;stroke-dasharray:4 3}circle.r0{fill:#fff;stroke:#3b528b}.key.r0::before{background:#fff;border:1px dashed #3b528b}polyline.r1{fill:none;stroke:#21918c;stroke-width:1;stroke-dasharray:4 3}circle.r1{fill:#fff;stroke:#21918c}.key.r1::before{background:#fff;border:1px dashed #21918c}polyline.r2{fill:none;stroke:#5ec962;stroke-width:1;stroke-dasharray:4 3}circle.r2{fill:#fff;stroke:#5ec962}.key.r2::before{background:#fff;border:1px dashed #5ec962}polyline.r3{fill:none;stroke:#b5367a;stroke-width:1;stroke-dasharray:4 3}circle.r3{fill:#fff;stroke:#b5367a}.key.r3::before{background:#fff;border:1px dashed #b5367a}polyline.r4{fill:none;stroke:#e16462;stroke-width:1;stroke-dasharray:4 3}circle.r4{fill:#fff;stroke:#e16462}.key.r4::before{background:#fff;border:1px dashed #e16462}polyline.r5{fill:none;stroke:#6a3d9a;stroke-width:1;stroke-dasharray:4 3}circle.r5{fill:#fff;stroke:#6a3d9a}.key.r5::before{background:#fff;border:1px dashed #6a3d9a}polyline.r6{fill:none;stroke:#1f78b4;stroke-width:1;stroke-dasharray:4 3}circle.r6{fill:#fff;stroke:#1f78b4}.key.r6::before{background:#fff;border:1px dashed #1f78b4}polyline.r7{fill:none;stroke:#444;stroke-width:1;stroke-dasharray:4 3}circle.r7{fill:#fff;stroke:#444}.key.r7::before{background:#fff;border:1px dashed #444}
 @media print{details{display:block}section{break-inside:avoid}}
 )";
 

@@ -1,0 +1,123 @@
+// Head-level KV-cache policies as their reference codes deploy them, compared at equal KV memory on
+// one needle grid (`headscope retrieval --kv-compare`; docs/methods.md "KV-cache policies"; output
+// /retrieval/kv_compare, docs/hdf5-schema.md).
+//
+// Every policy prefills the prompt whole (every reference does) and then decides which prompt keys
+// each head keeps for the decode: the decode steps see the kept keys and every decoded token (Hooks::keep,
+// HeadSet::keep), or, for DuoAttention's streaming heads, a fixed sink and a window sliding with the
+// query (StreamWindow::from). The masked model is exact: the cache holds every key and the policy
+// hides what a compressed cache would have dropped; the bytes a real cache would hold are counted.
+//
+//   policy   reference (file:lines in docs/methods.md)          what a head keeps of a P-token prompt
+//   full     -                                                 everything
+//   snapkv   FYYFU/HeadKV SnapKVCluster (uniform baseline)      the same capacity B per head: its B - w
+//                                                              best prefix positions by SnapKV's pooled
+//                                                              observation-window attention, + the window w
+//   headkv   FYYFU/HeadKV ReasonSnapKVCluster                   as snapkv with a capacity per head from an
+//                                                              importance score (R2 by default): headkv_caps
+//   duo      mit-han-lab/duo-attention                          full KV heads by the gates' order; the others
+//                                                              sink + a sliding recent window (64 + 256)
+//   razor    mindspore-ai/golden-stick RazorAttention           full KV heads by the razor order; the others
+//                                                              compressed once: 4 sink + 1 mean token + 251 recent
+//   stream:S any [L, H] score S                                as duo, ordered by S
+//
+// A budget is a fraction of the full cache (L K P entries; P: the positions compressed, the prompt or
+// its context, KvCompareSpec::question_tokens). snapkv/headkv get capacity
+// B = round(budget P K / H) per query head (both references select per query head after repeat_kv);
+// the order policies keep whole the most KV groups whose measured cache stays within the budget.
+#pragma once
+
+#include "needle.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+class Model;
+
+// SnapKV's selection as HeadKV runs it (headkv/snapkv_utils.py, window_size 8, kernel_size 7,
+// pooling "maxpool" from run_longbench.py).
+struct SnapKVSettings {
+    int64_t window = 8;  // observation window: the prompt's last `window` queries, whose keys are always kept
+    int64_t kernel = 7;  // max_pool1d kernel (stride 1, padding kernel / 2)
+};
+
+// The pooled observation-window scores of a prompt (one whole, unablated prefill): per layer and query
+// head, the attention of the last `window` queries over the prefix keys [0, P - window), averaged over
+// the window queries (ReasonSnapKVCluster: mean; SnapKVCluster sums, the same order), max-pooled over
+// positions. [L, H, P - window] float, CPU; width 0 when P <= window.
+at::Tensor snapkv_scores(const Model& m, const std::vector<int64_t>& prompt, const SnapKVSettings& s, int64_t chunk);
+
+// One layer's kept positions [H, P] bool: head h keeps its cap[h] best prefix positions (descending
+// pooled score; ties to the earlier position) and the window [P - w, P). pooled [H, P - w].
+at::Tensor snapkv_keep(const at::Tensor& pooled, const std::vector<int64_t>& caps, int64_t P, int64_t w);
+
+// HeadKV's capacities (ReasonSnapKVCluster.__init__, snapkv_utils.py:343-389): B' = base - window,
+// p = floor(B' / beta), pool = p L H, m = B' - p; score s normalised to sum 1 over all L H heads, raised
+// to `temp`, normalised again; cap = round-half-even(s pool + m) prefix positions per query head (one
+// pool across layers). scores [L, H] >= 0 (NaN counts as 0). [L, H] int64.
+at::Tensor headkv_caps(const at::Tensor& scores, int64_t base, int64_t window, double beta, double temp);
+
+// RazorAttention's compressed cache (golden-stick attention_wrappers.py _compress): heads not kept
+// `full` ([L, H] bool) keep [0, sink) and [P - recent, P) of P positions (the rest averaged into one
+// mean key and value when compensating: Hooks::keep); a cache of at most sink + recent + 1 positions
+// is left whole, as _compress leaves T <= local_capacity. [L, H, P] bool.
+at::Tensor razor_keep_mask(const at::Tensor& full, int64_t P, int64_t sink, int64_t recent, bool compensate);
+
+enum class KvPolicy { kFull, kSnapKV, kHeadKV, kDuo, kRazor, kStream };
+const char* kv_policy_name(KvPolicy p);
+
+struct KvPolicySpec {
+    KvPolicy kind = KvPolicy::kFull;
+    std::string name;    // as listed: "full", "stream:locos", ...
+    at::Tensor score;    // [L, H]: headkv's importance; duo's gates, razor's and stream's order
+    std::string source;  // where the score came from
+};
+
+struct KvCompareSpec {
+    std::vector<KvPolicySpec> policies;
+    std::vector<double> budgets;  // fractions of the full cache, in (0, 1]
+    SnapKVSettings snap;
+    double headkv_beta = 1.5, headkv_temp = 1.0;  // run_longbench.py's argparse defaults
+    // DuoAttention's deployment (scripts/niah.sh): sink 64, recent 256 cached keys (the query sees
+    // those and itself); also stream:S's window.
+    int64_t duo_sink = 64, duo_recent = 256;
+    // RazorAttention's _compress (ra_config.py): sink 4, one compensation token, 251 recent (256 in all).
+    int64_t razor_sink = 4, razor_recent = 251;
+    bool razor_compensate = true;
+    // Where the cache is compressed: empty, at the prompt's end (every reference: the whole prompt is
+    // prefilled, the first token comes from it); else per needle the question's tokens, and the cache
+    // is compressed before them (the context cached alone, the question and the answer decoded through
+    // the compressed cache: a query-agnostic test, --kv-compress-at question).
+    std::vector<int64_t> question_tokens;
+    int64_t random_orders = 0;  // random KV-group orders for each order policy (seed + 3 + r)
+    uint64_t seed = 0;
+    int64_t sweep_rows = 8;
+    // The position trial t's cache is compressed at (its prompt's length, or before its question).
+    int64_t compress_at(const Trial& t) const;
+};
+
+// Configuration c = policy * B + budget; random controls [P, B, R].
+struct KvCompare {
+    std::vector<std::string> policies;
+    std::vector<double> budgets;
+    std::vector<float> accuracy, rougeL_f;   // [P, B] over the ablation trials
+    std::vector<float> kv_fraction;          // [P, B]: mean over trials of the prompt cache kept / L K P
+    std::vector<double> kv_bytes;            // [P, B]: mean over trials of the prompt cache's bytes
+    std::vector<int64_t> full_groups;        // [P, B]: KV groups kept whole (order policies), -1 otherwise
+    std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction;  // [P, B, R], NaN without an order
+    double full_bytes = 0;                   // mean over trials: the full prompt cache
+    int64_t distinct_sets = 0, score_passes = 0;
+};
+
+// Runs every (policy, budget) and its random controls over test.ablation_trials(): SnapKV's scores once
+// per trial (when snapkv or headkv is listed), identical configurations once, the rest as rows of
+// shared forwards from one unablated prefill per trial. UsageError naming the policy for a score of
+// another shape or a negative HeadKV importance.
+KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec);
+
+}  // namespace hs
