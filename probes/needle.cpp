@@ -70,6 +70,31 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
 
 // ---- scoring ----
 
+// HeadKV's R2 credit of one step (retrieval_head_detection_r2.py lines 218-229, commit 0862a09):
+//   topk = needle_end - needle_start; values, idx = row.topk(topk)
+//   for v, i in zip(values, idx): if needle_start <= i < needle_end: score += v * 1 / topk
+// over the whole row a [H, S] (double). torch's topk leaves the order of equal weights open; here
+// the first indices win: every key above the k-th largest weight, then as many of the keys equal to
+// it as the top k holds, by position. The span's weights taken are summed by position, then / N.
+// Cost: one topk over the row and a pass over the span (the prefix too only when a span key ties).
+static at::Tensor r2_step(const at::Tensor& a, int64_t start, int64_t end) {
+    const int64_t H = a.size(0), S = a.size(1);
+    const int64_t n = end - start, lo = std::max<int64_t>(0, start), hi = std::min(end, S);
+    if (start < 0 || n <= 0 || hi <= lo) return torch::zeros({H}, torch::kDouble);
+    const int64_t k = std::min(n, S);
+    const auto top = std::get<0>(a.topk(k, 1));  // [H, k] descending
+    const auto kth = top.narrow(1, k - 1, 1);    // [H, 1] the k-th largest weight
+    const auto span = a.narrow(1, lo, hi - lo);
+    auto taken = span > kth;
+    const auto tie = span == kth;
+    if (tie.any().item<bool>()) {  // a tie's rank: the equal keys before it, the span's before it, itself
+        const auto room = (top == kth).sum(1, true);
+        const auto before = (a.narrow(1, 0, lo) == kth).sum(1, true);
+        taken = taken.logical_or(tie.logical_and(before + tie.cumsum(1) <= room));
+    }
+    return ((span * taken).sum(1) / static_cast<double>(n)).to(torch::kCPU);
+}
+
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
                       const std::vector<int64_t>& prompt, const StepSpans& sp, int64_t y) {
     const int64_t H = pattern.size(0), S = pattern.size(1), K = v.size(1), d = v.size(2), g = H / K;
@@ -99,7 +124,7 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
     const int64_t lo = std::max<int64_t>(0, sp.first_visible);
     const int64_t others = (S - lo) - std::max<int64_t>(0, std::min(ne, S) - std::max(ns, lo));
     auto lminus = others > 0 ? (phi.sum(1) - lplus) * (n / static_cast<double>(others)) : torch::zeros({H}, torch::kDouble);
-    return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
+    return {credit, lplus.to(torch::kCPU), lminus.to(torch::kCPU), r2_step(a, as, ae)};
 }
 
 // decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
@@ -262,6 +287,23 @@ static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>&
     }
 }
 
+// Row b's scores of one decode step that generated y (score_step on every layer's captured
+// pattern row and values; `keys` visible in all): credit, L+, L-, R2 each [L, H] double.
+static StepScores score_row(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
+                            int64_t b, const Trial& tr, int64_t keys, int64_t y) {
+    const auto& cfg = m.config;
+    const int L = cfg.n_layers;
+    auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone(), r2 = c.clone();
+    auto u = m.weights.unembed[y];
+    for (int l = 0; l < L; ++l) {
+        StepSpans sp{tr.needle_start, tr.needle_end, tr.answer_start, tr.answer_end, 0};
+        if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
+        auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, sp, y);
+        c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus, r2[l] = sc.r2;
+    }
+    return {c, lp, lm, r2};
+}
+
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
                                                const HeadSet* ablate, const std::vector<const HeadSet*>* per_row,
@@ -313,7 +355,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
                         P - 1 + s.max_new_tokens, cache);
     if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);
-    std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B);
+    std::vector<std::vector<at::Tensor>> credit(B), lplus(B), lminus(B), r2(B);
     std::vector<char> done(B, 0);
     std::vector<int64_t> next(B);
     for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
@@ -339,16 +381,9 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             next[b] = y;
             if (stops) done[b] = 1, --active;  // kept and scored below, then the row ends (Wu's order)
             if (!s.score) continue;
-            const Trial& tr = *trials[b];
-            auto c = torch::zeros({L, cfg.n_heads}, torch::kDouble), lp = c.clone(), lm = c.clone();
-            auto u = m.weights.unembed[y];
-            for (int l = 0; l < L; ++l) {
-                StepSpans sp{tr.needle_start, tr.needle_end, tr.answer_start, tr.answer_end, 0};
-                if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
-                auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, sp, y);
-                c[l] = sc.credit, lp[l] = sc.lplus, lm[l] = sc.lminus;
-            }
-            credit[b].push_back(c), lplus[b].push_back(lp), lminus[b].push_back(lm);
+            auto sc = score_row(m, rows, vals, b, *trials[b], keys, y);
+            credit[b].push_back(sc.credit), lplus[b].push_back(sc.lplus), lminus[b].push_back(sc.lminus);
+            r2[b].push_back(sc.r2);
         }
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());
@@ -357,7 +392,10 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     auto stack = [&](const std::vector<at::Tensor>& v) {
         return v.empty() ? torch::zeros({0, L, cfg.n_heads}, torch::kDouble) : torch::stack(v);
     };
-    for (int64_t b = 0; b < B; ++b) out[b].credit = stack(credit[b]), out[b].lplus = stack(lplus[b]), out[b].lminus = stack(lminus[b]);
+    for (int64_t b = 0; b < B; ++b) {
+        out[b].credit = stack(credit[b]), out[b].lplus = stack(lplus[b]), out[b].lminus = stack(lminus[b]);
+        out[b].r2 = stack(r2[b]);
+    }
     return out;
 }
 
@@ -599,7 +637,11 @@ TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
     const Trial& t = trials_[static_cast<size_t>(i)];
     TrialResult r = judge(i, d.generated);
     r.retrieval = d.credit.sum(0);
-    const auto steps = answer_steps(tok_, d.generated, needles()[static_cast<size_t>(t.needle)].answer);
+    const std::string& answer = needles()[static_cast<size_t>(t.needle)].answer;
+    // R2 sums the first len(answer_tokens) steps (retrieval_head_detection_r2.py lines 245, 255).
+    const int64_t r2_steps = std::min<int64_t>(d.r2.size(0), static_cast<int64_t>(tok_.encode(answer, false).size()));
+    r.r2 = d.r2.narrow(0, 0, r2_steps).sum(0);
+    const auto steps = answer_steps(tok_, d.generated, answer);
     r.answer_steps = static_cast<int64_t>(steps.size());
     const auto nan = torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble);
     if (steps.empty() || t.needle_start < 0) {  // no answer step, or the needle's span was not found
@@ -612,6 +654,7 @@ TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
     }
     if (c_.keep_steps) {
         r.steps_credit = d.credit;
+        r.steps_r2 = d.r2;
         const bool found = t.needle_start >= 0;
         r.steps_lplus = found ? d.lplus : torch::full_like(d.lplus, std::numeric_limits<double>::quiet_NaN());
         r.steps_lminus = found ? d.lminus : torch::full_like(d.lminus, std::numeric_limits<double>::quiet_NaN());

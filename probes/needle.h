@@ -1,5 +1,5 @@
-// Needle in a haystack: retrieval heads (Wu et al. 2024) and LOCOS (logit-contribution scoring)
-// from one greedy decode pass per trial, plus query ablation. Methods: docs/methods.md
+// Needle in a haystack: retrieval heads (Wu et al. 2024), LOCOS (logit-contribution scoring) and
+// HeadKV's R2 score from one greedy decode pass per trial, plus query ablation. Methods: docs/methods.md
 // ("Retrieval heads and LOCOS"); output names: docs/hdf5-schema.md ("/retrieval").
 //
 // A trial's prompt is built in token space (template prefix, haystack with the needle's tokens
@@ -111,9 +111,9 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
 struct DecodeOut {
     std::vector<int64_t> generated;
     // Per step t and head: retrieval credit (1/|answer span| when the head's argmax key lies in the
-    // answer's span and holds generated[t]), LOCOS L+ and L- (already scaled by n/(K-n)).
-    // [steps, L, H] double.
-    at::Tensor credit, lplus, lminus;
+    // answer's span and holds generated[t]), LOCOS L+ and L- (already scaled by n/(K-n)), HeadKV's
+    // R2 credit (score_step). [steps, L, H] double.
+    at::Tensor credit, lplus, lminus, r2;
     int64_t peak_keys = 0;
 };
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
@@ -149,9 +149,13 @@ struct StepSpans {
 // span and holds y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of phi
 // over the needle, L- = the sum over the other keys times n / (keys visible - needle keys visible)
 // (logit_contrib.py compute_logit_contribution_per_step; 0 when no other key is visible).
-// Returns credit, L+, L- each [H] double.
+// R2 (HeadKV, FYYFU/HeadKV Important_Head/retrieval_head_detection_r2.py lines 218-229): with
+// N = |answer span| (r2's needle span is its real_needle, the answer), the top N keys of the whole
+// row (every key S, BOS and generated tokens included; ties: the first indices), and (1/N) times
+// the sum of the weights of those inside the span; no copy condition. 0 without a span.
+// Returns credit, L+, L-, R2 each [H] double.
 struct StepScores {
-    at::Tensor credit, lplus, lminus;
+    at::Tensor credit, lplus, lminus, r2;
 };
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
                       const std::vector<int64_t>& prompt, const StepSpans& spans, int64_t y);
@@ -180,17 +184,19 @@ struct NeedleConfig {
 
 // One trial's outcome. retrieval [L, H] (sum of the per-step credit), locos [L, H] (mean of
 // L+ - L- over the answer steps; NaN without one, or when the needle span was not found), lplus and
-// lminus [L, H] (their means over the answer steps, NaN likewise). steps_* [steps, L, H]: each
-// step's credit, L+ and L- (NeedleConfig::keep_steps). The ablated passes fill only generated and
-// the ROUGE fields.
+// lminus [L, H] (their means over the answer steps, NaN likewise), r2 [L, H] (sum of the per-step R2
+// credit over the first min(steps, |answer encoded without specials|) steps: the reference stops
+// after len(answer_tokens) steps, retrieval_head_detection_r2.py lines 245, 255; not normalised).
+// steps_* [steps, L, H]: each step's credit, L+, L- and R2 (NeedleConfig::keep_steps; R2 at every
+// step). The ablated passes fill only generated and the ROUGE fields.
 struct TrialResult {
     std::vector<int64_t> generated;
     std::string response;  // decoded, stripped
     double rouge1_recall = 0, rougeL_f = 0;
     bool passed = false;
     int64_t answer_steps = 0;
-    at::Tensor retrieval, locos, lplus, lminus;
-    at::Tensor steps_credit, steps_lplus, steps_lminus;
+    at::Tensor retrieval, locos, lplus, lminus, r2;
+    at::Tensor steps_credit, steps_lplus, steps_lminus, steps_r2;
 };
 
 // The trials of a grid (lengths x depths x needles, needle fastest) and the passes over them:

@@ -43,7 +43,7 @@ void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
         const auto v = floats(t);
         std::copy(v.begin(), v.end(), dst.begin() + i * LH);
     };
-    put(retrieval, r.retrieval), put(locos, r.locos), put(lplus, r.lplus), put(lminus, r.lminus);
+    put(retrieval, r.retrieval), put(locos, r.locos), put(lplus, r.lplus), put(lminus, r.lminus), put(r2, r.r2);
     if (!with_steps || !r.steps_credit.defined()) return;
     auto put_steps = [&](std::vector<float>& dst, const at::Tensor& t) {
         const auto v = floats(t);  // [taken, L, H], taken <= steps
@@ -51,6 +51,7 @@ void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
         std::copy_n(v.begin(), std::min<int64_t>(static_cast<int64_t>(v.size()), steps * LH), dst.begin() + i * steps * LH);
     };
     put_steps(step_credit, r.steps_credit), put_steps(step_lplus, r.steps_lplus), put_steps(step_lminus, r.steps_lminus);
+    put_steps(step_r2, r.steps_r2);
 }
 
 void NeedleResults::set_ablated(int64_t s, int64_t i, const TrialResult& r) {
@@ -72,11 +73,13 @@ void NeedleResults::copy_trial(const NeedleResults& f, int64_t i) {
     std::copy_n(f.locos.begin() + i * L * H, L * H, locos.begin() + i * L * H);
     std::copy_n(f.lplus.begin() + i * L * H, L * H, lplus.begin() + i * L * H);
     std::copy_n(f.lminus.begin() + i * L * H, L * H, lminus.begin() + i * L * H);
+    std::copy_n(f.r2.begin() + i * L * H, L * H, r2.begin() + i * L * H);
     if (with_steps && f.with_steps && f.steps == steps) {
         const int64_t n = steps * L * H;
         std::copy_n(f.step_credit.begin() + i * n, n, step_credit.begin() + i * n);
         std::copy_n(f.step_lplus.begin() + i * n, n, step_lplus.begin() + i * n);
         std::copy_n(f.step_lminus.begin() + i * n, n, step_lminus.begin() + i * n);
+        std::copy_n(f.step_r2.begin() + i * n, n, step_r2.begin() + i * n);
     }
 }
 
@@ -98,6 +101,7 @@ schema::NeedleScoresRecord NeedleSummary::stored() const {
     schema::NeedleScoresRecord s;
     s.n_done = n_done, s.n_pass = n_pass, s.n_locos = n_locos, s.accuracy = accuracy;
     s.retrieval = floats(ret), s.locos = floats(locos), s.ci_low = floats(ci_low), s.ci_high = floats(ci_high);
+    s.r2 = floats(r2);
     s.abl_accuracy = abl_acc;
     s.flagged = flagged;
     return s;
@@ -127,6 +131,9 @@ NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed
         return t;
     };
     s.ret = s.n_pass ? gather(r.retrieval, pass_idx).mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
+    // HeadKV's R2 is averaged over the trials with qa_f1 > 50 (retrieval_head_detection_r2.py lines
+    // 314-317, 238-241); headscope uses its pass flag (ROUGE-1 recall > pass_threshold) instead.
+    s.r2 = s.n_pass ? gather(r.r2, pass_idx).mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
     auto samples = gather(r.locos, locos_idx);
     s.locos = s.n_locos ? samples.mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
     s.with_ci = s.n_locos >= kBootstrapMinTrials;

@@ -34,6 +34,7 @@ struct NeedleResults : schema::NeedleRecord {
 // Computed from the done trials only (a shard's or an unfinished run's file: its own trials).
 struct NeedleSummary {
     at::Tensor ret, locos, ci_low, ci_high;  // [L, H] double
+    at::Tensor r2;                           // [L, H] double: HeadKV's R2, mean over the passing trials
     int64_t n_done = 0, n_pass = 0, n_locos = 0;
     double accuracy = 0, rougeL = 0;         // over the done trials (NaN when none)
     bool with_ci = false;                    // >= 10 scored trials (the reference's rule)

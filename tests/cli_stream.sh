@@ -6,7 +6,9 @@
 # drops it to <= 0.2 from 48 on (recent 2; <= 0.3 with recent 4); streaming
 # L0H1 with recent 2 keeps >= 0.95 while zeroing it costs most trials (streaming is not ablation);
 # the LOCOS-ordered sweep reaches the baseline at the fraction holding the three causal heads and the
-# random orders' mean stays below it there. Prints the figures it gets.
+# random orders' mean stays below it there; HeadKV's R2 score (--score r2) is written, ranks L1H0-2
+# first, orders a sweep (--order r2) and merges from shards (one killed and
+# resumed) bit for bit. Prints the figures it gets.
 # Usage: cli_stream.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -97,6 +99,46 @@ ok "the same sweep, one row a forward" -- "$HS" -q retrieval "${A[@]}" --lengths
 check "--sweep-rows 1 prints the same curve as the batched sweep" -- diff <(sed -n '/^streaming sweep/,$p' "$TMP/out") <(sed -n '/^streaming sweep/,$p' "$TMP/out.batched")
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws the streaming curve" -- grep -q "Retrieval: streaming heads" "$TMP/r.html"
+
+# HeadKV's R2 (--score r2; docs/methods.md, "HeadKV's R2 score"): only when asked for; written to
+# /scores/r2/score; its top three are the causal heads (lengths 48,96: L1H0 0.886, L1H1 0.869, L1H2
+# 0.195, then L1H3 0.146; the sweep at 3 full heads 0.988, baseline 1.000),
+# so the R2-ordered sweep reaches the baseline at 3 full heads too; shards merged == unsharded.
+R2O="$TMP/r2.h5"
+expect "order r2 not computed" 2 "--order r2: .*--score" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --stream-sweep --order r2 --out "$R2O"
+no_file "$R2O"
+ok "R2-ordered sweep" -- "$HS" -q retrieval "${A[@]}" --lengths 48,96 --score retrieval,locos,r2 --stream-sweep --order r2 --sink 1 --recent 4 --full-fractions "0,$f3,1" --random-orders 1 --seed 2 --out "$R2O"
+cat "$TMP/out"
+check "the summary prints r2" -- grep -qE '^r2 +L1H[012] [0-9.]+' "$TMP/out"
+check "the sweep is ordered by this run's R2" -- grep -q "order this run: scores/r2/score" "$TMP/out"
+row=$(awk -v f="$f3" '$1 != "" && $1 + 0 == f + 0 && NF >= 6 { print; exit }' < <(sed -n '/^    full/,$p' "$TMP/out"))
+base=$(sed -n 's/^baseline accuracy \([0-9.]*\).*/\1/p' "$TMP/out")
+read -r _ heads _ acc _ rnd <<<"$row"
+echo "R2-ordered sweep at $heads full heads: $acc (baseline $base)"
+check "the R2 order reaches the baseline with three full heads ($acc vs $base)" -- ge "$acc" "$(awk -v b="$base" 'BEGIN { print b - 0.02 }')"
+ok "top r2" -- "$HS" top "$R2O" --probe r2 -k 3
+check "R2's top three are L1H0-2" -- test "$(awk 'NR > 1 { print $2 }' "$TMP/out" | sort | tr '\n' ,)" = "L1H0,L1H1,L1H2,"
+R2S=("${A[@]}" --lengths 24,40 --score r2 --seed 1)
+ok "R2 alone, unsharded" -- "$HS" -q retrieval "${R2S[@]}" --out "$TMP/r2-full.h5"
+check "--score r2 alone writes no retrieval or LOCOS score" -- test "$("$HS" top "$TMP/r2-full.h5" --probe locos -k 1 >/dev/null 2>&1; echo $?)" != 0
+ok "R2 shard 0/2" -- "$HS" -q retrieval "${R2S[@]}" --shard 0/2 --out "$TMP/r2-0.h5"
+ok "R2 shard 1/2" -- "$HS" -q retrieval "${R2S[@]}" --shard 1/2 --out "$TMP/r2-1.h5"
+ok "R2 shards merged" -- "$HS" merge "$TMP/r2-0.h5" "$TMP/r2-1.h5" --out "$TMP/r2-merged.h5"
+# Shard 0 killed (SIGKILL) after a checkpoint, then --resume: its merge equals the unsharded run too.
+"$HS" -q retrieval "${R2S[@]}" --shard 0/2 --checkpoint-seconds 0 --pause-after-batch 200 --out "$TMP/r2-k.h5" >/dev/null 2>&1 &
+kpid=$!
+for _ in $(seq 200); do [ -s "$TMP/r2-k.h5" ] && break; sleep 0.05; done
+sleep 0.3
+kill -9 "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null
+ok "R2 shard 0/2 resumed after SIGKILL" -- "$HS" retrieval "${R2S[@]}" --shard 0/2 --resume --out "$TMP/r2-k.h5"
+check "the killed shard resumed from its checkpoint" -- grep -qE "resuming .*: [1-9][0-9]* decodes already done" "$TMP/err"
+ok "R2 resumed shard merged" -- "$HS" merge "$TMP/r2-k.h5" "$TMP/r2-1.h5" --out "$TMP/r2-resumed.h5"
+if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
+  check "R2: two shards merged == unsharded (bit for bit)" -- "$PY" "$ROOT/tests/h5_same.py" "$TMP/r2-full.h5" "$TMP/r2-merged.h5"
+  check "R2: a killed and resumed shard merged == unsharded (bit for bit)" -- "$PY" "$ROOT/tests/h5_same.py" "$TMP/r2-full.h5" "$TMP/r2-resumed.h5"
+else
+  echo "skipped the merged == unsharded check: no Python with h5py"
+fi
 
 echo "cli-stream: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -202,16 +202,17 @@ TEST_CASE("schema: the needle scan's per-trial record round-trips (what --resume
     nr.init(2, 1, 2, 3, 2, true);
     nr.done = {1, 0}, nr.generated = {5, 6, -1, -1, -1, -1}, nr.response = {"a b", ""}, nr.passed = {1, 0};
     nr.answer_steps = {2, 0}, nr.retrieval = {0.5f, 0.f, NAN, NAN}, nr.step_credit[0] = 0.25f;
+    nr.r2 = {0.125f, 0.f, NAN, NAN}, nr.step_r2[1] = 0.375f;
     nr.init_sets(1, {1, 0});
     nr.abl_done = {1, 1}, nr.abl_passed = {0, 1}, nr.abl_generated = {7, -1, 8, 9};
     schema::NeedleScoresRecord sc;
     sc.n_done = 1, sc.n_pass = 1, sc.accuracy = 1.0, sc.retrieval = {0.5f, 0.f}, sc.locos = {0.f, 0.f};
-    sc.ci_low = sc.ci_high = {NAN, NAN}, sc.abl_accuracy = {0.5f};
+    sc.ci_low = sc.ci_high = {NAN, NAN}, sc.abl_accuracy = {0.5f}, sc.r2 = {0.125f, 0.f};
     {
         ResultWriter w(path, WriteMode::kCreate);
         schema::write_meta(w, {{"n_layers", int64_t{1}}, {"n_heads", int64_t{2}}});
-        schema::write_needle_results(w, nr, sc, true, true);
-        schema::write_needle_results(w, nr, sc, true, true);  // a checkpoint rewrites every dataset
+        schema::write_needle_results(w, nr, sc, true, true, true);
+        schema::write_needle_results(w, nr, sc, true, true, true);  // a checkpoint rewrites every dataset
         w.commit();
     }
     ResultReader r(path);
@@ -223,6 +224,8 @@ TEST_CASE("schema: the needle scan's per-trial record round-trips (what --resume
     CHECK(back.retrieval[0] == 0.5f);
     CHECK(std::isnan(back.retrieval[2]));
     CHECK(back.step_credit[0] == 0.25f);
+    CHECK((back.r2[0] == 0.125f && std::isnan(back.r2[3]) && back.step_r2[1] == 0.375f && std::isnan(back.step_r2[0])));
+    CHECK(r.read_numbers(schema::scores("r2", "score")).values == std::vector<double>{0.125, 0.0});
     CHECK((back.S == 1 && back.masks == std::vector<int32_t>{1, 0}));
     CHECK(back.abl_generated == nr.abl_generated);
     CHECK(back.abl_passed == nr.abl_passed);

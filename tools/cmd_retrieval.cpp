@@ -178,7 +178,7 @@ static void write_trial_arrays(ResultWriter& w, const std::string& g, const std:
 // The parts of the file that do not depend on the trials' results: the trials' prompts and spans,
 // the parameters, the score groups' descriptions (schema::write_needle_results writes the rest).
 static void write_needle_static(ResultWriter& w, const NeedleTest& test, const Attrs& params, bool want_ret,
-                                bool want_locos, int64_t bootstrap, int64_t seed) {
+                                bool want_locos, bool want_r2, int64_t bootstrap, int64_t seed) {
     auto with = [&](Attrs a) {
         for (auto& kv : params) a.insert(kv);
         return a;
@@ -201,6 +201,15 @@ static void write_needle_static(ResultWriter& w, const NeedleTest& test, const A
                           {"bootstrap_seed", seed},
                           {"ci", std::string("2.5 and 97.5 percentiles of resampled trial means (linear interpolation); "
                                              "NaN when fewer than 10 trials are scored (the reference's rule)")}}));
+    if (want_r2)
+        w.set_attrs(schema::scores("r2"),
+                    with({{"probe", std::string("r2")},
+                          {"description", std::string("HeadKV's retrieval-reasoning score (FYYFU/HeadKV "
+                                                      "retrieval_head_detection_r2.py lines 218-229): per decode step, "
+                                                      "(1/N) x the summed attention weights of the head's top N keys "
+                                                      "(N = |answer span|, ties: first indices) that lie in the answer's "
+                                                      "span, no copy condition; summed over the first |answer tokens| "
+                                                      "steps; mean over passing trials (the reference: qa_f1 > 50)")}}));
     const std::string tg = schema::retrieval_trials();
     write_trial_arrays(w, tg, test.trials());
     w.set_attrs(schema::retrieval(), params);
@@ -248,12 +257,12 @@ static void check_stream_options(const RetrievalOptions& o, const Shard& shard) 
 }
 
 // --stream-sweep's --order, resolved before the scan (a bad file fails before anything is written):
-// a file's [L, H] score or razor's; undefined for this run's locos / retrieval (known after the scan).
+// a file's [L, H] score or razor's; undefined for this run's locos / retrieval / r2 (known after the scan).
 static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, bool want_ret, bool want_locos,
-                                     std::string* source) {
+                                     bool want_r2, std::string* source) {
     const int L = m.config.n_layers, H = m.config.n_heads;
-    if (o.order == "locos" || o.order == "retrieval") {
-        if (!(o.order == "locos" ? want_locos : want_ret))
+    if (o.order == "locos" || o.order == "retrieval" || o.order == "r2") {
+        if (!(o.order == "locos" ? want_locos : o.order == "r2" ? want_r2 : want_ret))
             throw UsageError(fmt::format("--order {}: this run does not compute it (see --score)", o.order));
         *source = "this run: scores/" + o.order + "/score";
         return {};
@@ -275,13 +284,13 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
 
 // --stream-sweep after the scan (probes/stream_sweep.h): appends /retrieval/streaming to `out`
 // (docs/hdf5-schema.md) and prints the curve. `score`: the order's score (stream_order_score), or
-// undefined for this run's locos / retrieval in `sum`.
+// undefined for this run's locos / retrieval / r2 in `sum`.
 static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
                              const std::string& out, at::Tensor score, const std::string& source, int64_t seed) {
     const int L = m.config.n_layers, H = m.config.n_heads;
     StreamSweepSpec spec;
     spec.fractions = with_flag({{"--full-fractions", "full_fractions"}}, [&] { return parse_full_fractions(o.full_fractions); });
-    spec.score = score.defined() ? score : o.order == "locos" ? sum.locos : sum.ret;
+    spec.score = score.defined() ? score : o.order == "locos" ? sum.locos : o.order == "r2" ? sum.r2 : sum.ret;
     spec.random_orders = o.random_orders;
     spec.seed = static_cast<uint64_t>(seed);
     spec.window = o.window;
@@ -332,7 +341,7 @@ static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, 
 // What the command line asks for, parsed and cross-checked (single-flag ranges are CLI11 checks in
 // setup_retrieval).
 struct RetrievalPlan {
-    bool want_ret = false, want_locos = false;
+    bool want_ret = false, want_locos = false, want_r2 = false;
     WriteMode mode = WriteMode::kCreate;
     NeedleProtocol proto;  // every construction, stop and seed choice, resolved
     NeedleConfig cfg;      // all but max_positions (the model's)
@@ -388,9 +397,10 @@ static RetrievalPlan plan_retrieval(const RetrievalOptions& o, bool range_given)
         const auto s = trim(part);
         if (s == "retrieval") p.want_ret = true;
         else if (s == "locos") p.want_locos = true;
-        else if (!s.empty()) throw UsageError(fmt::format("--score: unknown score '{}' (valid: retrieval, locos)", s));
+        else if (s == "r2") p.want_r2 = true;
+        else if (!s.empty()) throw UsageError(fmt::format("--score: unknown score '{}' (valid: retrieval, locos, r2)", s));
     }
-    if (!p.want_ret && !p.want_locos) throw UsageError("--score: no score named (valid: retrieval, locos)");
+    if (!p.want_ret && !p.want_locos && !p.want_r2) throw UsageError("--score: no score named (valid: retrieval, locos, r2)");
     p.mode = write_mode(o.out);
     p.proto = resolve_protocol(o);
     NeedleConfig& c = p.cfg;
@@ -787,15 +797,15 @@ void NeedleScan::write(int64_t n_sets_planned) {
     first_write_ = false;
     if (w.exists(schema::meta())) check_same_model(w, m_);
     write_meta(w, m_, p_.proto.seed);
-    for (const std::string& g : {schema::scores("retrieval"), schema::scores("locos"), schema::retrieval()})
+    for (const std::string& g : {schema::scores("retrieval"), schema::scores("locos"), schema::scores("r2"), schema::retrieval()})
         if (w.exists(g)) w.remove(g);
     const NeedleSummary sum = summarize(res_, o_.bootstrap, static_cast<uint64_t>(p_.proto.seed), o_.flag_threshold, p_.proto.rng);
-    write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, o_.bootstrap, p_.proto.seed);
+    write_needle_static(w, test_, params_, p_.want_ret, p_.want_locos, p_.want_r2, o_.bootstrap, p_.proto.seed);
     w.set_attrs(schema::retrieval(), {{"shard", p_.shard.str()},
                                {"shard_index", p_.shard.index},
                                {"shard_count", p_.shard.count},
                                {"complete", int64_t(complete(n_sets_planned))}});
-    schema::write_needle_results(w, res_, sum.stored(), p_.want_ret, p_.want_locos);
+    schema::write_needle_results(w, res_, sum.stored(), p_.want_ret, p_.want_locos, p_.want_r2);
     if (res_.S > 0) {
         const std::string ag = schema::retrieval_ablation();
         std::vector<std::string> names;
@@ -883,6 +893,7 @@ static void print_needle_summary(const RetrievalPlan& p, const NeedleScan& scan,
             std::printf("locos CI: not computed (%lld scored trials, the reference's minimum is %lld): NaN\n",
                         static_cast<long long>(sum.n_locos), static_cast<long long>(kBootstrapMinTrials));
     }
+    if (p.want_r2) print_top("r2", sum.r2);
     const auto& sets = scan.sets();
     // The ablation passes' own prompts (LOCOS) have their own unablated baseline: the last set.
     double base_acc = sum.accuracy, base_rl = sum.rougeL;
@@ -960,7 +971,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (!o.from.empty()) from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
     at::Tensor stream_score;
     std::string stream_source;
-    if (o.stream_sweep) stream_score = stream_order_score(o, m, p.want_ret, p.want_locos, &stream_source);
+    if (o.stream_sweep) stream_score = stream_order_score(o, m, p.want_ret, p.want_locos, p.want_r2, &stream_source);
 
     NeedleConfig cfg = p.cfg;
     cfg.max_positions = m.config.max_seq_len;
@@ -991,10 +1002,12 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     const bool sets_first = p.ablating && !(o.ablate_top > 0 && o.from.empty());
     auto choose_sets = [&](const NeedleSummary* scored_here) {
         if (o.ablate_top == 0) return scan.choose_sets(ablate_heads, "--ablate");
-        const at::Tensor& src = from_score.defined() ? from_score : (p.want_locos ? scored_here->locos : scored_here->ret);
-        scan.choose_sets(top_heads(src, o.ablate_top), !o.from.empty() ? o.from
-                                                       : p.want_locos ? "this run: scores/locos/score"
-                                                                      : "this run: scores/retrieval/score");
+        const at::Tensor& src = from_score.defined() ? from_score
+                                : p.want_locos        ? scored_here->locos
+                                : p.want_ret          ? scored_here->ret
+                                                      : scored_here->r2;  // --score r2 alone: ranked by R2
+        const std::string own = p.want_locos ? "locos" : p.want_ret ? "retrieval" : "r2";
+        scan.choose_sets(top_heads(src, o.ablate_top), !o.from.empty() ? o.from : "this run: scores/" + own + "/score");
     };
     if (sets_first) choose_sets(nullptr);
 
@@ -1054,7 +1067,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
 
 // The trial grid and how each trial is built, decoded, stopped and judged.
 static void add_trial_options(CLI::App* sub, RetrievalOptions* o) {
-    sub->add_option("--score", o->scores, "comma-separated: retrieval,locos")->capture_default_str();
+    sub->add_option("--score", o->scores, "comma-separated: retrieval,locos,r2 (r2: HeadKV's retrieval-reasoning score)")
+        ->capture_default_str();
     sub->add_option("--protocol", o->protocol,
                     "how trials are built, decoded and stopped: headscope (token space, exact spans), wu (Retrieval_Head's "
                     "retrieval_head_detection.py and needle_in_haystack_with_mask.py as they run), locos (LOCOS's "
@@ -1180,7 +1194,7 @@ static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
                   "after the scan: for each --full-fractions rho the top rho of heads by --order keep full attention, "
                   "the rest stream (--sink, --recent); also --random-orders random orders; writes /retrieval/streaming");
     sub->add_option("--order", o->order,
-                    "stream sweep: locos or retrieval (this run's score), FILE.h5:DATASET (an [L, H] score), or razor")
+                    "stream sweep: locos, retrieval or r2 (this run's score), FILE.h5:DATASET (an [L, H] score), or razor")
         ->capture_default_str();
     sub->add_option("--razor-preset", o->razor_preset,
                     "--order razor: headscope (its own scores and order), reference (golden-stick's scoring and "
@@ -1216,6 +1230,8 @@ void setup_retrieval(CLI::App& app) {
         "    scores 1), mean over passing trials; heads above 0.1 flagged.\n"
         "  locos: per answer step, L+ - L- with phi_{t,j} = alpha_{t,j} u_y^T W_O^h v_j (L+ over the needle,\n"
         "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
+        "  r2 (HeadKV, --score r2): per step, (1/N) x the weights of the head's top N keys (N = |answer|) that\n"
+        "    lie in the answer; summed over the first |answer tokens| steps, mean over passing trials.\n"
         "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold (ROUGE as\n"
         "rouge_score computes it with use_stemmer=True, as both reference codes do).\n"
         "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"

@@ -160,7 +160,8 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     const std::string& tmp = stage.path();
     {
         ResultWriter w(tmp, WriteMode::kAppend);
-        schema::write_needle_results(w, all, sum.stored(), first.exists(schema::scores("retrieval")), first.exists(schema::scores("locos")));
+        schema::write_needle_results(w, all, sum.stored(), first.exists(schema::scores("retrieval")), first.exists(schema::scores("locos")),
+                                     first.exists(schema::scores("r2")));
         w.set_attrs(schema::retrieval(), merged_attrs(o.inputs, left == 0));
         w.commit();
     }

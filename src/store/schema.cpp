@@ -85,10 +85,12 @@ const PathEntry kLayout[] = {
     {"/retrieval/trials/done", K::kDataset, "retrieval"},
     {"/retrieval/trials/lplus", K::kDataset, "retrieval"},
     {"/retrieval/trials/lminus", K::kDataset, "retrieval"},
+    {"/retrieval/trials/r2", K::kDataset, "retrieval"},
     {"/retrieval/steps", K::kGroup, "retrieval"},
     {"/retrieval/steps/credit", K::kDataset, "retrieval"},
     {"/retrieval/steps/lplus", K::kDataset, "retrieval"},
     {"/retrieval/steps/lminus", K::kDataset, "retrieval"},
+    {"/retrieval/steps/r2", K::kDataset, "retrieval"},
     {"/retrieval/ablation/generated", K::kDataset, "retrieval"},
     {"/retrieval/ablation/trials", K::kGroup, "retrieval"},
     {"/retrieval/ablation/trials/prompt_tokens", K::kDataset, "retrieval"},
@@ -476,9 +478,9 @@ void NeedleRecord::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast
     passed.assign(N, 0);
     answer_steps.assign(N, 0);
     retrieval.assign(N * L * H, kNaNf), locos.assign(N * L * H, kNaNf);
-    lplus.assign(N * L * H, kNaNf), lminus.assign(N * L * H, kNaNf);
+    lplus.assign(N * L * H, kNaNf), lminus.assign(N * L * H, kNaNf), r2.assign(N * L * H, kNaNf);
     const int64_t per = with_steps ? N * steps * L * H : 0;
-    step_credit.assign(per, kNaNf), step_lplus.assign(per, kNaNf), step_lminus.assign(per, kNaNf);
+    step_credit.assign(per, kNaNf), step_lplus.assign(per, kNaNf), step_lminus.assign(per, kNaNf), step_r2.assign(per, kNaNf);
     S = 0;
     masks.clear(), abl_done.clear(), abl_rouge1.clear(), abl_rougeL.clear(), abl_passed.clear(), abl_generated.clear();
 }
@@ -494,7 +496,7 @@ void NeedleRecord::init_sets(int64_t s, std::vector<int32_t> m) {
 }
 
 void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
-                          bool want_locos) {
+                          bool want_locos, bool want_r2) {
     const int64_t N = r.N, L = r.L, H = r.H;
     replace(w, retrieval_trials("generated"), r.generated, {N, r.steps});
     if (w.exists(retrieval_trials("response"))) w.remove(retrieval_trials("response"));
@@ -507,14 +509,17 @@ void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleSc
     replace(w, retrieval_trials("locos"), r.locos, {N, L, H});
     replace(w, retrieval_trials("lplus"), r.lplus, {N, L, H});
     replace(w, retrieval_trials("lminus"), r.lminus, {N, L, H});
+    replace(w, retrieval_trials("r2"), r.r2, {N, L, H});
     replace(w, retrieval_trials("done"), r.done, {N});
     if (r.with_steps) {
         replace(w, retrieval_steps("credit"), r.step_credit, {N, r.steps, L, H});
         replace(w, retrieval_steps("lplus"), r.step_lplus, {N, r.steps, L, H});
         replace(w, retrieval_steps("lminus"), r.step_lminus, {N, r.steps, L, H});
+        replace(w, retrieval_steps("r2"), r.step_r2, {N, r.steps, L, H});
         attrs(w, retrieval_steps(), {{"description", std::string("per trial and decode step (NaN past the trial's end): each head's "
-                                                                 "retrieval credit, and L+ and L- for the step's generated token "
-                                                                 "(NaN where the needle's span was not found)")}});
+                                                                 "retrieval credit, L+ and L- for the step's generated token "
+                                                                 "(NaN where the needle's span was not found), and R2 credit "
+                                                                 "(every step; a trial's r2 sums the first |answer tokens|)")}});
     }
     const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
     attrs(w, retrieval(), common);
@@ -532,6 +537,12 @@ void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleSc
         Attrs a = common;
         a["n_trials_scored"] = s.n_locos;
         attrs(w, scores("locos"), a);
+    }
+    if (want_r2) {
+        replace(w, scores("r2", "score"), s.r2, {L, H});
+        Attrs a = common;
+        a["n_trials_scored"] = s.n_pass;
+        attrs(w, scores("r2"), a);
     }
     if (r.S == 0) return;
     const int64_t S = r.S;
@@ -606,10 +617,12 @@ NeedleRecord read_needle_results(const ResultReader& f) {
     conv(r.locos, numbers(retrieval_trials("locos"), {N, L, H}));
     if (f.exists(retrieval_trials("lplus"))) conv(r.lplus, numbers(retrieval_trials("lplus"), {N, L, H}));
     if (f.exists(retrieval_trials("lminus"))) conv(r.lminus, numbers(retrieval_trials("lminus"), {N, L, H}));
+    if (f.exists(retrieval_trials("r2"))) conv(r.r2, numbers(retrieval_trials("r2"), {N, L, H}));
     if (with_steps) {
         conv(r.step_credit, numbers(retrieval_steps("credit"), {N, r.steps, L, H}));
         conv(r.step_lplus, numbers(retrieval_steps("lplus"), {N, r.steps, L, H}));
         conv(r.step_lminus, numbers(retrieval_steps("lminus"), {N, r.steps, L, H}));
+        if (f.exists(retrieval_steps("r2"))) conv(r.step_r2, numbers(retrieval_steps("r2"), {N, r.steps, L, H}));
     }
     auto resp = f.read(retrieval_trials("response"));
     if (!resp.is_string || static_cast<int64_t>(resp.strings.size()) != N)

@@ -223,7 +223,8 @@ struct NeedleRecord {
     std::vector<int64_t> answer_steps;       // [N]
     std::vector<float> retrieval, locos;     // [N, L, H]
     std::vector<float> lplus, lminus;        // [N, L, H] means over the answer steps
-    std::vector<float> step_credit, step_lplus, step_lminus;  // [N, steps, L, H] (with_steps), NaN past the end
+    std::vector<float> r2;                   // [N, L, H] HeadKV's R2 (NaN in a file written before it)
+    std::vector<float> step_credit, step_lplus, step_lminus, step_r2;  // [N, steps, L, H] (with_steps), NaN past the end
     int64_t S = 0;                           // ablation sets (0: none yet)
     std::vector<int32_t> masks;              // [S, L, H]
     std::vector<uint8_t> abl_done;           // [S, N]
@@ -240,16 +241,16 @@ struct NeedleRecord {
 struct NeedleScoresRecord {
     int64_t n_done = 0, n_pass = 0, n_locos = 0;  // trials decoded, passed, scored by LOCOS
     double accuracy = 0;
-    std::vector<float> retrieval, locos, ci_low, ci_high;  // [L, H]
+    std::vector<float> retrieval, locos, ci_low, ci_high, r2;  // [L, H]
     std::vector<float> abl_accuracy;       // [S]
     std::vector<std::string> flagged;      // heads whose retrieval score passes the threshold
 };
 // Writes (replacing) every dataset and attribute that depends on the results: /retrieval/trials/
 // results and done, /retrieval/steps (with_steps), /retrieval/ablation/ results, done and accuracies
-// (when S > 0), the /scores/retrieval and /scores/locos datasets (want_*), and the n_passed,
-// accuracy, n_trials_done, n_trials_scored and flagged attributes.
+// (when S > 0), the /scores/retrieval, /scores/locos and /scores/r2 datasets (want_*), and the
+// n_passed, accuracy, n_trials_done, n_trials_scored and flagged attributes.
 void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
-                          bool want_locos);
+                          bool want_locos, bool want_r2);
 // A retrieval file's results (StorageError naming the file when something is missing or has another
 // shape than [N, ...] with the file's own N and its /meta L, H).
 NeedleRecord read_needle_results(const ResultReader& f);
