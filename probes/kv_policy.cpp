@@ -231,6 +231,46 @@ Config snap_config(const KvPolicySpec& p, double budget, const Shape& sh, const 
     return c;
 }
 
+// Every (policy, budget) configuration and the random orders' ([P, B] indices in *main_out, [P, B, R]
+// in *rnd_out, -1 where none).
+std::vector<Config> make_configs(const KvCompareSpec& spec, const Shape& sh, const std::vector<Trial>& trials,
+                                 const std::shared_ptr<const std::map<const Trial*, at::Tensor>>& pooled,
+                                 std::vector<int64_t>* main_out, std::vector<int64_t>* rnd_out) {
+    const int64_t Pn = static_cast<int64_t>(spec.policies.size()), Bn = static_cast<int64_t>(spec.budgets.size()), R = spec.random_orders;
+    std::vector<Config> configs;
+    std::vector<int64_t>& main_idx = *main_out;
+    std::vector<int64_t>& rnd_idx = *rnd_out;
+    main_idx.assign(static_cast<size_t>(Pn * Bn), -1), rnd_idx.assign(static_cast<size_t>(Pn * Bn * R), -1);
+    std::vector<int64_t> all_groups(static_cast<size_t>(sh.M));
+    for (int64_t i = 0; i < sh.M; ++i) all_groups[static_cast<size_t>(i)] = i;
+    for (int64_t pi = 0; pi < Pn; ++pi) {
+        const auto& p = spec.policies[static_cast<size_t>(pi)];
+        const bool ordered = p.kind == KvPolicy::kDuo || p.kind == KvPolicy::kRazor || p.kind == KvPolicy::kStream;
+        const auto order = ordered ? group_order(p.score, sh) : std::vector<int64_t>{};
+        for (int64_t bi = 0; bi < Bn; ++bi) {
+            const double budget = spec.budgets[static_cast<size_t>(bi)];
+            main_idx[static_cast<size_t>(pi * Bn + bi)] = static_cast<int64_t>(configs.size());
+            if (p.kind == KvPolicy::kFull) {
+                Config c;
+                c.key = "full";
+                c.frac.assign(trials.size(), 1.0);
+                configs.push_back(std::move(c));
+            } else if (!ordered) {
+                configs.push_back(snap_config(p, budget, sh, spec, trials, pooled));
+            } else {
+                const int64_t n = groups_within(p.kind, budget, sh, spec, trials);
+                configs.push_back(order_config(p.kind, order, n, sh, spec, trials));
+                for (int64_t r = 0; r < R; ++r) {
+                    rnd_idx[static_cast<size_t>((pi * Bn + bi) * R + r)] = static_cast<int64_t>(configs.size());
+                    configs.push_back(order_config(p.kind, random_subset(all_groups, sh.M, spec.seed + 3 + static_cast<uint64_t>(r)), n,
+                                                   sh, spec, trials));
+                }
+            }
+        }
+    }
+    return configs;
+}
+
 }  // namespace
 
 KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec) {
@@ -267,36 +307,17 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
     }
 
     // Configurations: [P, B] main, [P, B, R] random controls (order policies).
-    std::vector<Config> configs;
-    std::vector<int64_t> main_idx(static_cast<size_t>(Pn * Bn), -1), rnd_idx(static_cast<size_t>(Pn * Bn * R), -1);
-    std::vector<int64_t> all_groups(static_cast<size_t>(sh.M));
-    for (int64_t i = 0; i < sh.M; ++i) all_groups[static_cast<size_t>(i)] = i;
-    for (int64_t pi = 0; pi < Pn; ++pi) {
-        const auto& p = spec.policies[static_cast<size_t>(pi)];
-        const bool ordered = p.kind == KvPolicy::kDuo || p.kind == KvPolicy::kRazor || p.kind == KvPolicy::kStream;
-        const auto order = ordered ? group_order(p.score, sh) : std::vector<int64_t>{};
-        for (int64_t bi = 0; bi < Bn; ++bi) {
-            const double budget = spec.budgets[static_cast<size_t>(bi)];
-            main_idx[static_cast<size_t>(pi * Bn + bi)] = static_cast<int64_t>(configs.size());
-            if (p.kind == KvPolicy::kFull) {
-                Config c;
-                c.key = "full";
-                c.frac.assign(static_cast<size_t>(N), 1.0);
-                configs.push_back(std::move(c));
-            } else if (!ordered) {
-                configs.push_back(snap_config(p, budget, sh, spec, trials, pooled));
-            } else {
-                const int64_t n = groups_within(p.kind, budget, sh, spec, trials);
-                configs.push_back(order_config(p.kind, order, n, sh, spec, trials));
-                for (int64_t r = 0; r < R; ++r) {
-                    rnd_idx[static_cast<size_t>((pi * Bn + bi) * R + r)] = static_cast<int64_t>(configs.size());
-                    configs.push_back(order_config(p.kind, random_subset(all_groups, sh.M, spec.seed + 3 + static_cast<uint64_t>(r)), n,
-                                                   sh, spec, trials));
-                }
-            }
-        }
+    std::vector<int64_t> main_idx, rnd_idx;
+    std::vector<Config> configs = make_configs(spec, sh, trials, pooled, &main_idx, &rnd_idx);
+    // The full cache's decode (what same_as_full compares with), then every configuration; identical
+    // configurations decode once.
+    {
+        Config full;
+        full.key = "full";
+        full.frac.assign(static_cast<size_t>(N), 1.0);
+        configs.push_back(std::move(full));
     }
-    // Identical configurations decode once.
+    const size_t full_config = configs.size() - 1;
     std::map<std::string, size_t> index;
     std::vector<HeadSet> sets;
     std::vector<size_t> set_of(configs.size());
@@ -318,30 +339,35 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
     for (const auto& t : trials) full_bytes += 2.0 * static_cast<double>(cfg.d_head) * elem * static_cast<double>(sh.L * sh.K) * static_cast<double>(spec.compress_at(t));
     out.full_bytes = full_bytes / static_cast<double>(N);
     struct Measured {
-        float acc, rl, frac;
+        float acc, rl, frac, same;
         double bytes;
     };
+    const auto& full_res = res[set_of[full_config]];
     auto measure = [&](int64_t c) {
         const auto& rs = res[set_of[static_cast<size_t>(c)]];
         const auto& cf = configs[static_cast<size_t>(c)];
-        double acc = 0, rl = 0, fr = 0, by = 0;
+        double acc = 0, rl = 0, fr = 0, by = 0, same = 0;
         for (int64_t i = 0; i < N; ++i) {
             acc += rs[static_cast<size_t>(i)].passed, rl += rs[static_cast<size_t>(i)].rougeL_f;
+            same += rs[static_cast<size_t>(i)].generated == full_res[static_cast<size_t>(i)].generated;
             const double f = cf.frac[static_cast<size_t>(i)];
             fr += f;
             by += f * 2.0 * static_cast<double>(cfg.d_head) * elem * static_cast<double>(sh.L * sh.K) *
                   static_cast<double>(spec.compress_at(trials[static_cast<size_t>(i)]));
         }
         const double n = static_cast<double>(N);
-        return Measured{static_cast<float>(acc / n), static_cast<float>(rl / n), static_cast<float>(fr / n), by / n};
+        return Measured{static_cast<float>(acc / n), static_cast<float>(rl / n), static_cast<float>(fr / n),
+                        static_cast<float>(same / n), by / n};
     };
     const float nan = std::numeric_limits<float>::quiet_NaN();
     out.random_accuracy.assign(static_cast<size_t>(Pn * Bn * R), nan);
     out.random_rougeL_f = out.random_accuracy, out.random_kv_fraction = out.random_accuracy;
+    out.random_same_as_full = out.random_accuracy;
     for (int64_t i = 0; i < Pn * Bn; ++i) {
         const int64_t c = main_idx[static_cast<size_t>(i)];
         const auto mm = measure(c);
         out.accuracy.push_back(mm.acc), out.rougeL_f.push_back(mm.rl), out.kv_fraction.push_back(mm.frac), out.kv_bytes.push_back(mm.bytes);
+        out.same_as_full.push_back(mm.same);
         out.full_groups.push_back(configs[static_cast<size_t>(c)].full_groups);
         for (int64_t r = 0; r < R; ++r) {
             const int64_t rc = rnd_idx[static_cast<size_t>(i * R + r)];
@@ -350,6 +376,7 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
             out.random_accuracy[static_cast<size_t>(i * R + r)] = rm.acc;
             out.random_rougeL_f[static_cast<size_t>(i * R + r)] = rm.rl;
             out.random_kv_fraction[static_cast<size_t>(i * R + r)] = rm.frac;
+            out.random_same_as_full[static_cast<size_t>(i * R + r)] = rm.same;
         }
     }
     return out;

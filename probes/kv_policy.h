@@ -106,10 +106,13 @@ struct KvCompare {
     std::vector<std::string> policies;
     std::vector<double> budgets;
     std::vector<float> accuracy, rougeL_f;   // [P, B] over the ablation trials
+    // [P, B]: the fraction of trials whose generated tokens equal the full cache's (the output kept,
+    // whether or not the model solves the task)
+    std::vector<float> same_as_full;
     std::vector<float> kv_fraction;          // [P, B]: mean over trials of the prompt cache kept / L K P
     std::vector<double> kv_bytes;            // [P, B]: mean over trials of the prompt cache's bytes
     std::vector<int64_t> full_groups;        // [P, B]: KV groups kept whole (order policies), -1 otherwise
-    std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction;  // [P, B, R], NaN without an order
+    std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R], NaN without an order
     double full_bytes = 0;                   // mean over trials: the full prompt cache
     int64_t distinct_sets = 0, score_passes = 0;
 };

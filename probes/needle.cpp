@@ -33,11 +33,22 @@ const std::vector<Intervention>& needle_ablations() {
     return v;
 }
 
-void HeadSet::apply(Hooks& hooks, int64_t row) const {
-    // The study's mean-query is LOCOS's pre-RoPE mean: intervention.h's mean-query-pre-rope.
-    const Intervention m = mode == Intervention::kMeanQuery ? Intervention::kMeanQueryPreRope : mode;
-    apply_intervention(hooks, InterventionSpec{m, 1.0, q_mean, window}, heads, row,
-                       {Intervention::kZeroQuery, Intervention::kMeanQueryPreRope, Intervention::kZero, Intervention::kStream});
+void HeadSet::apply(Hooks& hooks, int64_t row, const Trial* trial) const {
+    HS_REQUIRE(trial || (!keep && !window_after_prompt), "HeadSet::apply: kept positions need the row's trial");
+    const int64_t P = !trial ? 0 : kv_from ? kv_from(*trial) : static_cast<int64_t>(trial->prompt.size());
+    if (!heads.empty()) {
+        // The study's mean-query is LOCOS's pre-RoPE mean: intervention.h's mean-query-pre-rope.
+        const Intervention m = mode == Intervention::kMeanQuery ? Intervention::kMeanQueryPreRope : mode;
+        StreamWindow w = window;
+        if (window_after_prompt) w.from = P;
+        apply_intervention(hooks, InterventionSpec{m, 1.0, q_mean, w}, heads, row,
+                           {Intervention::kZeroQuery, Intervention::kMeanQueryPreRope, Intervention::kZero, Intervention::kStream});
+    }
+    if (!keep) return;
+    const at::Tensor k = keep(*trial);  // [L, H, P]
+    HS_REQUIRE(k.dim() == 3 && k.size(2) == P, "HeadSet::apply: a keep mask of another length than kv_from");
+    for (int l = 0; l < k.size(0); ++l)
+        if (!k[l].all().item<bool>()) hooks.keep({l, row, P, k[l], keep_compensate});
 }
 
 at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<int64_t>>& prompts, int64_t prefill_chunk,
@@ -324,16 +335,23 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
 
     Hooks prefill, step;
     if (ablate) {
-        if (s.scope == AblationScope::kAll) ablate->apply(prefill);
-        ablate->apply(step);
+        if (ablate->keep || ablate->window_after_prompt) {  // per trial: each row its own
+            for (int64_t b = 0; b < B; ++b) {
+                if (s.scope == AblationScope::kAll) ablate->apply(prefill, b, trials[b]);
+                ablate->apply(step, b, trials[b]);
+            }
+        } else {
+            if (s.scope == AblationScope::kAll) ablate->apply(prefill);
+            ablate->apply(step);
+        }
     }
     ForwardOptions fold;  // rows with their own head sets still share each GEMM (decode steps are weight-bound)
     if (per_row) {
         HS_REQUIRE(static_cast<int64_t>(per_row->size()) == B, "decode_batch_sets: one head set (or none) per row");
         for (int64_t b = 0; b < B; ++b)
             if (const HeadSet* hs = (*per_row)[static_cast<size_t>(b)]) {
-                if (s.scope == AblationScope::kAll) hs->apply(prefill, b);
-                hs->apply(step, b);
+                if (s.scope == AblationScope::kAll) hs->apply(prefill, b, trials[b]);
+                hs->apply(step, b, trials[b]);
             }
         fold.gemm = GemmMode::kFolded;
     }
@@ -581,7 +599,8 @@ PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate, bool ablation_trials)
     // What the prefill runs under: nothing (the baseline, or any pass with scope decode), or the set;
     // and which trials (the scan's, or the ablation passes' own).
     std::string key = ablation_trials && separate_ ? "ablation-trials " : "scan-trials ";
-    if (ablate && c_.decode.scope == AblationScope::kAll && !ablate->heads.empty()) {
+    if (ablate && c_.decode.scope == AblationScope::kAll && !ablate->empty()) {
+        HS_REQUIRE(!ablate->keep && !ablate->window_after_prompt, "prefix_for: a KV policy's prefill is not keyed");
         key += fmt::format("{} {} {} {} {} {}", intervention_name(ablate->mode), ablate->window.sink, ablate->window.recent,
                            ablate->window.compensate, ablate->q_mean.defined() ? ablate->q_mean.data_ptr() : nullptr,
                            ablate->heads.size());
@@ -680,7 +699,7 @@ std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, in
     const auto& trials = ablation_trials();
     std::vector<const Trial*> ptrs;
     for (auto i : g) ptrs.push_back(&trials[static_cast<size_t>(i)]);
-    const HeadSet* set = ablate.heads.empty() ? nullptr : &ablate;
+    const HeadSet* set = ablate.empty() ? nullptr : &ablate;
     const auto outs = decode_batch(m_, ptrs, ablation_settings(), stopper(), set, prefix_for(set, true));
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(judge(g[k], outs[k].generated));
@@ -701,11 +720,13 @@ std::vector<TrialResult> NeedleTest::run_ablated(const HeadSet& ablate, const st
 }
 
 std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const std::vector<const HeadSet*>& sets,
-                                                                         int64_t batch, int64_t max_rows) const {
+                                                                         int64_t batch, int64_t max_rows,
+                                                                         std::optional<AblationScope> scope) const {
     const int64_t S = static_cast<int64_t>(sets.size());
     const auto& g = ablation_batches().at(static_cast<size_t>(batch));
     const auto& trials = ablation_trials();
-    const DecodeSettings s = ablation_settings();
+    DecodeSettings s = ablation_settings();
+    if (scope) s.scope = *scope;
     const int64_t n = static_cast<int64_t>(g.size());
     const int64_t per = std::max<int64_t>(1, max_rows / n);  // sets per forward
     std::vector<std::vector<TrialResult>> out(static_cast<size_t>(S));
@@ -717,7 +738,7 @@ std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const s
             for (auto i : g) {
                 ptrs.push_back(&trials[static_cast<size_t>(i)]);
                 const HeadSet* set = sets[static_cast<size_t>(j)];
-                hs.push_back(set && !set->heads.empty() ? set : nullptr);
+                hs.push_back(set && !set->empty() ? set : nullptr);
             }
         // Unablated prefills (scope decode) share the kept chunks of the trials before.
         PrefixCache* prefix = s.scope == AblationScope::kDecode ? prefix_for(nullptr, true) : nullptr;
@@ -734,14 +755,15 @@ std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const s
 }
 
 std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets(const std::vector<HeadSet>& sets, int64_t max_rows,
-                                                                   const std::function<void()>& tick) const {
+                                                                   const std::function<void()>& tick,
+                                                                   std::optional<AblationScope> scope) const {
     const int64_t S = static_cast<int64_t>(sets.size());
     std::vector<std::vector<TrialResult>> out(static_cast<size_t>(S), std::vector<TrialResult>(trials_.size()));
     std::vector<const HeadSet*> ptrs;
     for (const auto& hs : sets) ptrs.push_back(&hs);
     const auto& groups = ablation_batches();
     for (size_t g = 0; g < groups.size(); ++g) {
-        auto rs = run_ablated_sets_batch(ptrs, static_cast<int64_t>(g), max_rows);
+        auto rs = run_ablated_sets_batch(ptrs, static_cast<int64_t>(g), max_rows, scope);
         for (int64_t j = 0; j < S; ++j)
             for (size_t k = 0; k < groups[g].size(); ++k) {
                 out[static_cast<size_t>(j)][static_cast<size_t>(groups[g][k])] = std::move(rs[static_cast<size_t>(j)][k]);

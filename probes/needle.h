@@ -42,7 +42,20 @@ struct HeadSet {
     Intervention mode = Intervention::kNone;
     at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
     StreamWindow window;  // kStream
-    void apply(Hooks& hooks, int64_t row = -1) const;  // row >= 0: that batch row only
+    // KV-cache policies (probes/kv_policy.h). kv_from: where a trial's cache is compressed (the
+    // positions before it were prefilled whole; unset: the prompt's length P).
+    // window_after_prompt (kStream): the window acts only on queries at kv_from and later
+    // (StreamWindow::from): DuoAttention's deployment, a whole prefill and then sink + recent.
+    // keep: the positions before kv_from each head keeps, for a trial: [L, H, kv_from] bool
+    // (Hooks::keep); later keys (the decoded tokens) stay visible. keep_compensate: RazorAttention's
+    // mean token for what is dropped.
+    std::function<int64_t(const Trial&)> kv_from;
+    bool window_after_prompt = false;
+    std::function<at::Tensor(const Trial&)> keep;
+    bool keep_compensate = false;
+    bool empty() const { return heads.empty() && !keep; }  // decodes as the unablated model
+    // row >= 0: that batch row only; `trial` (the row's) is needed by keep and window_after_prompt.
+    void apply(Hooks& hooks, int64_t row = -1, const Trial* trial = nullptr) const;
 };
 
 // Where a needle test's time goes (seconds, summed over its decodes): the prefill forwards, the
@@ -231,8 +244,11 @@ public:
     // Every ablation trial decoded under each of `sets` (unscored), the sets as rows of shared forwards
     // (decode_batch_sets): each batch of trials (ablation_batches()) with as many sets as keep the rows
     // of one forward <= max_rows (at least one set). [set][trial]; tick() per (set, trial).
+    // scope: this pass's instead of the config's (KV-cache policies that act only past the prompt
+    // decode the same from an unablated prefill, AblationScope::kDecode, which trials share).
     std::vector<std::vector<TrialResult>> run_ablated_sets(const std::vector<HeadSet>& sets, int64_t max_rows,
-                                                           const std::function<void()>& tick = {}) const;
+                                                           const std::function<void()>& tick = {},
+                                                           std::optional<AblationScope> scope = {}) const;
     // LOCOS's calibration (nolima_ablation.py calibrate_mean_activations): n trials drawn from the
     // whole grid (headscope: std::mt19937_64(seed), a partial Fisher-Yates; RngKind::kReference:
     // random.Random(seed).shuffle of the grid, the first n), their indices in *chosen; each rebuilt
@@ -273,7 +289,7 @@ public:
     // One ablation batch under each of `sets` (nullptr or no heads: unablated) as rows of shared
     // forwards, as run_ablated_sets decodes it: [set][k], k in the batch's order.
     std::vector<std::vector<TrialResult>> run_ablated_sets_batch(const std::vector<const HeadSet*>& sets, int64_t batch,
-                                                                 int64_t max_rows) const;
+                                                                 int64_t max_rows, std::optional<AblationScope> scope = {}) const;
 
 private:
     std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials) const;

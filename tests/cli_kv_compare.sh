@@ -53,7 +53,7 @@ sed -n '/^KV-cache policies/,$p' "$TMP/out" | tee "$TMP/table"
 "$HS" top "$O" --probe locos -k 3 >"$TMP/top" 2>&1
 check "LOCOS's top three are the retrieval heads L1H0-2" -- test "$(awk 'NR > 1 { print $2 }' "$TMP/top" | sort | tr '\n' ,)" = "L1H0,L1H1,L1H2,"
 for b in 0.200 0.310 0.420; do
-  read -r kept acc rmean < <(awk -v b="$b" '$1 == "stream:locos" && $2 == b { s = 0; for (i = 7; i <= NF; i++) s += $i; print $3, $4, s / (NF - 6) }' "$TMP/table")
+  read -r kept acc rmean < <(awk -v b="$b" '$1 == "stream:locos" && $2 == b { s = 0; for (i = 8; i <= NF; i++) s += $i; print $3, $4, s / (NF - 7) }' "$TMP/table")
   echo "budget $b: LOCOS order $acc (kept $kept), random orders' mean $rmean"
   check "budget $b: keeping the retrieval heads beats random orders ($acc > $rmean + 0.05)" -- awk -v a="$acc" -v r="$rmean" 'BEGIN { exit !(a > r + 0.05) }'
   check "budget $b: the order policy stays within its budget ($kept <= $b)" -- awk -v k="$kept" -v b="$b" 'BEGIN { exit !(k <= b + 1e-6) }'
@@ -70,6 +70,7 @@ assert pol == ['full', 'snapkv', 'headkv', 'razor', 'stream:locos'], pol
 assert g['accuracy'].shape == (5, 4) and g['random_accuracy'].shape == (5, 4, 8)
 assert np.isnan(g['random_accuracy'][1]).all() and np.isfinite(g['random_accuracy'][4]).all()
 assert (g['kv_bytes'][0] == g.attrs['full_bytes'].round()).all()
+assert (g['same_as_full'][0] == 1).all() and g['random_same_as_full'].shape == (5, 4, 8)
 assert g.attrs['compress_at'] in ('question', b'question')
 PYEOF
 fi

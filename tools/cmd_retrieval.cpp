@@ -5,6 +5,7 @@
 #include "common.h"
 #include "errors.h"
 #include "guard.h"
+#include "kv_compare_args.h"
 #include "decoding_args.h"
 #include "needle.h"
 #include "needle_store.h"
@@ -85,6 +86,7 @@ struct RetrievalOptions {
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
     int64_t sweep_rows = 8;
+    KvCompareArgs kv;  // --kv-compare (tools/kv_compare_args.h)
 };
 
 // LOCOS caps each calibration prompt at this many tokens (nolima_ablation.py, max_cal_tokens).
@@ -249,6 +251,8 @@ static std::unique_ptr<NeedleResults> load_needle_resume(const std::string& path
 static void check_stream_options(const RetrievalOptions& o, const Shard& shard) {
     if (o.window.sink < 0) throw UsageError(fmt::format("--sink: {} is negative", o.window.sink));
     if (o.window.recent < 1) throw UsageError(fmt::format("--recent: {} must be at least 1 (the query sees itself)", o.window.recent));
+    if (o.kv.on() && shard.count > 1) throw UsageError("--kv-compare: not sharded (run it unsharded)");
+    if (o.kv.on() && o.random_orders < 0) throw UsageError("--random-orders: need >= 0");
     with_flag("--razor-preset", [&] { return parse_razor_preset(o.razor_preset); });  // before the model loads
     if (!o.stream_sweep) return;
     if (shard.count > 1) throw UsageError("--stream-sweep: not sharded (run it unsharded, or on a merged scan's --order file)");
@@ -972,6 +976,10 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     at::Tensor stream_score;
     std::string stream_source;
     if (o.stream_sweep) stream_score = stream_order_score(o, m, p.want_ret, p.want_locos, p.want_r2, &stream_source);
+    std::optional<KvComparePlan> kv_plan;  // every file read and flag checked before anything is written
+    if (o.kv.on())
+        kv_plan = plan_kv_compare(o.kv, m, RunScores{p.want_ret, p.want_locos, p.want_r2}, o.random_orders, o.sweep_rows,
+                                  static_cast<uint64_t>(p.proto.seed), o.razor_preset);
 
     NeedleConfig cfg = p.cfg;
     cfg.max_positions = m.config.max_seq_len;
@@ -1062,6 +1070,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
         std::printf("%s\n", protocol_line(p.proto, in.facts.rule_ids).c_str());
     print_needle_summary(p, scan, sum, o.flag_threshold, L, H);
     if (o.stream_sweep) run_stream_sweep(o, test, m, sum, out, stream_score, stream_source, p.proto.seed);
+    if (kv_plan) run_kv_compare_args(*kv_plan, test, m, *lm.tokenizer, sum, out, o.kv);
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 
@@ -1263,6 +1272,7 @@ void setup_retrieval(CLI::App& app) {
     add_work_options(sub, o.get());
     add_ablation_options(sub, o.get());
     add_stream_options(sub, o.get());
+    add_kv_compare_args(sub, o->kv);
     add_study_config(app, sub);
     sub->callback([o, sub] {
         const auto* range = sub->get_option("--lengths-range");

@@ -168,7 +168,8 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
     rec.P = static_cast<int64_t>(k.policies.size()), rec.B = static_cast<int64_t>(k.budgets.size()), rec.R = s.random_orders;
     rec.policies = k.policies;
     rec.budgets.assign(k.budgets.begin(), k.budgets.end());
-    rec.accuracy = k.accuracy, rec.rougeL_f = k.rougeL_f, rec.kv_fraction = k.kv_fraction;
+    rec.accuracy = k.accuracy, rec.rougeL_f = k.rougeL_f, rec.kv_fraction = k.kv_fraction, rec.same_as_full = k.same_as_full;
+    rec.random_same_as_full = k.random_same_as_full;
     for (double b : k.kv_bytes) rec.kv_bytes.push_back(std::llround(b));
     rec.full_groups = k.full_groups;
     rec.random_accuracy = k.random_accuracy, rec.random_rougeL_f = k.random_rougeL_f, rec.random_kv_fraction = k.random_kv_fraction;
@@ -195,7 +196,8 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
                                              "prompt cache a policy keeps / the full cache (L K P entries), mean over trials; "
                                              "kv_bytes: the same in bytes (K and V, the model's dtype); full_groups: KV groups "
                                              "kept whole by an order policy (-1: not one); random_*: [policy, budget, order], "
-                                             "random KV-group orders at the same count (NaN: no order); docs/methods.md")}};
+                                             "random KV-group orders at the same count (NaN: no order); same_as_full: the "
+                                             "fraction of trials whose generated tokens equal the full cache's; docs/methods.md")}};
     ResultWriter w(out, WriteMode::kAppend);
     schema::write_kv_compare(w, rec);
     w.commit();
@@ -203,7 +205,8 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
     const int64_t P = rec.P, B = rec.B, R = rec.R;
     std::printf("KV-cache policies at equal memory: %lld trials, %lld distinct configurations, full prompt cache %.1f KiB a trial\n",
                 static_cast<long long>(test.ablation_trials().size()), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
-    std::printf("%-22s %7s %9s %9s %9s %6s  %s\n", "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "groups", "random orders' accuracy");
+    std::printf("%-22s %7s %9s %9s %9s %9s %6s  %s\n", "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "same", "groups",
+                "random orders' accuracy");
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const int64_t i = p * B + b;
@@ -212,8 +215,9 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
                 if (std::isfinite(k.random_accuracy[static_cast<size_t>(i * R + r)]))
                     rnd += fmt::format("{}{:.3f}", rnd.empty() ? "" : " ", k.random_accuracy[static_cast<size_t>(i * R + r)]);
             const int64_t g = k.full_groups[static_cast<size_t>(i)];
-            std::printf("%-22s %7.3f %9.3f %9.3f %9.3f %6s  %s\n", k.policies[static_cast<size_t>(p)].c_str(), k.budgets[static_cast<size_t>(b)],
-                        k.kv_fraction[static_cast<size_t>(i)], k.accuracy[static_cast<size_t>(i)], k.rougeL_f[static_cast<size_t>(i)],
+            std::printf("%-22s %7.3f %9.3f %9.3f %9.3f %9.3f %6s  %s\n", k.policies[static_cast<size_t>(p)].c_str(),
+                        k.budgets[static_cast<size_t>(b)], k.kv_fraction[static_cast<size_t>(i)], k.accuracy[static_cast<size_t>(i)],
+                        k.rougeL_f[static_cast<size_t>(i)], k.same_as_full[static_cast<size_t>(i)],
                         g < 0 ? "-" : std::to_string(g).c_str(), rnd.empty() ? "-" : rnd.c_str());
         }
 }

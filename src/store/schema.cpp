@@ -139,6 +139,19 @@ const PathEntry kLayout[] = {
     {"/retrieval/streaming/accuracy", K::kDataset, "streaming"},
     {"/retrieval/streaming/rougeL_f", K::kDataset, "streaming"},
     {"/retrieval/streaming/kv_budget", K::kDataset, "streaming"},
+    {"/retrieval/kv_compare", K::kGroup, "kv_compare"},
+    {"/retrieval/kv_compare/policies", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/budgets", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/accuracy", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/rougeL_f", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/kv_fraction", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/same_as_full", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/random_same_as_full", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/kv_bytes", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/full_groups", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/random_accuracy", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/random_rougeL_f", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/random_kv_fraction", K::kDataset, "kv_compare"},
     // an ablation experiment (`headscope run`, `merge`)
     {"/experiment", K::kGroup, "study"},
     {"/data/<name>", K::kGroup, "data"},
@@ -270,6 +283,7 @@ std::string retrieval_trials(const std::string& ds) { return below("/retrieval/t
 std::string retrieval_ablation(const std::string& ds) { return below("/retrieval/ablation", ds); }
 std::string retrieval_decoding(const std::string& ds) { return below("/retrieval/decoding", ds); }
 std::string retrieval_streaming(const std::string& ds) { return below("/retrieval/streaming", ds); }
+std::string retrieval_kv_compare(const std::string& ds) { return below("/retrieval/kv_compare", ds); }
 std::string retrieval_steps(const std::string& ds) { return below("/retrieval/steps", ds); }
 std::string influence(const std::string& ds) { return below("/influence", ds); }
 
@@ -455,6 +469,49 @@ void write_streaming(ResultWriter& w, const StreamingRecord& s) {
     put(w, retrieval_streaming("rougeL_f"), s.rougeL_f, {s.R, s.F});
     put(w, retrieval_streaming("kv_budget"), s.kv_budget, {s.F});
     attrs(w, retrieval_streaming(), s.attrs);
+}
+
+void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
+    put(w, retrieval_kv_compare("policies"), k.policies);
+    put(w, retrieval_kv_compare("budgets"), k.budgets, {k.B});
+    put(w, retrieval_kv_compare("accuracy"), k.accuracy, {k.P, k.B});
+    put(w, retrieval_kv_compare("rougeL_f"), k.rougeL_f, {k.P, k.B});
+    put(w, retrieval_kv_compare("kv_fraction"), k.kv_fraction, {k.P, k.B});
+    put(w, retrieval_kv_compare("same_as_full"), k.same_as_full, {k.P, k.B});
+    put(w, retrieval_kv_compare("random_same_as_full"), k.random_same_as_full, {k.P, k.B, k.R});
+    put(w, retrieval_kv_compare("kv_bytes"), k.kv_bytes, {k.P, k.B});
+    put(w, retrieval_kv_compare("full_groups"), k.full_groups, {k.P, k.B});
+    put(w, retrieval_kv_compare("random_accuracy"), k.random_accuracy, {k.P, k.B, k.R});
+    put(w, retrieval_kv_compare("random_rougeL_f"), k.random_rougeL_f, {k.P, k.B, k.R});
+    put(w, retrieval_kv_compare("random_kv_fraction"), k.random_kv_fraction, {k.P, k.B, k.R});
+    attrs(w, retrieval_kv_compare(), k.attrs);
+}
+
+KvCompareRecord read_kv_compare(const ResultReader& r) {
+    KvCompareRecord k;
+    const auto acc = r.read(retrieval_kv_compare("accuracy"));
+    if (acc.shape.size() != 2) throw StorageError(fmt::format("{}: accuracy is not [policies, budgets]", retrieval_kv_compare()));
+    k.P = acc.shape[0], k.B = acc.shape[1];
+    auto f = [](const Dataset& d) { return std::vector<float>(d.values.begin(), d.values.end()); };
+    k.accuracy = f(acc);
+    k.policies = r.read(retrieval_kv_compare("policies")).strings;
+    const auto bud = r.read(retrieval_kv_compare("budgets"));
+    k.budgets = f(bud);
+    k.rougeL_f = f(r.read(retrieval_kv_compare("rougeL_f")));
+    k.kv_fraction = f(r.read(retrieval_kv_compare("kv_fraction")));
+    k.same_as_full = f(r.read(retrieval_kv_compare("same_as_full")));
+    k.random_same_as_full = f(r.read(retrieval_kv_compare("random_same_as_full")));
+    for (double v : r.read(retrieval_kv_compare("kv_bytes")).values) k.kv_bytes.push_back(static_cast<int64_t>(std::llround(v)));
+    for (double v : r.read(retrieval_kv_compare("full_groups")).values) k.full_groups.push_back(static_cast<int64_t>(v));
+    const auto ra = r.read(retrieval_kv_compare("random_accuracy"));
+    k.R = ra.shape.size() == 3 ? ra.shape[2] : 0;
+    k.random_accuracy = f(ra);
+    k.random_rougeL_f = f(r.read(retrieval_kv_compare("random_rougeL_f")));
+    k.random_kv_fraction = f(r.read(retrieval_kv_compare("random_kv_fraction")));
+    if (static_cast<int64_t>(k.policies.size()) != k.P || static_cast<int64_t>(k.budgets.size()) != k.B)
+        throw StorageError(fmt::format("{}: policies or budgets do not match accuracy", retrieval_kv_compare()));
+    k.attrs = r.attrs(retrieval_kv_compare());
+    return k;
 }
 
 // ---- the needle scan's per-trial results

@@ -61,6 +61,7 @@ std::string retrieval_trials(const std::string& ds = {});         // /retrieval/
 std::string retrieval_ablation(const std::string& ds = {});       // /retrieval/ablation[/<ds>]
 std::string retrieval_decoding(const std::string& ds = {});       // /retrieval/decoding[/<ds>]
 std::string retrieval_streaming(const std::string& ds = {});      // /retrieval/streaming[/<ds>]
+std::string retrieval_kv_compare(const std::string& ds = {});     // /retrieval/kv_compare[/<ds>]
 std::string retrieval_steps(const std::string& ds = {});          // /retrieval/steps[/<ds>]
 std::string influence(const std::string& ds = {});                // /influence[/<ds>]
 
@@ -206,6 +207,20 @@ struct StreamingRecord {
     Attrs attrs;
 };
 void write_streaming(ResultWriter& w, const StreamingRecord& s);
+
+// ---- KV-cache policies at equal memory: /retrieval/kv_compare (probes/kv_policy.h)
+struct KvCompareRecord {
+    int64_t P = 0, B = 0, R = 0;            // policies, budgets, random orders
+    std::vector<std::string> policies;      // [P]
+    std::vector<float> budgets;             // [B]
+    std::vector<float> accuracy, rougeL_f, kv_fraction, same_as_full;  // [P, B]
+    std::vector<int64_t> kv_bytes;          // [P, B]: rounded to the byte
+    std::vector<int64_t> full_groups;       // [P, B]
+    std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R]
+    Attrs attrs;
+};
+void write_kv_compare(ResultWriter& w, const KvCompareRecord& k);
+KvCompareRecord read_kv_compare(const ResultReader& r);  // StorageError for inconsistent shapes
 
 // ---- the needle scan's per-trial results: /retrieval/trials, /retrieval/steps, /retrieval/ablation
 // What `retrieval` writes after every checkpoint, --resume reads back and `merge` joins; the head
