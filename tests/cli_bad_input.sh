@@ -282,6 +282,14 @@ json.dump(j, open(sys.argv[1], "w"))
 PY
 bad retrieval "tokenizer.json (--protocol wu)" "no period piece for --insertion period" 3 "tokenizer.json: no period piece" "$O" -- retrieval "$T/np" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]}" --out "$O"
 rm -rf "$T/np" "$T/hd"
+# ---- KV-cache policies (retrieval --kv-compare): checked before the scan, nothing written ----
+KVN=(--haystack datasets/needles/toy_recall_haystack.txt --needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24 --max-new-tokens 1)
+bad retrieval "--kv-budgets" "a budget above the cache" 2 "--kv-budgets: 1.5 is above the full cache" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-budgets 0.5,1.5 --out "$O"
+bad retrieval "--kv-compare" "an unknown policy" 2 "--kv-compare: unknown policy 'h2o'" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,h2o --out "$O"
+bad retrieval "--kv-compare duo" "no gate file" 2 "--kv-compare duo: needs --duo-gates" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare duo --out "$O"
+"$HS" -q qk-spectrum tests/fixtures/families/gemma2 --out "$T/kv-other.h5" >/dev/null 2>&1  # 3 x 4 heads; the toy: 2 x 4
+bad retrieval "--duo-gates" "a gate file of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare duo --duo-gates "$T/kv-other.h5:scores/qk_rank/score" --out "$O"
+bad retrieval "--kv-score" "a score the run does not compute" 2 "--kv-score r2: this run does not compute it" "$O" -- retrieval "$TOY" "${KVN[@]}" --score retrieval --kv-compare headkv --out "$O"
 
 # ---- token ids, texts and other data files ----
 bad logits "--tokens" "id past the vocabulary" 5 "token id 68 out of range" "$O" -- logits "$M" --tokens 1,68 --out "$O"

@@ -41,7 +41,7 @@ no_file "$O"
 # Budgets 0.2, 0.31, 0.42 keep 1, 2 and 3 of the 8 KV groups whole under the order policies (streamed
 # groups hold 5 keys of 44-116); at larger budgets random sets hold a retrieval head too and both
 # saturate (0.75: LOCOS order 0.975, random mean 0.979 with seed 2), which the comparison shows.
-P=(full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.31,0.42,1 --random-orders 8 --seed 2 "${K[@]}")
+P=(full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.31,0.42,1 --random-orders 8 --seed 2 --razor-preset reference "${K[@]}")
 ok "compressed at the prompt's end (the references)" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --out "$TMP/prompt.h5"
 sed -n '/^KV-cache policies/,$p' "$TMP/out"
 base=$(awk '$1 == "full" && $2 == "1.000" { print $4 }' "$TMP/out")
@@ -74,6 +74,9 @@ assert (g['same_as_full'][0] == 1).all() and g['random_same_as_full'].shape == (
 assert g.attrs['compress_at'] in ('question', b'question')
 PYEOF
 fi
+# The same study from its YAML file (datasets/needles/toy-recall-kv.yaml: the keys are the flags).
+ok "the study from its YAML file" -- "$HS" -q retrieval --config "$ROOT/datasets/needles/toy-recall-kv.yaml" "$TOY" --out "$TMP/yaml.h5"
+check "the YAML study prints the same table as the command line" -- diff <(sed -n '/^policy/,$p' "$TMP/out") <(sed -n '/^policy/,$p' "$TMP/table")
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws accuracy against the KV cache kept" -- grep -q "KV-cache policies at equal memory" "$TMP/r.html"
 

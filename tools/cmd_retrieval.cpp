@@ -1265,7 +1265,14 @@ void setup_retrieval(CLI::App& app) {
         "Streaming heads (DuoAttention): the top heads by LOCOS keep full attention, the others see 1 sink + 4 recent keys:\n"
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
-        "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5");
+        "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5\n"
+        "KV-cache policies at equal memory (uniform SnapKV, HeadKV by R2, RazorAttention, streaming by LOCOS), the context "
+        "compressed before the question:\n"
+        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,80,120 "
+        "--max-new-tokens 1 --score locos,r2 --kv-compare full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.42,1 "
+        "--kv-compress-at question --duo-window 1,4 --razor-window 1,3 --snapkv-window 2 --snapkv-kernel 1 "
+        "--random-orders 3 --out kv.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     add_trial_options(sub, o.get());

@@ -15,6 +15,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -205,7 +206,9 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
     const int64_t P = rec.P, B = rec.B, R = rec.R;
     std::printf("KV-cache policies at equal memory: %lld trials, %lld distinct configurations, full prompt cache %.1f KiB a trial\n",
                 static_cast<long long>(test.ablation_trials().size()), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
-    std::printf("%-22s %7s %9s %9s %9s %9s %6s  %s\n", "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "same", "groups",
+    int wid = 16;  // the policy column: as wide as the longest name
+    for (const auto& p : k.policies) wid = std::max(wid, static_cast<int>(p.size()));
+    std::printf("%-*s %7s %9s %9s %9s %9s %6s  %s\n", wid, "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "same", "groups",
                 "random orders' accuracy");
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
@@ -215,7 +218,7 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
                 if (std::isfinite(k.random_accuracy[static_cast<size_t>(i * R + r)]))
                     rnd += fmt::format("{}{:.3f}", rnd.empty() ? "" : " ", k.random_accuracy[static_cast<size_t>(i * R + r)]);
             const int64_t g = k.full_groups[static_cast<size_t>(i)];
-            std::printf("%-22s %7.3f %9.3f %9.3f %9.3f %9.3f %6s  %s\n", k.policies[static_cast<size_t>(p)].c_str(),
+            std::printf("%-*s %7.3f %9.3f %9.3f %9.3f %9.3f %6s  %s\n", wid, k.policies[static_cast<size_t>(p)].c_str(),
                         k.budgets[static_cast<size_t>(b)], k.kv_fraction[static_cast<size_t>(i)], k.accuracy[static_cast<size_t>(i)],
                         k.rougeL_f[static_cast<size_t>(i)], k.same_as_full[static_cast<size_t>(i)],
                         g < 0 ? "-" : std::to_string(g).c_str(), rnd.empty() ? "-" : rnd.c_str());
