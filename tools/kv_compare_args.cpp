@@ -5,6 +5,7 @@
 #include "errors.h"
 #include "heads.h"
 #include "model.h"
+#include "progress.h"
 #include "razor.h"
 #include "schema.h"
 #include "store.h"
@@ -204,6 +205,14 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
     w.commit();
 
     const int64_t P = rec.P, B = rec.B, R = rec.R;
+    for (int64_t p = 0; p < P; ++p)
+        for (int64_t b = 0; b < B; ++b) {
+            const size_t i = static_cast<size_t>(p * B + b);
+            if (k.kv_fraction[i] > k.budgets[static_cast<size_t>(b)] + 0.02)
+                log_warn(fmt::format("{} at budget {}: keeps {:.3f} of the cache at least (its window or observation window "
+                                     "alone); reported as measured",
+                                     k.policies[static_cast<size_t>(p)], k.budgets[static_cast<size_t>(b)], k.kv_fraction[i]));
+        }
     std::printf("KV-cache policies at equal memory: %lld trials, %lld distinct configurations, full prompt cache %.1f KiB a trial\n",
                 static_cast<long long>(test.ablation_trials().size()), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
     int wid = 16;  // the policy column: as wide as the longest name
