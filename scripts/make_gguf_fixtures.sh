@@ -3,7 +3,7 @@
 # llama.cpp's convert_hf_to_gguf.py does (scripts/make_gguf.py says how, and where it deviates):
 #   OUTDIR/<family>-{f32,q8_0}.gguf      every folder under tests/fixtures/families
 #   OUTDIR/<family>-{f16,bf16}.gguf      for gpt2, qwen3 and gemma2
-#   OUTDIR/tinystories-656k-{f32,f16,bf16,q8_0}.gguf   from ../shared/testdata (skipped if absent)
+#   OUTDIR/tinystories-656k-{f32,f16,bf16,q8_0}.gguf   from the test data (HEADSCOPE_TESTDATA or ../shared/testdata; skipped if absent)
 #   OUTDIR/gpt2-vocab.gguf               --vocab-only from ../shared/testdata/gpt2-tokenizer
 #   OUTDIR/READY                         the list of files, written last
 #   bash scripts/make_gguf_fixtures.sh OUTDIR
@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 repo="$PWD"
 mkdir -p "$1"
 out="$(cd "$1" && pwd)"
-testdata="$repo/../shared/testdata"
+# The test data as tests/testdata.h finds it: HEADSCOPE_TESTDATA if set, else ../shared/testdata.
+testdata="${HEADSCOPE_TESTDATA:-$repo/../shared/testdata}"
 ready="$out/READY"
 
 if [ -f "$ready" ] && [ "$ready" -nt scripts/make_gguf.py ] && [ "$ready" -nt scripts/make_gguf_fixtures.sh ]; then
