@@ -294,7 +294,7 @@ at::Tensor from(const at::Tensor& buf, at::IntArrayRef shape) {
 class BlockedAttention {
 public:
     BlockedAttention(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const Hooks* hooks, int64_t attn_block);
+                     const Hooks* hooks, int64_t attn_block, LayerKeeps keeps = {});
     at::Tensor z();  // [B, T, H, d]
 
 private:
@@ -359,9 +359,9 @@ private:
 };
 
 BlockedAttention::BlockedAttention(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k,
-                                   const at::Tensor& v, const Hooks* hooks, int64_t attn_block)
+                                   const at::Tensor& v, const Hooks* hooks, int64_t attn_block, LayerKeeps keeps)
     : cfg_(cfg), layer_(layer), hooks_(hooks), k_(k), v_(v), q_opts_(q.options()), dtype_(q.scalar_type()),
-      device_(q.device()) {
+      device_(q.device()), keep_(std::move(keeps)) {
     B_ = q.size(0), T_ = q.size(1), H_ = cfg.n_heads, K_ = cfg.n_kv_heads, d_ = cfg.d_head, g_ = H_ / K_;
     S_ = k.size(1), past_ = S_ - T_;
     q3_ = q.permute({0, 2, 1, 3}).reshape({B_ * K_, g_, T_, d_}).contiguous();
@@ -396,7 +396,8 @@ void BlockedAttention::need_kv3() {
 // give each query the means of the keys its window hides, one more column of the softmax.
 void BlockedAttention::plan_windows() {
     if (hooks_ && hooks_->has_windows(layer_)) win_ = hooks_->windows(layer_, B_, H_, device_);
-    if (hooks_ && hooks_->has_keeps(layer_)) keep_ = hooks_->keeps(layer_, B_, H_, device_);
+    // Kept positions: attention() has built them once for its fused-or-blocked choice and hands them over.
+    if (!keep_.defined() && hooks_ && hooks_->has_keeps(layer_)) keep_ = hooks_->keeps(layer_, B_, H_, device_);
     acc_ = device_.is_mps() ? torch::kFloat : torch::kDouble;  // prefix sums: double where there is one
     if (keep_.any_compensate) {
         if (win_.any_compensate) throw ConfigError(fmt::format("layer {}: windows and kept positions cannot both compensate", layer_));
@@ -687,22 +688,23 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         hiding = ((lw.sink + lw.recent).lt(S) & lw.from.lt(S)).any(1);
         any_hiding = hiding.any().item<bool>();
     }
+    LayerKeeps lk;  // built once here, handed to the blocked attention
     if (hooks && hooks->has_keeps(layer)) {
         // A row whose keep hides a position from a query of this call (the last one, at S - 1, is
         // the latest) takes the blocked attention; a decode step's keep rows all do.
-        const LayerKeeps lk = hooks->keeps(layer, B, m.config.n_heads, c10::Device(c10::kCPU));
-        auto keeping = lk.from.gt(0) & lk.from.lt(S) & lk.visible.logical_not().flatten(1).any(1);
+        lk = hooks->keeps(layer, B, m.config.n_heads, q.device());
+        auto keeping = (lk.from.gt(0) & lk.from.lt(S) & lk.visible.logical_not().flatten(1).any(1)).to(torch::kCPU);
         hiding = hiding.defined() ? hiding | keeping : keeping;
         any_hiding = hiding.any().item<bool>();
     }
     if (any_hiding && !per_row)
-        return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
+        return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block, lk).z(), hooks, per_row);
     if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v), hooks, per_row);
     // Per-row exactness: each row goes to the fused kernel alone, so that its bits are those of its
     // unbatched run whatever the batch (a fused kernel may tile or split by batch size), and a row
     // whose window hides keys takes the blocked attention (which windows need) while the others stay
     // fused like their unbatched runs.
-    at::Tensor z = any_hiding ? BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z().clone(at::MemoryFormat::Contiguous)
+    at::Tensor z = any_hiding ? BlockedAttention(m.config, layer, q, k, v, hooks, attn_block, lk).z().clone(at::MemoryFormat::Contiguous)
                               : at::empty({B, q.size(1), q.size(2), q.size(3)}, q.options());
     for (int64_t r = 0; r < B; ++r) {
         if (any_hiding && hiding[r].item<bool>()) continue;
