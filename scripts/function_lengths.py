@@ -10,7 +10,7 @@ import sys
 
 LIM=int(sys.argv[1]) if len(sys.argv)>1 else 120
 res=[]
-for f in sorted(glob.glob('src/**/*.cpp',recursive=True)+glob.glob('src/**/*.h',recursive=True)+glob.glob('probes/*.[ch]*')+glob.glob('tools/*.[ch]*')):
+for f in sorted(glob.glob('src/**/*.cpp',recursive=True)+glob.glob('src/**/*.h',recursive=True)+glob.glob('probes/**/*.[ch]*',recursive=True)+glob.glob('tools/*.[ch]*')):
     txt=open(f).read()
     txt=re.sub(r'//[^\n]*','',txt); txt=re.sub(r'"(\\.|[^"\\\n])*"','""',txt); txt=re.sub(r"'(\\.|[^'\\\n])'","''",txt)
     stack=[]  # entries: kind

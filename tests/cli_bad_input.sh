@@ -114,7 +114,7 @@ mkmodel; head -c 5000 "$M/model.safetensors" >"$T/m/model.safetensors"
 bad logits model.safetensors "truncated (first 5000 bytes)" 4 "model.safetensors: .*past end" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
 mkmodel; head -c 100 "$M/model.safetensors" >"$T/m/model.safetensors"
 bad logits model.safetensors "truncated inside the header" 4 "model.safetensors: header length" "$O" -- logits "$T/m" --tokens 1,2 --out "$O"
-# GGUF files (src/gguf.cpp): built byte by byte here, independent of the gguf package.
+# GGUF files (src/formats/gguf.cpp): built byte by byte here, independent of the gguf package.
 gguf() {  # gguf FILE TYPE: one tensor 't' [32] of ggml TYPE under general.architecture llama
   python3 - "$@" <<'PY'
 import struct, sys

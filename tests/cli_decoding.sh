@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Decoding under head interventions on the command line (probes/decoding.h): `generate --rows /
+# Decoding under head interventions on the command line (probes/decoding/decoding.h): `generate --rows /
 # --contrast / --enhance` print what the rows wrote (and plain `generate --json` its one row), DeCoRe at alpha 0 is greedy decoding, bad
 # specs get one line and exit 2; on the toy recall model, `retrieval --decoding decore` contrasting
 # the three causal retrieval heads keeps the accuracy and widens the answer's margin more than

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hugging Face cache names on the command line (README "Models", src/hub.h): a cache built the way
+# Hugging Face cache names on the command line (README "Models", src/formats/hub.h): a cache built the way
 # huggingface_hub lays it out from tinystories-656k (blobs/<sha256> copies, snapshots/<commit>/<file>
 # relative links, refs/main and the tag refs/v1, whose snapshot has a different config.json and no
 # tokenizer.json), found through HF_HUB_CACHE or HF_HOME; `info` prints the commit, result files record

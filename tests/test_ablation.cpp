@@ -1,4 +1,4 @@
-// The ablation engine (probes/ablation.h), `headscope run` / `merge` and the YAML schema
+// The ablation engine (probes/ablation/ablation.h), `headscope run` / `merge` and the YAML schema
 // (src/experiment/experiment.h). References: one unbatched forward per configuration with the heads edited
 // by hand through Hooks::intervene_z / intervene_q; finite differences for gradient importance;
 // the CI toy model's training_log.json "ground_truth" for what the example must find.

@@ -1,4 +1,4 @@
-// Decoding under head interventions (probes/decoding.h): rows in lockstep equal the rows decoded
+// Decoding under head interventions (probes/decoding/decoding.h): rows in lockstep equal the rows decoded
 // alone and full recomputation; DeCoRe at alpha 0 is greedy decoding; JUICE on one head is a scale.
 #include "decoding.h"
 #include "errors.h"

@@ -1,4 +1,4 @@
-// DuoAttention's learned gates (probes/duo_gates.h) and the YAML sweep duo-gates. References: the
+// DuoAttention's learned gates (probes/ablation/duo_gates.h) and the YAML sweep duo-gates. References: the
 // unchanged model (alpha = 1 must reproduce its final hidden states), central finite differences for
 // the gradient, and the CI toy recall model's training_log.json "ground_truth" (its retrieval heads,
 // the ones that need the whole context).

@@ -1,4 +1,4 @@
-// Causal head gating (probes/gating.h) and its YAML sweep. References: central finite differences
+// Causal head gating (probes/ablation/gating.h) and its YAML sweep. References: central finite differences
 // for the gates' gradient; evaluate_gates one gate set at a time for the batched gate sets; the CI
 // toy recall model's training_log.json "ground_truth" (its retrieval heads) with a planted
 // interfering head for what the fits must label.

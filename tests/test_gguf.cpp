@@ -1,4 +1,4 @@
-// GGUF files (src/gguf.h, src/gguf_model.h): every family fixture and tinystories-656k written as
+// GGUF files (src/formats/gguf.h, src/formats/gguf_model.h): every family fixture and tinystories-656k written as
 // llama.cpp's converter writes them (scripts/make_gguf.py with PyPI's gguf package; skipped, saying
 // so, where that package cannot be installed) give the safetensors load's logits within each
 // dtype's stated tolerance; the file's own tokenizer gives the shared tokenizer vectors' ids; and

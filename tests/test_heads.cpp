@@ -1,4 +1,4 @@
-// Heads (src/heads.*): names, lists, ranking, the two random-control schemes and reading an
+// Heads (src/interp/heads.*): names, lists, ranking, the two random-control schemes and reading an
 // [L, H] score from a result file.
 #include <doctest/doctest.h>
 

@@ -1,4 +1,4 @@
-// Hugging Face cache names (src/hub.h): a cache folder built the way huggingface_hub lays it out
+// Hugging Face cache names (src/formats/hub.h): a cache folder built the way huggingface_hub lays it out
 // (blobs/<sha256> copies, snapshots/<commit>/<file> relative links into ../../blobs, refs/<revision>
 // holding a commit), resolved offline by name, name@branch, name@tag and name@commit; the cache
 // root's precedence; a real path winning over a name; a model loaded by name equal to the same

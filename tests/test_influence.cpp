@@ -1,4 +1,4 @@
-// AttentionInfluence (probes/influence.h): each sample's loss and masked loss equal an independent
+// AttentionInfluence (probes/ablation/influence.h): each sample's loss and masked loss equal an independent
 // recomputation (one unbatched forward per sample and head set, zeroed heads through hand-made hooks,
 // the mean next-token NLL from log_softmax in float64) within 1e-5, and the score within what those
 // bound, on the toy recall model

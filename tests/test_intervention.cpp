@@ -1,4 +1,4 @@
-// The intervention vocabulary and its one applier (src/intervention.h): each name means one thing,
+// The intervention vocabulary and its one applier (src/interp/intervention.h): each name means one thing,
 // a caller's subset is what it parses, and apply_intervention's two forms (a head list in one row,
 // per-row masks) do the same operation as the hooks they stand for. References: hand-made
 // Hooks::intervene_* calls on a family fixture.

@@ -1,5 +1,5 @@
 // JUICE's head selection as a YAML study: the scale-grid sweep (per-configuration factors in one
-// forward), the prob metric, the conflicts dataset and the selection rule (probes/juice.h).
+// forward), the prob metric, the conflicts dataset and the selection rule (probes/decoding/juice.h).
 // References: one Ablator per factor (the engine's own scale mode, itself checked against
 // hand-made hooks in test_ablation); exp(-loss) at the answer position; the reference code's rule
 // (GaotangLi/JUICE src/select_intervention_head.py) worked by hand on small arrays; the CI toy

@@ -1,4 +1,4 @@
-// KV-cache policies (probes/kv_policy.h, issue 35): the kept-positions forward (Hooks::keep) and the
+// KV-cache policies (probes/needle/kv/kv_policy.h, issue 35): the kept-positions forward (Hooks::keep) and the
 // windows that act from a position (StreamWindow::from) against the whole reference
 // (blocks::attention_reference) and against an independent recomputation over the kept keys alone,
 // in double; SnapKV's pooled scores against a recomputation from the captured q and k; HeadKV's

@@ -1,10 +1,10 @@
-// Needle in a haystack (probes/needle.*, `headscope retrieval`): ROUGE, token-space prompts, the
+// Needle in a haystack (probes/needle/needle.*, `headscope retrieval`): ROUGE, token-space prompts, the
 // per-step retrieval credit and LOCOS L+/L- against direct loops, decode through the KV cache
 // against a full forward on a model with planted attention, the bootstrap, controls, bad input,
 // and the toy recall model's own task posed as a needle test.
 #include <doctest/doctest.h>
 
-#include "../src/blocks.h"
+#include "blocks.h"
 #include "ci_toy.h"
 #include "errors.h"
 #include "model.h"

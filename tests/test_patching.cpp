@@ -1,4 +1,4 @@
-// Activation, attribution and path patching (probes/patching.h). References: a hand-made
+// Activation, attribution and path patching (probes/ablation/patching.h). References: a hand-made
 // intervene_z forward per pair (exact patching), exact patching itself where the metric is linear
 // in the patched activation (attribution), and the CI toy induction model's training_log.json
 // "ground_truth" (which heads form the circuit) for what the methods must find.

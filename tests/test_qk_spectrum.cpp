@@ -1,4 +1,4 @@
-// The weight-only QK spectrum (probes/qk_spectrum.h): planted heads of known rank come out with
+// The weight-only QK spectrum (probes/weights/qk_spectrum.h): planted heads of known rank come out with
 // that effective rank; on every real checkpoint the thin-QR route equals a full SVD of the
 // d_model x d_model form built from the model's own weights (weight_circuits.h); the command
 // writes what the library computes.

@@ -1,4 +1,4 @@
-// HeadKV's R2 (retrieval-reasoning) head score in the needle scan (probes/needle.cpp score_step,
+// HeadKV's R2 (retrieval-reasoning) head score in the needle scan (probes/needle/needle.cpp score_step,
 // NeedleTest::scored, summarize): the per-step credit against an independent recomputation on
 // hand-built rows (ties, spans at the row's edges), the decode's per-step R2 against rows of a full
 // forward (planted model), and on the CI toy recall model the score's ranking of the proven

@@ -1,4 +1,4 @@
-// RazorAttention's head selection (probes/razor.h): with two repeats its echo and induction scores
+// RazorAttention's head selection (probes/needle/kv/razor.h): with two repeats its echo and induction scores
 // are `detect`'s duplicate-token and induction stripes; on the CI induction toy the heads the
 // training log proved causal rank first; the combined ordering keeps the paper's selection as a
 // prefix; with GQA every query head of a KV group gets the group's score.

@@ -1,5 +1,5 @@
 // The reference codes' random streams (src/reference_rng.h) against numpy and CPython, and LOCOS's
-// bootstrap interval (probes/needle.h bootstrap_ci_numpy) against numpy's own computation, to the
+// bootstrap interval (probes/needle/needle.h bootstrap_ci_numpy) against numpy's own computation, to the
 // last float32 bit. Fixture: tests/data/reference_rng.json, written by scripts/make_rng_fixture.py
 // (numpy's legacy RandomState and Python's random; the same values from numpy 1.24 and 2.4).
 #include <doctest/doctest.h>

@@ -1,4 +1,4 @@
-// Successor heads (probes/successor.h): a head planted to map each task token to its successor
+// Successor heads (probes/weights/successor.h): a head planted to map each task token to its successor
 // scores 1.0 and the other heads near chance, under the paper's MLP0 embedding and copy
 // suppression's W_EE; the planted head carries the successor prediction in the forward (zero-
 // ablating it takes it away); the default tasks and the task file round-trip; bad task files are one

@@ -112,7 +112,7 @@ void run_bench(const BenchOptions& o) {
     const double t_per_row = o.batch > 1 ? median_time(o.reps, [&] { l.model->forward(tokens, nullptr, nullptr, per_row); })
                                          : t_plain;
     // The detectors' access pattern: induction, previous-token and duplicate-token stripes reduced
-    // from each layer's pattern block by block as attention makes it (src/patterns.h).
+    // from each layer's pattern block by block as attention makes it (src/interp/patterns.h).
     Hooks reduce;
     const int64_t n = std::max<int64_t>(2, (o.seq - 1) / 2);
     at::Tensor sink;

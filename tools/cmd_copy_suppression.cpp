@@ -1,6 +1,6 @@
 // headscope copy-suppression: per-head OV and QK copy-suppression ranks from weights (folded and
 // centred, effective embedding), and on request the dynamic score on a text file.
-// Method: probes/copy_suppression.h, docs/methods-weights.md.
+// Method: probes/weights/copy_suppression.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
 #include "schema.h"

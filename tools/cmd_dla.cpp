@@ -1,6 +1,6 @@
 // headscope dla: direct logit attribution of every head (and the embedding, MLPs and biases) to
 // logit(correct) - logit(incorrect) at the last position of each prompt.
-// Method: probes/dla.h, docs/methods-weights.md.
+// Method: probes/weights/dla.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
 #include "schema.h"

@@ -1,6 +1,6 @@
 // headscope generate: greedy (default) or sampled continuation with a KV cache; with --rows,
 // --contrast (DeCoRe) or --enhance/--suppress (JUICE), several intervention rows decode in lockstep
-// (probes/decoding.h).
+// (probes/decoding/decoding.h).
 #include "commands.h"
 #include "common.h"
 #include "decoding.h"

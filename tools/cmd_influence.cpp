@@ -1,6 +1,6 @@
 // headscope influence: AttentionInfluence (Hua et al. 2025) - rank a corpus by how much the model's
 // loss on each sample rises when its retrieval heads are masked, with random head sets as controls.
-// Method: probes/influence.h, docs/methods.md ("AttentionInfluence").
+// Method: probes/ablation/influence.h, docs/methods.md ("AttentionInfluence").
 #include "commands.h"
 #include "common.h"
 #include "errors.h"

@@ -1,5 +1,5 @@
 // headscope maps: MAPS relation scores per head from raw weights (static) and, on request, from
-// the head's output on templates (dynamic). Method: probes/maps.h, docs/methods-weights.md.
+// the head's output on templates (dynamic). Method: probes/weights/maps.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
 #include "schema.h"

@@ -1,4 +1,4 @@
-// headscope patch: activation, attribution and path patching of attention heads (probes/patching.h;
+// headscope patch: activation, attribution and path patching of attention heads (probes/ablation/patching.h;
 // methods: docs/methods.md "Patching"; names: docs/hdf5-schema.md "Patching").
 #include "commands.h"
 #include "common.h"

@@ -1,5 +1,5 @@
 // headscope qk-spectrum: each head's effective QK rank from weights alone (Autonomy-of-Heads).
-// Method: probes/qk_spectrum.h, docs/methods-weights.md ("QK spectrum").
+// Method: probes/weights/qk_spectrum.h, docs/methods-weights.md ("QK spectrum").
 #include "commands.h"
 #include "common.h"
 #include "schema.h"

@@ -42,7 +42,7 @@ struct RetrievalOptions {
     std::string haystack, needles, haystack_dir;
     std::string tmpl = kDefaultTemplate;
     std::string ablation_template;
-    // The protocol (probes/needle_trials.h) and its choices, each overriding the protocol's default
+    // The protocol (probes/needle/needle_trials.h) and its choices, each overriding the protocol's default
     // when given (the flags given are in `given`).
     std::string protocol = "headscope";
     int64_t buffer = 0;
@@ -75,14 +75,14 @@ struct RetrievalOptions {
     bool resume = false;
     double checkpoint_seconds = 60;
     int pause_ms = 0;
-    // decoding under head interventions (probes/decoding.h)
+    // decoding under head interventions (probes/decoding/decoding.h)
     std::string decoding = "greedy";
     DecodingArgs dec;
     // Attention windows: --ablation stream and --stream-sweep (run_stream_sweep).
     StreamWindow window;
     bool stream_sweep = false;
     std::string order = "locos";
-    std::string razor_preset = "headscope";  // --order razor's scoring and selection (probes/razor.h, RazorPreset)
+    std::string razor_preset = "headscope";  // --order razor's scoring and selection (probes/needle/kv/razor.h, RazorPreset)
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
     int64_t sweep_rows = 8;
@@ -286,7 +286,7 @@ static at::Tensor stream_order_score(const RetrievalOptions& o, const Model& m, 
     return with_flag("--order", [&] { return read_head_score(split_head_score_ref(o.order), L, H); });
 }
 
-// --stream-sweep after the scan (probes/stream_sweep.h): appends /retrieval/streaming to `out`
+// --stream-sweep after the scan (probes/needle/stream_sweep.h): appends /retrieval/streaming to `out`
 // (docs/hdf5-schema.md) and prints the curve. `score`: the order's score (stream_order_score), or
 // undefined for this run's locos / retrieval / r2 in `sum`.
 static void run_stream_sweep(const RetrievalOptions& o, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
@@ -656,7 +656,7 @@ public:
 
     const NeedleResults& results() const { return res_; }
     const std::vector<std::vector<Head>>& sets() const { return sets_; }
-    // The scan's work items (probes/needle_results.h NeedleWork): with an unablated prefill (scope
+    // The scan's work items (probes/needle/needle_results.h NeedleWork): with an unablated prefill (scope
     // decode) and --sweep-rows > 1 the sets decode as rows of shared forwards, one item a batch for
     // every set.
     bool rows_mode() const { return work_.rows(); }

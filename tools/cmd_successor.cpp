@@ -1,5 +1,5 @@
 // headscope successor: the succession score of every head from weights (Gould et al. 2023).
-// Method: probes/successor.h, docs/methods-weights.md ("Successor heads").
+// Method: probes/weights/successor.h, docs/methods-weights.md ("Successor heads").
 #include "commands.h"
 #include "common.h"
 #include "errors.h"

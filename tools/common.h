@@ -93,7 +93,7 @@ struct Loaded {
 };
 
 // Sets threads, loads the model (and its tokenizer: required -> error when none is found).
-// MODEL and --tokenizer may be Hugging Face cache names (org/name[@revision], src/hub.h).
+// MODEL and --tokenizer may be Hugging Face cache names (org/name[@revision], src/formats/hub.h).
 Loaded open_model(const ModelArgs& a, bool require_tokenizer);
 // A tokenizer argument (or tokenize's tokenizer-or-model path): `spec` itself when it exists or is no
 // Hugging Face name, else the name's snapshot folder in the local cache; a name that does not

@@ -1,6 +1,6 @@
 // The decoding options `generate` and `retrieval --decoding` share (DeCoRe's --contrast/--alpha/
 // --alpha-max, JUICE's --enhance/--suppress and their coefficients), declared and turned into a
-// DecodingSpec (probes/decoding.h) in one place.
+// DecodingSpec (probes/decoding/decoding.h) in one place.
 #pragma once
 
 #include "decoding.h"

@@ -1,5 +1,5 @@
 // `retrieval --kv-compare`: the flags, their checks before the scan (every file read, every value
-// checked, before anything is written) and the comparison after it (probes/kv_policy.h), written to
+// checked, before anything is written) and the comparison after it (probes/needle/kv/kv_policy.h), written to
 // /retrieval/kv_compare (docs/hdf5-schema.md) and printed.
 #pragma once
 
@@ -42,7 +42,7 @@ struct KvComparePlan {
     KvCompareSpec spec;
     std::vector<std::string> run_scores;  // per policy: "locos" / "retrieval" / "r2" to take from the scan, or ""
 };
-// razor_preset (--razor-preset): how razor's order is found (probes/razor.h).
+// razor_preset (--razor-preset): how razor's order is found (probes/needle/kv/razor.h).
 KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const RunScores& run, int64_t random_orders,
                               int64_t sweep_rows, uint64_t seed, const std::string& razor_preset);
 

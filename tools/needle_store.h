@@ -1,6 +1,6 @@
 // The merge of a needle scan's shards (`headscope merge` on retrieval files) and what it checks: the
 // shards' parameters agree, the merged file is staged beside its destination. The per-trial results
-// it joins are probes/needle_results.h's NeedleResults, stored as schema::NeedleRecord.
+// it joins are probes/needle/needle_results.h's NeedleResults, stored as schema::NeedleRecord.
 #pragma once
 
 #include "needle_results.h"

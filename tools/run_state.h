@@ -23,7 +23,7 @@ Shard parse_shard(const std::string& s);  // "I/N" (UsageError otherwise)
 // out/x.h5 -> out/x.shard-1-of-4.h5 (for a sharded run with no --out).
 std::string shard_path(const std::string& out, const Shard& s);
 
-// A scale-grid study's JUICE selection (probes/juice.h) into /ablation/<study>/juice (schema.h
+// A scale-grid study's JUICE selection (probes/decoding/juice.h) into /ablation/<study>/juice (schema.h
 // write_juice), replacing what is there: `run` after each batch, `merge` from the merged rows
 // (rows [S, N], masks [S, L, H], factors [S], variants [N] or empty).
 void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& rows, const at::Tensor& masks,

@@ -1,4 +1,4 @@
-// config.json -> ModelConfig for every family (src/loader.cpp parse_model_config and the
+// config.json -> ModelConfig for every family (src/formats/loader.cpp parse_model_config and the
 // per-family parsers in src/families/*_load.cpp). Bad input: ConfigError (exit 3).
 #include "fuzz_target.h"
 

@@ -1,4 +1,4 @@
-// GGUF files (src/gguf.cpp, src/gguf_model.cpp, src/tokenizers/tokenizer_gguf.cpp): the header and
+// GGUF files (src/formats/gguf.cpp, src/formats/gguf_model.cpp, src/tokenizers/tokenizer_gguf.cpp): the header and
 // tensor table, every tensor read back (Q8_0 dequantised), the model built from the metadata, and
 // the file's own tokenizer encoding a line. Bad input: ModelLoadError (exit 4), ConfigError (exit 3)
 // from the config the metadata describes, DataError (exit 5) from the tokenizer.

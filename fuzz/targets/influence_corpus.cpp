@@ -1,4 +1,4 @@
-// AttentionInfluence corpora (probes/influence.cpp read_corpus): JSONL, {"text": ...} or
+// AttentionInfluence corpora (probes/ablation/influence.cpp read_corpus): JSONL, {"text": ...} or
 // {"tokens": [ids]} a line; no tokenizer here, so text lines are refused too. Bad input: DataError
 // (exit 5).
 #include "fuzz_target.h"

@@ -1,5 +1,5 @@
 // llama2.c checkpoint .bin: 7-field header, sizes checked against the file length, weights loaded
-// (src/loader.cpp load_llama2c via load_model). Bad input: ConfigError (3) or ModelLoadError (4).
+// (src/formats/loader.cpp load_llama2c via load_model). Bad input: ConfigError (3) or ModelLoadError (4).
 #include "fuzz_target.h"
 
 #include "model.h"

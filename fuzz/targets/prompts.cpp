@@ -1,5 +1,5 @@
-// Prompt files: the DLA prompt list (probes/dla.cpp read_dla_prompts: a JSON list of {prompt,
-// correct, incorrect}) and the needle file (probes/needle.cpp read_needles: one JSON object a
+// Prompt files: the DLA prompt list (probes/weights/dla.cpp read_dla_prompts: a JSON list of {prompt,
+// correct, incorrect}) and the needle file (probes/needle/needle.cpp read_needles: one JSON object a
 // line), both on the same input. Bad input: DataError (exit 5).
 #include "fuzz_target.h"
 

@@ -1,4 +1,4 @@
-// MAPS relation files (probes/maps.cpp read_relation): a JSON list of [source, target] pairs or
+// MAPS relation files (probes/weights/maps.cpp read_relation): a JSON list of [source, target] pairs or
 // {"name", "category", "k", "pairs"}. Bad input: DataError (exit 5).
 #include "fuzz_target.h"
 

@@ -1,4 +1,4 @@
-// safetensors header and tensor table (src/safetensors.cpp): SafetensorsFile over the input as a
+// safetensors header and tensor table (src/formats/safetensors.cpp): SafetensorsFile over the input as a
 // file, then every tensor read back. Bad input: ModelLoadError (exit 4).
 #include "fuzz_target.h"
 

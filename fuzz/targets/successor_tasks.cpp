@@ -1,4 +1,4 @@
-// Successor task files (probes/successor.cpp read_successor_tasks): a JSON object of ordered word
+// Successor task files (probes/weights/successor.cpp read_successor_tasks): a JSON object of ordered word
 // lists. Bad input: DataError (exit 5).
 #include "fuzz_target.h"
 

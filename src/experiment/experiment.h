@@ -1,7 +1,7 @@
 // A masking/ablation experiment described in YAML (schema: docs/experiments.md). Parsing checks
 // the file's shape and types; every error names "FILE:LINE:COL:" (1-based, from yaml-cpp's marks)
 // and what was expected, and throws ConfigError (exit 3). Checks that need the model (head ranges,
-// score shapes) happen in the engine with the same marks (probes/ablation.h).
+// score shapes) happen in the engine with the same marks (probes/ablation/ablation.h).
 #pragma once
 
 #include "heads.h"         // head names (L1H3) as the YAML writes them
@@ -107,8 +107,8 @@ struct StudySpec {
     int64_t controls = 0;  // random control sets per configuration
     std::vector<double> steps;  // prune: cumulative fractions of all heads, increasing
     std::vector<double> factors;  // scale-grid: z *= factor, each head alone at each factor
-    // gating (causal head gating, probes/gating.h): random starts, Adam steps per fit, |lambda|, lr.
-    // duo-gates (DuoAttention, probes/duo_gates.h): fit_steps, lambda (default 0.05), lr (0.02).
+    // gating (causal head gating, probes/ablation/gating.h): random starts, Adam steps per fit, |lambda|, lr.
+    // duo-gates (DuoAttention, probes/ablation/duo_gates.h): fit_steps, lambda (default 0.05), lr (0.02).
     int64_t starts = 5, fit_steps = 200;
     double lambda = 0.1, lr = 1.0;
     bool recompute = false;     // prune: recompute importance after each step

@@ -1,7 +1,7 @@
 // One forward per family, each reading top to bottom. Internal header.
 #pragma once
 
-#include "../model.h"
+#include "model.h"
 
 namespace hs {
 

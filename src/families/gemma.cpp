@@ -12,7 +12,7 @@
 // resid_mid = resid_pre + post_attn_norm(attn_out) and resid_post = resid_mid + post_mlp_norm(mlp_out).
 #include "families.h"
 
-#include "../blocks.h"
+#include "blocks.h"
 
 namespace hs {
 

@@ -2,7 +2,7 @@
 // pre-LayerNorm blocks, no RoPE, unfused per-head attention, gelu_new MLP, tied unembedding.
 #include "families.h"
 
-#include "../blocks.h"
+#include "blocks.h"
 
 namespace hs {
 

@@ -8,7 +8,7 @@
 // MLP's input. Without the parallel residual the block is the usual sequential one.
 #include "families.h"
 
-#include "../blocks.h"
+#include "blocks.h"
 
 namespace hs {
 

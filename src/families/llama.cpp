@@ -2,7 +2,7 @@
 // modeling_qwen3.py; llama2.c run.c): pre-norm RMSNorm blocks, RoPE on q and k, gated SiLU MLP.
 #include "families.h"
 
-#include "../blocks.h"
+#include "blocks.h"
 
 namespace hs {
 

@@ -7,7 +7,7 @@
 // resid_post = resid_mid + post_mlp_norm(mlp_out).
 #include "families.h"
 
-#include "../blocks.h"
+#include "blocks.h"
 
 namespace hs {
 

@@ -1,9 +1,9 @@
 // Architectures as data: each entry names the config.json architecture, fills ModelConfig from
 // config.json and loads the canonical weights. The forward is not here: Model::forward
-// (src/model.cpp) picks the family's forward (families.h) by a switch on ModelConfig::family.
+// (src/model/model.cpp) picks the family's forward (families.h) by a switch on ModelConfig::family.
 #pragma once
 
-#include "../weight_source.h"
+#include "weight_source.h"
 
 #include <nlohmann/json_fwd.hpp>
 

@@ -208,7 +208,7 @@ struct StreamingRecord {
 };
 void write_streaming(ResultWriter& w, const StreamingRecord& s);
 
-// ---- KV-cache policies at equal memory: /retrieval/kv_compare (probes/kv_policy.h)
+// ---- KV-cache policies at equal memory: /retrieval/kv_compare (probes/needle/kv/kv_policy.h)
 struct KvCompareRecord {
     int64_t P = 0, B = 0, R = 0;            // policies, budgets, random orders
     std::vector<std::string> policies;      // [P]
@@ -224,7 +224,7 @@ KvCompareRecord read_kv_compare(const ResultReader& r);  // StorageError for inc
 
 // ---- the needle scan's per-trial results: /retrieval/trials, /retrieval/steps, /retrieval/ablation
 // What `retrieval` writes after every checkpoint, --resume reads back and `merge` joins; the head
-// scores and accuracies are always recomputed from it (probes/needle_results.h summarize), so a merged
+// scores and accuracies are always recomputed from it (probes/needle/needle_results.h summarize), so a merged
 // file equals the unsharded run's bit for bit.
 struct NeedleRecord {
     int64_t N = 0, L = 0, H = 0, steps = 0;  // trials, layers, heads, max_new_tokens

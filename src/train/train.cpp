@@ -218,7 +218,7 @@ AttnStats attention_stats(const Model& m, const EvalSets& s) {
         const int64_t T = tokens.size(1);
         const double w = 1.0 / static_cast<double>(n_sets);
         Hooks hooks;
-        // Row blocks of each layer's pattern (src/patterns.h), the reductions the detectors use.
+        // Row blocks of each layer's pattern (src/interp/patterns.h), the reductions the detectors use.
         hooks.capture_rows(Point::kAttnPattern, [&](int l, int64_t q0, const at::Tensor& a) {  // a [B, H, n, T]
             const double rows = static_cast<double>(a.size(0));
             prev[l].add_(diagonal_sum_rows(a, q0, 1, T - 1, 1).to(torch::kDouble).sum(0) * (w / (rows * (T - 1))));

@@ -430,7 +430,7 @@ void BlockedAttention::plan_windows() {
 // Blocks reuse one scratch buffer per tensor for the whole layer (allocated once, at the largest
 // block), instead of allocating, page-faulting and freeing fresh [B, H, rows, m] tensors block
 // after block: at T = 4096 that was ~4 x 25 MiB x 32 blocks per layer. Row observers are told
-// not to keep what they are handed (src/hooks.h); whole-tensor hooks get fresh tensors.
+// not to keep what they are handed (src/interp/hooks.h); whole-tensor hooks get fresh tensors.
 void BlockedAttention::plan_blocks(int64_t attn_block) {
     whole_ = hooks_ && (hooks_->needs_whole(Point::kAttnScores, layer_) || hooks_->needs_whole(Point::kAttnPattern, layer_));
     see_scores_ = !whole_ && hooks_ && hooks_->wants(Point::kAttnScores, layer_);

@@ -1,6 +1,6 @@
 // Decoding under head interventions: several rows decode one prompt in lockstep, one batched forward
 // a step with one KV cache holding every row, each row with its own head interventions (the one
-// vocabulary of src/intervention.h), and the rows' next-token distributions combined per step by a
+// vocabulary of src/interp/intervention.h), and the rows' next-token distributions combined per step by a
 // named rule:
 //   independent  every row decodes greedily on its own (row 0 is the plain model);
 //   decore       DeCoRe (aryopg/DeCoRe): row 0 the plain model, row 1 with the retrieval heads masked;

@@ -36,7 +36,7 @@ StripeKind parse_stripe_kind(const std::string& name);  // throws UsageError lis
 // ---- Per-layer reductions (one layer at a time by construction) ----
 
 // pattern [B, H, T, T] for tokens [BOS, R, R] (T = 2n+1) -> per-row scores [B, H] float32.
-// (The whole-pattern form of stripe_sum_rows in src/patterns.h, for tests and callers that have
+// (The whole-pattern form of stripe_sum_rows in src/interp/patterns.h, for tests and callers that have
 // a whole pattern.)
 at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64_t n);
 

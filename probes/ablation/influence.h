@@ -6,7 +6,7 @@
 // the paper leaves one open: docs/methods.md, "AttentionInfluence".
 //
 // Every head set (the named heads, random controls) and the unmasked model run as rows of shared
-// forwards through the ablation engine (probes/ablation.h: per-row masks, shared layers below the
+// forwards through the ablation engine (probes/ablation/ablation.h: per-row masks, shared layers below the
 // first masked layer, the loss read from the final residual a piece at a time, so memory is linear in
 // the sample's length).
 #pragma once

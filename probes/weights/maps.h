@@ -1,7 +1,7 @@
 // MAPS (Elhelo & Geva 2024; code amitelhelo/MAPS; methods-reference.md section 4): how strongly a
 // head's OV circuit maps a relation's source tokens to its target tokens, from raw weights
 // (static) and from the head's output on short templates (dynamic).
-// The weight-circuit helpers it shares with copy suppression and DLA are in src/weight_circuits.h.
+// The weight-circuit helpers it shares with copy suppression and DLA are in src/interp/weight_circuits.h.
 #pragma once
 
 #include "model.h"

@@ -49,7 +49,7 @@ AblationData repeated_data(const Model& m, int64_t n, int64_t count, int64_t see
 // Token-id sequences as given (one row each).
 AblationData sequence_data(const std::string& name, const std::vector<std::vector<int64_t>>& seqs);
 
-// The intervention (src/intervention.h) and the metric (src/experiment/experiment.h: MetricKind, Positions)
+// The intervention (src/interp/intervention.h) and the metric (src/experiment/experiment.h: MetricKind, Positions)
 // use the experiment's vocabularies.
 struct AblationSetup {
     Intervention mode = Intervention::kZero;  // any but kNone
@@ -100,7 +100,7 @@ public:
     int64_t resample_source(int64_t i) const;
     // The data's rows in the chunks the engine forwards them in, with each chunk's scored positions
     // (the metric's): tokens [b, T] on the model's device, row and pos [P] int64 (row within the chunk).
-    // Learned-gate probes that distil hidden states there (probes/duo_gates.h) read them.
+    // Learned-gate probes that distil hidden states there (probes/ablation/duo_gates.h) read them.
     struct ScoredRows {
         at::Tensor tokens, row, pos;
     };

@@ -1,6 +1,6 @@
 // load_model: Hugging Face folders (config.json + safetensors, sharded or not) and llama2.c .bin.
 #include "errors.h"
-#include "families/registry.h"
+#include "../families/registry.h"
 #include "gguf.h"
 #include "gguf_model.h"
 #include "hub.h"

@@ -40,7 +40,7 @@ enum class HeadOp {
     kScale,    // value *= scale
     kReplace,  // value := `value` ([d], [T, d] or [B?] broadcast to [T, d] for that row)
     kAddPeer,  // value += scale x the same head's value in batch row `peer` (before this layer's
-               // interventions): JUICE's dual run as two rows of one forward (probes/decoding.h)
+               // interventions): JUICE's dual run as two rows of one forward (probes/decoding/decoding.h)
 };
 
 struct HeadIntervention {
@@ -140,7 +140,7 @@ public:
     void intervene_q(const HeadIntervention& iv);
     // Head-level interventions on the query before RoPE (after q-norm where the family has one):
     // the family then rotates the result at each position like any query. A replaced pre-RoPE
-    // query is LOCOS's mean-query ablation (mean-query-pre-rope in src/intervention.h; docs/methods.md); a zeroed one equals a zeroed query.
+    // query is LOCOS's mean-query ablation (mean-query-pre-rope in src/interp/intervention.h; docs/methods.md); a zeroed one equals a zeroed query.
     void intervene_q_pre_rope(const HeadIntervention& iv);
     // An attention window (above). ConfigError for sink < 0 or recent < 1.
     void window(const HeadWindow& w);

@@ -10,7 +10,7 @@
 #include "gguf_model.h"
 
 #include "errors.h"
-#include "families/registry.h"
+#include "../families/registry.h"
 #include "gguf.h"
 #include "safetensors.h"
 #include "util.h"

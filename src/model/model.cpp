@@ -2,7 +2,7 @@
 
 #include "blocks.h"
 #include "errors.h"
-#include "families/families.h"
+#include "../families/families.h"
 #include "util.h"
 
 namespace hs {

@@ -30,7 +30,7 @@
 
 namespace hs {
 
-// The interventions a needle test can run (src/intervention.h), in the order --help lists them.
+// The interventions a needle test can run (src/interp/intervention.h), in the order --help lists them.
 const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero, stream
 
 // Zero-query and zero act on the query after RoPE and on z; mean-query replaces the query BEFORE
@@ -42,7 +42,7 @@ struct HeadSet {
     Intervention mode = Intervention::kNone;
     at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
     StreamWindow window;  // kStream
-    // KV-cache policies (probes/kv_policy.h). kv_from: where a trial's cache is compressed (the
+    // KV-cache policies (probes/needle/kv/kv_policy.h). kv_from: where a trial's cache is compressed (the
     // positions before it were prefilled whole; unset: the prompt's length P).
     // window_after_prompt (kStream): the window acts only on queries at kv_from and later
     // (StreamWindow::from): DuoAttention's deployment, a whole prefill and then sink + recent.
@@ -258,7 +258,7 @@ public:
     at::Tensor calibrate(int64_t n, uint64_t seed, int64_t max_tokens, std::vector<int64_t>* chosen,
                          const std::function<void()>& tick = {}) const;
 
-    // Every trial decoded under `spec` (probes/decoding.h: DeCoRe's or JUICE's two rows, one trial
+    // Every trial decoded under `spec` (probes/decoding/decoding.h: DeCoRe's or JUICE's two rows, one trial
     // a forward of those rows, the prompt prefilled in chunks of the decode's prefill_chunk; at most
     // max_new_tokens steps, the stop rule as above): ROUGE and the pass flag of the combined output,
     // and at the first step the margin of the answer's first token (its score minus the best other
