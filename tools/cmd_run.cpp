@@ -29,46 +29,6 @@
 
 namespace hs::cli {
 
-std::string Shard::str() const { return fmt::format("{}/{}", index, count); }
-
-// A Slurm array's variable as a non-negative integer; UsageError naming it when unset or not one.
-static int64_t slurm_env(const char* name, const std::string& s) {
-    const char* v = std::getenv(name);
-    if (!v || !*v)
-        throw UsageError(fmt::format("--shard '{}': {} is not set (not inside a Slurm job array; give I/N instead)", s, name));
-    const auto x = parse_int64(v);
-    if (!x || *x < 0) throw UsageError(fmt::format("--shard '{}': {}='{}' is not a non-negative integer", s, name, v));
-    return *x;
-}
-
-Shard parse_shard(const std::string& s) {
-    Shard sh;
-    auto p = split(s, '/');
-    if (!p.empty() && p[0] == "slurm") {
-        // slurm: I = SLURM_ARRAY_TASK_ID, N = SLURM_ARRAY_TASK_COUNT (the array's indices must be
-        // 0..N-1); slurm/N: N given, for a task resubmitted alone (--array=2: its count is 1).
-        if (p.size() > 2) throw UsageError(fmt::format("--shard '{}': expected slurm or slurm/N", s));
-        sh.index = slurm_env("SLURM_ARRAY_TASK_ID", s);
-        if (p.size() == 2) {
-            const auto n = parse_int64(p[1]);
-            if (!n) throw UsageError(fmt::format("--shard '{}': expected slurm/N with N an integer", s));
-            sh.count = *n;
-        } else {
-            sh.count = slurm_env("SLURM_ARRAY_TASK_COUNT", s);
-        }
-        if (sh.count < 1 || sh.index >= sh.count)
-            throw UsageError(fmt::format("--shard '{}': array task {} of {} tasks: the array's indices must be 0..N-1 "
-                                         "(sbatch --array=0-{})", s, sh.index, sh.count, std::max<int64_t>(sh.count - 1, 0)));
-        return sh;
-    }
-    const auto i = p.size() == 2 ? parse_int64(p[0]) : std::nullopt, n = p.size() == 2 ? parse_int64(p[1]) : std::nullopt;
-    if (!i || !n) throw UsageError(fmt::format("--shard '{}': expected I/N (e.g. 0/4), slurm or slurm/N", s));
-    sh.index = *i, sh.count = *n;
-    if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count)
-        throw UsageError(fmt::format("--shard '{}': need 0 <= I < N", s));
-    return sh;
-}
-
 void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& rows, const at::Tensor& masks,
                  const std::vector<double>& factors, const std::vector<int64_t>& variants) {
     const auto sel = juice_selection(rows, masks, factors, variants);
@@ -86,13 +46,6 @@ void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& ro
                {"enhance", std::string("sum over variants of up where up > 0 in every variant, else NaN")},
                {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}};
     schema::write_juice(w, study, j);
-}
-
-std::string shard_path(const std::string& out, const Shard& s) {
-    const std::string suffix = fmt::format(".shard-{}-of-{}", s.index, s.count);
-    auto dot = out.rfind(".h5");
-    if (dot != std::string::npos && dot + 3 == out.size()) return out.substr(0, dot) + suffix + ".h5";
-    return out + suffix;
 }
 
 struct RunOptions {
