@@ -3,7 +3,7 @@
 // Method: probes/weights/copy_suppression.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
-#include "schema.h"
+#include "score_records.h"
 #include "copy_suppression.h"
 #include "errors.h"
 #include "guard.h"
@@ -45,62 +45,33 @@ static std::vector<std::vector<int64_t>> text_windows(const CopySuppressionCliOp
     return out;
 }
 
-static void add_stats(schema::ScoreGroup& g, const std::string& circuit, const RankStats& s, const Attrs& base, int64_t L,
-                      int64_t H) {
-    auto put = [&](const std::string& name, const at::Tensor& t, const std::string& desc) {
-        Attrs a = base;
-        a["description"] = desc;
-        g.datasets.push_back({circuit + "_" + name, {{L, H}, host_floats(t), a}});
-    };
-    put("median_rank", s.median, circuit + " circuit: median rank of the source token (lower median)");
-    put("frac_rank0", s.frac_rank0, circuit + " circuit: fraction of scored tokens at rank 0");
-    put("frac_rank_lt10", s.frac_lt10, circuit + " circuit: fraction of scored tokens at rank < 10");
-    put("log_rank_summary", s.summary, circuit + " circuit: mean log(rank + 1) - (log V - 1)");
+static schema::RankStatsRecord rank_stats(const RankStats& s) {
+    return {host_floats(s.median), host_floats(s.frac_rank0), host_floats(s.frac_lt10), host_floats(s.summary)};
 }
 
 void run_copy_suppression(const CopySuppressionCliOptions& o) {
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, !o.text_file.empty());
     const Model& m = *l.model;
-    const int64_t L = m.config.n_layers, H = m.config.n_heads;
     std::vector<std::vector<int64_t>> windows;
     if (!o.text_file.empty()) windows = text_windows(o, *l.tokenizer, m.config.max_seq_len);
     auto s = with_flag({{"--n-tokens", "n_tokens"}}, [&] { return copy_suppression_weights(m, {o.block_size, o.n_tokens, o.seed}); });
     ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, o.seed);
-    Attrs base{{"probe", std::string("copy-suppression")},
-               {"block_size", o.block_size},
-               {"n_tokens", static_cast<int64_t>(s.tokens.size(0))},
-               {"seed", o.seed},
-               {"weight_processing", std::string("folded+centered")},
-               {"embedding", std::string("effective: W_E + layer-0 self-attention OV + MLP0")},
-               {"qk_position", std::string("weights-only QK uses unrotated q and k: RoPE position ignored")}};
-    Attrs sa = base;
-    sa["description"] = std::string("OV circuit: fraction of scored tokens whose own logit is the most suppressed "
-                                    "(rank 0); = ov_frac_rank0");
-    schema::ScoreGroup g{"copy-suppression", base, {{"score", {{L, H}, host_floats(s.ov.frac_rank0), sa}}}};
-    add_stats(g, "ov", s.ov, base, L, H);
-    add_stats(g, "qk", s.qk, base, L, H);
+    schema::CopySuppressionRecord r;
+    r.L = m.config.n_layers, r.H = m.config.n_heads;
+    r.block_size = o.block_size, r.n_tokens = s.tokens.size(0), r.seed = o.seed;
+    r.ov = rank_stats(s.ov), r.qk = rank_stats(s.qk);
     auto tk = s.tokens.to(torch::kInt).contiguous();
-    g.datasets.push_back(
-        {"scored_tokens", {{tk.numel()}, std::vector<int32_t>(tk.data_ptr<int32_t>(), tk.data_ptr<int32_t>() + tk.numel()), {}}});
+    r.scored_tokens.assign(tk.data_ptr<int32_t>(), tk.data_ptr<int32_t>() + tk.numel());
     if (!windows.empty()) {
         auto d = copy_suppression_dynamic(m, windows, o.threshold);
-        Attrs da = base;
-        da["text_file"] = o.text_file;
-        da["threshold"] = o.threshold;
-        da["n_windows"] = static_cast<int64_t>(windows.size());
-        for (auto [name, t, desc] : {std::tuple{"dynamic_frac_rank0", d.frac_rank0, "fraction of (q,k) pairs with A > "
-                                                "threshold, k != 0, whose source token is the most suppressed (NaN: none)"},
-                                     {"dynamic_n_pairs", d.n_pairs, "qualifying (q,k) pairs"},
-                                     {"dynamic_mean_effect", d.mean_effect, "mean A[q,k] (v_k W_O) . W_U_f[token_k] / "
-                                                                           "scale[q] over qualifying pairs"}}) {
-            da["description"] = std::string(desc);
-            g.datasets.push_back({name, {{L, H}, host_floats(t), da}});
-        }
+        r.text_file = o.text_file, r.threshold = o.threshold, r.n_windows = static_cast<int64_t>(windows.size());
+        r.dynamic_frac_rank0 = host_floats(d.frac_rank0), r.dynamic_n_pairs = host_floats(d.n_pairs);
+        r.dynamic_mean_effect = host_floats(d.mean_effect);
     }
-    schema::write_scores(w, g);
+    schema::write_copy_suppression(w, r);
     w.commit();
     log_info("wrote {} (copy suppression over {} tokens)", o.out.out, s.tokens.size(0));
 }

@@ -4,7 +4,7 @@
 #include "commands.h"
 #include "common.h"
 #include "lines.h"
-#include "schema.h"
+#include "score_records.h"
 #include "errors.h"
 #include "heads.h"
 #include "guard.h"
@@ -83,13 +83,13 @@ static std::vector<int32_t> padded(const std::vector<std::vector<int64_t>>& seqs
     return out;
 }
 
+// One probe's scores and the record its group stores.
 struct Result {
-    std::string probe;
-    at::Tensor score, samples;  // [L, H], [N, L, H]
-    Attrs attrs;
+    ProbeScores scores;
+    schema::HeadProbeRecord record;
 };
 
-static void print_top(const Result& r, int k) {
+static void print_top(const ProbeScores& r, int k) {
     auto flat = r.score.flatten();
     const int64_t H = r.score.size(1), n = std::min<int64_t>(k, flat.numel());
     const auto order = rank_heads(r.score, true);
@@ -98,23 +98,18 @@ static void print_top(const Result& r, int k) {
         const int64_t j = order[i];
         line += fmt::format(" {} {:.4f}", format_head(static_cast<int>(j / H), static_cast<int>(j % H)), flat[j].item<double>());
     }
-    if (r.attrs.count("baseline_loss")) line += fmt::format("  (baseline {:.4f})", std::get<double>(r.attrs.at("baseline_loss")));
+    if (r.baseline_loss) line += fmt::format("  (baseline {:.4f})", *r.baseline_loss);
     std::printf("%s\n", line.c_str());
 }
 
-static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const std::vector<Result>& results,
-                          const std::vector<int32_t>& tokens, int64_t N, int64_t T, bool ragged) {
+static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const schema::HeadProbeRun& run,
+                          const std::vector<Result>& results, const std::vector<int32_t>& tokens, int64_t N, int64_t T,
+                          bool ragged) {
     if (w.exists(schema::meta())) check_same_model(w, m);
     write_meta(w, m, o.seed);
-    const int64_t L = m.config.n_layers, H = m.config.n_heads;
     for (const auto& r : results) {
-        schema::ScoreGroup g{r.probe, r.attrs, {{"score", {{L, H}, host_floats(r.score), {}}}}};
-        if (o.samples) g.datasets.push_back({"samples", {{r.samples.size(0), L, H}, host_floats(r.samples), {}}});
-        if (r.attrs.count("baseline_loss"))
-            g.datasets.push_back(
-                {"baseline", {{1}, std::vector<float>{static_cast<float>(std::get<double>(r.attrs.at("baseline_loss")))}, {}}});
-        schema::write_scores(w, g);
-        schema::write_inputs(w, {r.probe, tokens, N, T, ragged});
+        schema::write_head_probe(w, run, r.record);
+        schema::write_inputs(w, {r.record.probe, tokens, N, T, ragged});
     }
     w.commit();
 }
@@ -134,41 +129,40 @@ static StripeInput stripe_input(const DetectOptions& o) {
     return in;
 }
 
-// Attributes every score group of this run shares (docs/hdf5-schema.md).
-static Attrs common_attrs(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe, int64_t n_seqs) {
-    Attrs a = {{"convention", std::string(stripe ? "stripe" : "detector")}};
+// What every score group of this run shares (docs/hdf5-schema.md).
+static schema::HeadProbeRun probe_run(const DetectOptions& o, const Model& m, const StripeInput& in, bool stripe,
+                                      int64_t n_seqs) {
+    schema::HeadProbeRun run;
+    run.stripe = stripe;
     if (stripe) {
         auto [lo, hi] = with_flag({{"--token-range", "token_range"}}, [&] { return token_range(m, in); });
-        a.insert({{"seq_len", in.seq_len}, {"batch", in.batch}, {"seed", in.seed}, {"token_lo", lo}, {"token_hi", hi}});
+        run.seq_len = in.seq_len, run.batch = in.batch, run.seed = in.seed, run.token_lo = lo, run.token_hi = hi;
     } else {
-        a.insert({{"n_sequences", n_seqs}, {"source_file", o.tokens_file.empty() ? o.text_file : o.tokens_file}});
+        run.n_sequences = n_seqs, run.source_file = o.tokens_file.empty() ? o.text_file : o.tokens_file;
     }
-    return a;
+    run.error_measure = o.error_measure;
+    run.exclude_bos = o.exclude_bos, run.exclude_current_token = o.exclude_current_token;
+    return run;
 }
 
 static std::vector<Result> compute(const DetectOptions& o, const Model& m, const std::vector<std::string>& probes,
-                                   const StripeInput& in, const at::Tensor& stripe_tokens,
-                                   const std::vector<std::vector<int64_t>>& seqs) {
+                                   const at::Tensor& stripe_tokens, const std::vector<std::vector<int64_t>>& seqs,
+                                   int64_t n) {
     const bool stripe = stripe_tokens.defined();
-    const Attrs common = common_attrs(o, m, in, stripe, static_cast<int64_t>(seqs.size()));
     ProbeInput in_p;
-    in_p.stripe_tokens = stripe_tokens, in_p.n = in.seq_len, in_p.seqs = seqs, in_p.max_rows = o.max_rows;
+    in_p.stripe_tokens = stripe_tokens, in_p.n = n, in_p.seqs = seqs, in_p.max_rows = o.max_rows;
     in_p.detector = {o.error_measure == "abs" ? ErrorMeasure::kAbs : ErrorMeasure::kMul, o.exclude_bos, o.exclude_current_token};
+    const int64_t L = m.config.n_layers, H = m.config.n_heads;
     std::vector<Result> results;
     for (auto& s : run_head_probes(m, probes, in_p)) {
         const HeadProbe& p = find_head_probe(s.probe);
-        Attrs a = common;
-        a["probe"] = s.probe;
-        a["description"] = probe_description(p, stripe);
-        if (s.baseline_loss) {
-            a["baseline_loss"] = *s.baseline_loss;
-            a["ablation"] = std::string("zero z of one head (all positions)");
-        } else if (!stripe && p.pattern != StripeKind::kAttentionSink) {
-            a["error_measure"] = o.error_measure;
-            a["exclude_bos"] = int64_t(o.exclude_bos);
-            a["exclude_current_token"] = int64_t(o.exclude_current_token);
-        }
-        results.push_back({s.probe, s.score, s.samples, a});
+        schema::HeadProbeRecord r;
+        r.probe = s.probe, r.description = probe_description(p, stripe), r.L = L, r.H = H;
+        r.score = host_floats(s.score);
+        if (o.samples) r.n_samples = s.samples.size(0), r.samples = host_floats(s.samples);
+        r.baseline_loss = s.baseline_loss;
+        r.detector_options = !stripe && p.pattern != StripeKind::kAttentionSink;
+        results.push_back({s, std::move(r)});
     }
     return results;
 }
@@ -208,12 +202,13 @@ void run_detect(const DetectOptions& o) {
         seqs = read_sequences(o, l);
     }
     ResultWriter w = open_result(o.out.out, mode);  // fails now (unwritable folder) rather than after the forwards
-    auto results = compute(o, m, probes, in, stripe_tokens, seqs);
+    const auto run = probe_run(o, m, in, stripe, static_cast<int64_t>(seqs.size()));
+    auto results = compute(o, m, probes, stripe_tokens, seqs, in.seq_len);
     int64_t T = 0;
     for (const auto& s : seqs) T = std::max<int64_t>(T, s.size());
     const bool ragged = std::any_of(seqs.begin(), seqs.end(), [&](const auto& s) { return int64_t(s.size()) != T; });
-    write_results(w, m, o, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
-    for (const auto& r : results) print_top(r, 5);
+    write_results(w, m, o, run, results, padded(seqs, T), static_cast<int64_t>(seqs.size()), T, ragged);
+    for (const auto& r : results) print_top(r.scores, 5);
     log_info("wrote {} ({} probes)", o.out.out, results.size());
 }
 

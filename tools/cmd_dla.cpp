@@ -3,7 +3,7 @@
 // Method: probes/weights/dla.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
-#include "schema.h"
+#include "score_records.h"
 #include "dla.h"
 #include "errors.h"
 #include "progress.h"
@@ -19,45 +19,28 @@ struct DlaCliOptions {
     bool per_position = false;
 };
 
-static void write_dla(ResultWriter& w, const Model& m, const std::vector<DlaResult>& rs, const DlaCliOptions& o) {
-    const int64_t L = m.config.n_layers, H = m.config.n_heads, P = static_cast<int64_t>(rs.size());
+// The prompts' results as the record /scores/dla stores.
+static schema::DlaRecord dla_record(const Model& m, const std::vector<DlaResult>& rs, const DlaCliOptions& o) {
+    schema::DlaRecord r;
+    r.L = m.config.n_layers, r.H = m.config.n_heads, r.P = static_cast<int64_t>(rs.size());
+    r.prompts_file = o.prompts;
     std::vector<at::Tensor> heads, mlp, bias;
-    std::vector<float> embed, fbias, diff;
-    for (const auto& r : rs) {
-        heads.push_back(r.heads);
-        mlp.push_back(r.mlp);
-        bias.push_back(r.attn_bias);
-        embed.push_back(static_cast<float>(r.embed));
-        fbias.push_back(static_cast<float>(r.final_bias));
-        diff.push_back(static_cast<float>(r.logit_diff));
+    for (const auto& x : rs) {
+        heads.push_back(x.heads);
+        mlp.push_back(x.mlp);
+        bias.push_back(x.attn_bias);
+        r.embed.push_back(static_cast<float>(x.embed));
+        r.final_bias.push_back(static_cast<float>(x.final_bias));
+        r.logit_diff.push_back(static_cast<float>(x.logit_diff));
     }
     auto per_prompt = torch::stack(heads);  // [P, L, H]
-    Attrs a{{"probe", std::string("dla")},
-            {"prompts_file", o.prompts},
-            {"n_prompts", P},
-            {"weight_processing", std::string("final norm weight folded into W_U; clean-run final-norm scale")},
-            {"position", std::string("last")}};
-    schema::ScoreGroup g{"dla", a, {}};
-    auto put = [&](const std::string& name, const std::vector<float>& v, const std::vector<int64_t>& shape,
-                   const std::string& desc) {
-        Attrs x = a;
-        x["description"] = desc;
-        g.datasets.push_back({name, {shape, v, x}});
-    };
-    put("score", host_floats(per_prompt.mean(0)), {L, H}, "mean over prompts of the head's direct effect on "
-                                                     "logit(correct) - logit(incorrect)");
-    put("per_prompt", host_floats(per_prompt), {P, L, H}, "per prompt head direct effects");
-    put("mlp", host_floats(torch::stack(mlp)), {P, L}, "per prompt MLP direct effects");
-    put("attn_bias", host_floats(torch::stack(bias)), {P, L}, "per prompt attention-output bias direct effects");
-    put("embed", embed, {P}, "per prompt embedding direct effect");
-    put("final_bias", fbias, {P}, "per prompt final-norm and unembedding bias terms");
-    put("logit_diff", diff, {P}, "the model's logit(correct) - logit(incorrect); the terms above sum to it");
-    for (int64_t i = 0; i < P && rs[i].per_position.defined(); ++i) {
-        const int64_t T = rs[i].per_position.size(2);
-        put(fmt::format("per_position/prompt_{}", i), host_floats(rs[i].per_position), {L, H, T},
-            "A[last, k] (v_k W_O^h) . direction per key position k; sums over k to the head's score");
-    }
-    schema::write_scores(w, g);
+    r.score = host_floats(per_prompt.mean(0));
+    r.per_prompt = host_floats(per_prompt);
+    r.mlp = host_floats(torch::stack(mlp));
+    r.attn_bias = host_floats(torch::stack(bias));
+    for (int64_t i = 0; i < r.P && rs[i].per_position.defined(); ++i)
+        r.per_position.push_back({rs[i].per_position.size(2), host_floats(rs[i].per_position)});
+    return r;
 }
 
 void run_dla(const DlaCliOptions& o) {
@@ -75,7 +58,7 @@ void run_dla(const DlaCliOptions& o) {
     ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, *l.model);
     write_meta(w, *l.model, 0);
-    write_dla(w, *l.model, rs, o);
+    schema::write_dla(w, dla_record(*l.model, rs, o));
     w.commit();
     log_info("wrote {} ({} prompts)", o.out.out, rs.size());
 }

@@ -2,7 +2,7 @@
 // the head's output on templates (dynamic). Method: probes/weights/maps.h, docs/methods-weights.md.
 #include "commands.h"
 #include "common.h"
-#include "schema.h"
+#include "score_records.h"
 #include "errors.h"
 #include "maps.h"
 #include "progress.h"
@@ -46,40 +46,25 @@ static std::vector<TokenizedRelation> usable_relations(const MapsCliOptions& o, 
     return kept;
 }
 
-static void write_relation(ResultWriter& w, const Model& m, const TokenizedRelation& r, const MapsScores& s,
-                           const at::Tensor& dynamic, const MapsCliOptions& o) {
-    const int64_t L = m.config.n_layers, H = m.config.n_heads, N = static_cast<int64_t>(r.src.size());
-    Attrs a{{"probe", std::string("maps")},
-            {"relation", r.rel.name},
-            {"relation_file", r.rel.source},
-            {"category", r.rel.category},
-            {"k", static_cast<int64_t>(s.k)},
-            {"block_size", o.block_size},
-            {"weight_processing", std::string("raw")},
-            {"source_representation", std::string("MLP0(norm2_0(W_E[s])) output only; raw W_E[s] for layer-0 heads")},
-            {"n_pairs_total", r.n_total},
-            {"n_pairs_kept", N},
-            {"min_pairs", static_cast<int64_t>(o.min_pairs)}};
-    schema::ScoreGroup g{"maps/" + r.rel.name, {}, {}};
-    Attrs sa = a;
-    sa["description"] = std::string("fraction of pairs whose target is in the top-k of E_s W_VO W_U^T");
-    g.datasets.push_back({"score", {{L, H}, host_floats(s.score), sa}});
-    if (s.suppression.defined()) {
-        sa["description"] = std::string("fraction of pairs whose target is in the top-k of -(E_s W_VO W_U^T)");
-        g.datasets.push_back({"suppression", {{L, H}, host_floats(s.suppression), sa}});
-    }
+// One relation's scores as the record /scores/maps/<relation> stores (dynamic undefined: not scored).
+static schema::MapsRelationRecord relation_record(const Model& m, const TokenizedRelation& r, const MapsScores& s,
+                                                  const at::Tensor& dynamic, const MapsCliOptions& o) {
+    schema::MapsRelationRecord x;
+    x.L = m.config.n_layers, x.H = m.config.n_heads, x.N = static_cast<int64_t>(r.src.size());
+    x.relation = r.rel.name, x.relation_file = r.rel.source, x.category = r.rel.category;
+    x.k = s.k, x.block_size = o.block_size, x.n_pairs_total = r.n_total, x.min_pairs = o.min_pairs;
+    x.score = host_floats(s.score);
+    if (s.suppression.defined()) x.suppression = host_floats(s.suppression);
     auto ranks = s.target_rank.contiguous();
-    g.datasets.push_back({"target_rank", {{L, H, N}, std::vector<int64_t>(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel()), {}}});
-    g.datasets.push_back({"source_tokens", {{N}, std::vector<int32_t>(r.src.begin(), r.src.end()), {}}});
-    g.datasets.push_back({"target_tokens", {{N}, std::vector<int32_t>(r.dst.begin(), r.dst.end()), {}}});
+    x.target_rank.assign(ranks.data_ptr<int64_t>(), ranks.data_ptr<int64_t>() + ranks.numel());
+    x.source_tokens.assign(r.src.begin(), r.src.end());
+    x.target_tokens.assign(r.dst.begin(), r.dst.end());
     if (dynamic.defined()) {
-        sa["description"] = std::string("mean over templates of the top-k criterion on z[-1,h] W_O^h W_U^T");
-        sa["templates"] = maps_templates();
-        g.datasets.push_back({"dynamic", {{L, H}, host_floats(dynamic), sa}});
-        a["static_dynamic_pearson"] = pearson(s.score, dynamic);
+        x.dynamic = host_floats(dynamic);
+        x.templates = maps_templates();
+        x.static_dynamic_pearson = pearson(s.score, dynamic);
     }
-    g.attrs = a;
-    schema::write_scores(w, g);
+    return x;
 }
 
 void run_maps(const MapsCliOptions& o) {
@@ -101,17 +86,13 @@ void run_maps(const MapsCliOptions& o) {
             dyn = maps_dynamic(m, *l.tokenizer, r, s.k);
             log_info("relation '{}': static/dynamic Pearson r = {:.3f}", r.rel.name, pearson(s.score, dyn));
         }
-        write_relation(w, m, r, s, dyn, o);
+        schema::write_maps_relation(w, relation_record(m, r, s, dyn, o));
         bar.tick();
     }
     bar.finish();
-    std::string names, skipped_names;
-    for (const auto& r : rels) names += (names.empty() ? "" : ",") + r.rel.name;
-    for (const auto& s : skipped) skipped_names += (skipped_names.empty() ? "" : ",") + s;
-    w.set_attrs(schema::maps_root(), {{"probe", std::string("maps")},
-                                 {"relations", names},
-                                 {"skipped_relations", skipped_names},  // too few single-token pairs
-                                 {"min_pairs", static_cast<int64_t>(o.min_pairs)}});
+    schema::MapsRunRecord run{{}, skipped, o.min_pairs};
+    for (const auto& r : rels) run.relations.push_back(r.rel.name);
+    schema::write_maps_run(w, run);
     w.commit();
     log_info("wrote {} ({} relations scored, {} skipped)", o.out.out, rels.size(), skipped.size());
 }

@@ -2,7 +2,7 @@
 // methods: docs/methods.md "Patching"; names: docs/hdf5-schema.md "Patching").
 #include "commands.h"
 #include "common.h"
-#include "schema.h"
+#include "score_records.h"
 #include "errors.h"
 #include "heads.h"
 #include "patching.h"
@@ -66,11 +66,8 @@ void run_patch(const PatchCliOptions& o) {
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     schema::PatchingRecord rec;
     rec.name = name;
-    Attrs a{{"metric", std::string(name_of(metric))},
-            {"pairs", o.pairs},
-            {"n_pairs", pairs.rows()},
-            {"normalisation", std::string("(M_patched - M_corrupt) / (M_clean - M_corrupt), each M averaged over the pairs "
-                                          "first: 1 = the clean behaviour fully restored, 0 = no effect")}};
+    schema::PatchingRun run;
+    run.metric = name_of(metric), run.pairs = o.pairs, run.n_pairs = pairs.rows();
     if (specs.empty()) {
         PatchOptions po;
         po.metric = metric, po.site = site, po.each_position = o.positions == "each", po.max_rows = o.batch_rows;
@@ -84,15 +81,9 @@ void run_patch(const PatchCliOptions& o) {
         rec.shape = r.scores.sizes().vec();
         rec.scores = host_floats(r.scores), rec.patched = host_floats(r.patched);
         rec.metric_clean = static_cast<float>(r.metric_clean), rec.metric_corrupt = static_cast<float>(r.metric_corrupt);
-        a["method"] = o.method;
-        a["what"] = o.what;
-        a["positions"] = o.positions;
-        a["units"] = std::string(site == Point::kAttnK || site == Point::kAttnV ? "key/value heads" : "query heads");
-        a["forwards"] = r.forwards;
-        a["seconds"] = secs;
-        if (o.method == "attribution")
-            a["estimate"] = std::string("sum over the site's dims (and positions for all) of (a_clean - a_corrupt) * "
-                                        "dM/da at the corrupted run, M the mean over pairs");
+        run.method = o.method, run.what = o.what, run.positions = o.positions;
+        run.kv_units = site == Point::kAttnK || site == Point::kAttnV;
+        run.forwards = r.forwards, run.seconds = secs;
     } else {
         std::vector<float> scores, patched;
         std::vector<std::string> labels;
@@ -112,13 +103,10 @@ void run_patch(const PatchCliOptions& o) {
         rec.shape = {static_cast<int64_t>(specs.size())};
         rec.scores = scores, rec.patched = patched, rec.paths = labels;
         rec.metric_clean = static_cast<float>(clean), rec.metric_corrupt = static_cast<float>(corrupt);
-        a["method"] = std::string("path");
-        a["what"] = std::string("senders' head-out into the receivers' q, k or v (frozen input-norm scale)");
-        a["forwards"] = forwards;
+        run.path = true, run.forwards = forwards;
     }
-    rec.attrs = a;
     write_meta(w, m, 0);
-    schema::write_patching(w, rec);
+    schema::write_patching_run(w, rec, run);
     w.commit();
     log_info("wrote {} ({})", o.out.out, schema::patching(name));
 }

@@ -2,7 +2,7 @@
 // Method: probes/weights/qk_spectrum.h, docs/methods-weights.md ("QK spectrum").
 #include "commands.h"
 #include "common.h"
-#include "schema.h"
+#include "score_records.h"
 #include "errors.h"
 #include "heads.h"
 #include "progress.h"
@@ -19,23 +19,6 @@ struct QkSpectrumCliOptions {
     OutputArgs out;
     int top = 5;
 };
-
-// "rope" attribute: what the weights-only form means for this family's positions.
-static std::string rope_note(const ModelConfig& c) {
-    if (c.learned_positions) return "none: learned absolute positions live in the residual stream; M_h is the whole form";
-    std::string s = "unrotated: RoPE makes the form W_Q R_(j-i) W_K^T depend on the offset j - i; M_h is its value "
-                    "at offset 0";
-    if (c.rotary_pct < 1.0) s += fmt::format(" (only the first {:.0f}% of each head's dims rotate)", 100.0 * c.rotary_pct);
-    return s;
-}
-
-static std::string qk_norm_note(const ModelConfig& c) {
-    if (c.qk_norm_full) return "folded: OLMo-2's q/k RMSNorm weights (over the whole projection) scale each head's columns";
-    if (c.qk_norm)
-        return c.family == Family::kGemma ? "folded: Gemma 3's per-head q/k RMSNorm scales (1 + w)"
-                                          : "folded: the per-head q/k RMSNorm weights";
-    return "none (this family has no q/k norm)";
-}
 
 static void print_heads(const char* what, const at::Tensor& score, const std::vector<int64_t>& order, int k) {
     const int64_t H = score.size(1);
@@ -59,18 +42,13 @@ void run_qk_spectrum(const QkSpectrumCliOptions& o) {
     ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, 0);
-    Attrs a{{"probe", std::string("qk_rank")},
-            {"description", std::string("effective rank exp(H(p)), p = singular values of M_h = W_Q^h W_K^(h/g)T "
-                                        "normalised to sum 1 (Roy & Vetterli); NaN for a zero form")},
-            {"method", std::string("thin QR of W_Q^h and W_K^(h/g); singular values of the d x d core R_Q R_K^T")},
-            {"weight_processing", std::string("raw W_Q, W_K (pre-attention norm weight not folded)")},
-            {"qk_norm", qk_norm_note(c)},
-            {"biases", std::string(c.attention_bias ? "ignored: b_q adds a per-key term, b_k a per-query constant "
-                                                      "(softmax-invariant); neither is in the bilinear form"
-                                                    : "none")},
-            {"rope", rope_note(c)}};
-    schema::write_scores(w, {"qk_rank", a, {{"score", {{L, H}, host_floats(s.effective_rank), {}}},
-                                            {"singular_values", {{L, H, s.singular_values.size(2)}, host_floats(s.singular_values), {}}}}});
+    schema::QkRankRecord r;
+    r.L = L, r.H = H, r.S = s.singular_values.size(2);
+    r.effective_rank = host_floats(s.effective_rank), r.singular_values = host_floats(s.singular_values);
+    r.learned_positions = c.learned_positions, r.rotary_pct = c.rotary_pct;
+    r.qk_norm = c.qk_norm, r.qk_norm_full = c.qk_norm_full, r.gemma = c.family == Family::kGemma;
+    r.attention_bias = c.attention_bias;
+    schema::write_qk_rank(w, r);
     w.commit();
     if (o.top > 0) {
         print_heads("lowest", s.effective_rank, rank_heads(s.effective_rank, false), o.top);

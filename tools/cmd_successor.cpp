@@ -5,7 +5,7 @@
 #include "errors.h"
 #include "heads.h"
 #include "progress.h"
-#include "schema.h"
+#include "score_records.h"
 #include "successor.h"
 #include "tokenizer.h"
 
@@ -51,43 +51,21 @@ static std::vector<TokenizedTask> tokenize_tasks(const std::vector<SuccessorTask
     return out;
 }
 
-static void write_successor(ResultWriter& w, const Model& m, const std::vector<TokenizedTask>& tasks,
-                            const SuccessorScores& s, SuccessorEmbedding e, const std::string& source) {
-    const int64_t L = m.config.n_layers, H = m.config.n_heads, N = static_cast<int64_t>(s.source.size());
-    std::vector<std::string> used, skipped, names, forms;
-    std::vector<int64_t> n_words, n_single;
-    for (const auto& t : tasks) {
-        (t.ids.empty() ? skipped : used).push_back(t.task.name);
-        names.push_back(t.task.name);
-        forms.push_back(t.ids.empty() ? "skipped" : t.form);
-        n_words.push_back(static_cast<int64_t>(t.task.words.size()));
-        n_single.push_back(t.n_single);
-    }
-    const auto T = static_cast<int64_t>(used.size());
-    Attrs a{{"probe", std::string("successor")},
-            {"tasks_source", source},
-            {"tasks", used},
-            {"skipped_tasks", skipped},
-            {"all_tasks", names},
-            {"task_form", forms},
-            {"task_words", n_words},
-            {"task_single_tokens", n_single},
-            {"embedding", std::string(successor_embedding_name(e))},
-            {"source_representation", successor_embedding_description(e)},
-            {"n_scored", N}};
-    Attrs sa = a;
-    sa["description"] = std::string("fraction of scored tokens (every task word but the last) whose successor has the "
-                                    "largest logit of e(t) W_V W_O W_U^T among its task's tokens (ties count against)");
-    schema::ScoreGroup g{"successor", a, {}};
-    g.datasets.push_back({"score", {{L, H}, host_floats(s.score), sa}});
-    sa["description"] = std::string("the same fraction per task (the tasks attribute's order)");
-    g.datasets.push_back({"task_score", {{T, L, H}, host_floats(s.task_score), sa}});
-    g.datasets.push_back({"successor_rank", {{L, H, N}, longs(s.rank), {}}});
-    g.datasets.push_back({"predicted", {{L, H, N}, ints(longs(s.predicted)), {}}});
-    g.datasets.push_back({"source_tokens", {{N}, ints(s.source), {}}});
-    g.datasets.push_back({"target_tokens", {{N}, ints(s.target), {}}});
-    g.datasets.push_back({"task_index", {{N}, ints(s.task), {}}});
-    schema::write_scores(w, g);
+// The scores as the record /scores/successor stores (tasks_file "": the default tasks).
+static schema::SuccessorRecord successor_record(const Model& m, const std::vector<TokenizedTask>& tasks,
+                                                const SuccessorScores& s, SuccessorEmbedding e,
+                                                const std::string& tasks_file) {
+    schema::SuccessorRecord r;
+    r.L = m.config.n_layers, r.H = m.config.n_heads, r.N = static_cast<int64_t>(s.source.size());
+    r.tasks_file = tasks_file;
+    for (const auto& t : tasks)
+        r.tasks.push_back({t.task.name, t.ids.empty() ? std::string() : t.form, static_cast<int64_t>(t.task.words.size()),
+                           t.n_single});
+    r.embedding = successor_embedding_name(e), r.source_representation = successor_embedding_description(e);
+    r.score = host_floats(s.score), r.task_score = host_floats(s.task_score);
+    r.successor_rank = longs(s.rank), r.predicted = ints(longs(s.predicted));
+    r.source_tokens = ints(s.source), r.target_tokens = ints(s.target), r.task_index = ints(s.task);
+    return r;
 }
 
 static void print_successor(const Model& m, const std::vector<TokenizedTask>& tasks, const SuccessorScores& s, int top) {
@@ -121,13 +99,12 @@ void run_successor(const SuccessorCliOptions& o) {
     const WriteMode mode = write_mode(o.out);
     auto l = open_model(o.model, true);
     const Model& m = *l.model;
-    const std::string source = o.tasks.empty() ? "the paper's tasks (datasets/successor_tasks.cpp)" : o.tasks;
     const auto tok_tasks = tokenize_tasks(tasks, *l.tokenizer, o.tasks.empty() ? "the default tasks" : o.tasks);
     const auto s = successor_scores(m, tok_tasks, *e);
     ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, 0);
-    write_successor(w, m, tok_tasks, s, *e, source);
+    schema::write_successor(w, successor_record(m, tok_tasks, s, *e, o.tasks));
     w.commit();
     print_successor(m, tok_tasks, s, o.top);
     log_info("wrote {}", o.out.out);
