@@ -1,6 +1,7 @@
 // headscope influence: AttentionInfluence (Hua et al. 2025) - rank a corpus by how much the model's
 // loss on each sample rises when its retrieval heads are masked, with random head sets as controls.
 // Method: probes/ablation/influence.h, docs/methods.md ("AttentionInfluence").
+#include "ablation_records.h"
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
@@ -16,7 +17,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <optional>
 #include <cstdio>
@@ -32,7 +32,7 @@ struct InfluenceCliOptions {
     double select_fraction = 0.3;
     std::string loss_tokens = "all";
     int64_t chunk = 64;          // samples a work item (the unit a shard owns and a checkpoint completes)
-    std::string shard;           // "I/N" or slurm forms (run_state.h)
+    std::string shard;           // "I/N" or slurm forms (jobs.h parse_shard)
     bool resume = false;
     double checkpoint_seconds = 60;
 };
@@ -74,19 +74,13 @@ static schema::InfluenceRecord empty_record(const InfluenceCliOptions& o, const 
                {"heads", names},
                {"random_controls", static_cast<int64_t>(x.S - 1)},
                {"control_seed", o.seed},
-               {"masking", std::string("zero: the heads' attention output z set to 0 in every position (their attention "
-                                       "weights zeroed), through the ablation engine's per-row masks")},
-               {"loss", std::string(o.loss_tokens == "last"
-                                        ? "next-token cross-entropy of each sample's last token alone (--loss-tokens last)"
-                                        : "mean next-token cross-entropy over positions 1..T-1 of each sample (every token "
-                                          "after the first; text samples start with the tokenizer's BOS)")},
                {"loss_tokens", o.loss_tokens},
-               {"score", std::string("(masked_loss - loss) / loss")},
                {"max_tokens", o.max_tokens},
                {"n_truncated", n_trunc},
                {"select_fraction", o.select_fraction},
                {"max_rows", o.max_rows},
                {"chunk", o.chunk}};
+    for (const auto& [k, v] : schema::influence_descriptions(o.loss_tokens == "last")) x.attrs[k] = v;
     return x;
 }
 
@@ -122,13 +116,17 @@ static void copy_sample(schema::InfluenceRecord& x, const schema::InfluenceRecor
     }
 }
 
-// The attributes that define the work: two files of one run (a shard and its resume, the shards of a
-// merge) agree on them. "" when they do, else "NAME: A vs B".
-static std::string work_difference(const Attrs& a, const Attrs& b) {
-    for (const char* k : {"corpus_sha256", "heads", "control_seed", "loss_tokens", "max_tokens", "chunk", "max_rows"}) {
-        const std::string x = a.count(k) ? attr_to_string(a.at(k)) : "(absent)", y = b.count(k) ? attr_to_string(b.at(k)) : "(absent)";
-        if (x != y) return fmt::format("{}: {} vs {}", k, x.substr(0, 60), y.substr(0, 60));
-    }
+// What makes two files one run's (a shard and its resume, the shards of a merge): the model, the
+// attributes that define the work and, on resume, the shard. "" when they agree, else what differs
+// ("NAME: A vs B", values cut to 60 characters), the work before the shard before the model.
+static std::string run_difference(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard,
+                                  const std::string& sha256, const Attrs& now, const std::string& shard) {
+    const jobs::Identity id{sha256, now, {"corpus_sha256", "heads", "control_seed", "loss_tokens", "max_tokens", "chunk", "max_rows"},
+                            {}, shard};
+    const auto d = compare_parts(stored_sha256, stored, stored_shard, id);
+    if (d.params) return fmt::format("{}: {} vs {}", d.params.key, d.params.was.substr(0, 60), d.params.now.substr(0, 60));
+    if (d.shard) return d.shard.str();
+    if (d.model) return d.model.str();
     return "";
 }
 
@@ -166,10 +164,8 @@ static std::optional<schema::InfluenceRecord> resumable(const InfluenceCliOption
     if (!o.resume || !file_exists(o.out.out)) return std::nullopt;
     ResultReader r(o.out.out);
     auto prev = schema::read_influence(r);
-    std::string d = work_difference(prev.attrs, fresh.attrs);
-    if (d.empty() && schema::attr_text(r, schema::influence(), "shard") != sh.str())
-        d = fmt::format("shard: {} vs {}", schema::attr_text(r, schema::influence(), "shard"), sh.str());
-    if (d.empty() && schema::attr_text(r, schema::meta(), "weights_sha256") != m.weights_sha256()) d = "the model's weights differ";
+    std::string d = run_difference(schema::attr_text(r, schema::meta(), "weights_sha256"), prev.attrs,
+                                   schema::attr_text(r, schema::influence(), "shard"), m.weights_sha256(), fresh.attrs, sh.str());
     if (d.empty() && (prev.N != fresh.N || prev.S != fresh.S)) d = fmt::format("{} samples x {} sets vs {} x {}", prev.N, prev.S, fresh.N, fresh.S);
     if (!d.empty()) throw StorageError(fmt::format("{}: --resume: another run's file ({}); give another --out or leave out --resume", o.out.out, d));
     return prev;
@@ -217,34 +213,37 @@ void run_influence(InfluenceCliOptions o) {
     };
     Progress bar("influence (samples)", owned);
     int64_t ticked = 0;
-    auto last = std::chrono::steady_clock::now();
-    for (int64_t k = 0; k < n_chunks; ++k) {
-        if (!sh.owns(k)) continue;
+    // Work item k is chunk k; one the resumed file holds whole is copied, not run. The checkpoint's
+    // timer is consulted after every owned chunk, copied or run, as it always was.
+    jobs::Checkpoint checkpoint(o.checkpoint_seconds, [&] { write(false); });
+    auto done = [&](int64_t k) {
         const int64_t a = k * o.chunk, n = chunk_size(x.N, k, o.chunk);
-        bool done = prev.has_value();
-        for (int64_t i = a; done && i < a + n; ++i) done = prev->done[static_cast<size_t>(i)] != 0;
-        if (done) {
-            for (int64_t i = a; i < a + n; ++i) copy_sample(x, *prev, i);
-        } else {
-            const std::vector<CorpusSample> samples(corpus.begin() + a, corpus.begin() + a + n);
-            const auto r = attention_influence(m, samples, sets, {o.max_rows, o.loss_tokens == "last"});
-            forwards += r.forwards;
-            const auto loss = host_floats(r.loss), masked = host_floats(r.masked_loss), score = host_floats(r.score);
-            for (int64_t j = 0; j < n; ++j) {
-                const auto i = static_cast<size_t>(a + j);
-                x.loss[i] = loss[static_cast<size_t>(j)], x.n_tokens[i] = r.n_tokens[static_cast<size_t>(j)], x.done[i] = 1;
-                for (int64_t s = 0; s < x.S; ++s) {
-                    x.masked_loss[static_cast<size_t>(s * x.N) + i] = masked[static_cast<size_t>(s * n + j)];
-                    x.score[static_cast<size_t>(s * x.N) + i] = score[static_cast<size_t>(s * n + j)];
-                }
+        bool all = prev.has_value();
+        for (int64_t i = a; all && i < a + n; ++i) all = prev->done[static_cast<size_t>(i)] != 0;
+        return all;
+    };
+    auto copied = [&](int64_t k) {
+        const int64_t a = k * o.chunk, n = chunk_size(x.N, k, o.chunk);
+        for (int64_t i = a; i < a + n; ++i) copy_sample(x, *prev, i);
+        bar.update(ticked += n);
+        checkpoint.item_finished();
+    };
+    jobs::run_items(sh, n_chunks, done, [&](int64_t k) {
+        const int64_t a = k * o.chunk, n = chunk_size(x.N, k, o.chunk);
+        const std::vector<CorpusSample> samples(corpus.begin() + a, corpus.begin() + a + n);
+        const auto r = attention_influence(m, samples, sets, {o.max_rows, o.loss_tokens == "last"});
+        forwards += r.forwards;
+        const auto loss = host_floats(r.loss), masked = host_floats(r.masked_loss), score = host_floats(r.score);
+        for (int64_t j = 0; j < n; ++j) {
+            const auto i = static_cast<size_t>(a + j);
+            x.loss[i] = loss[static_cast<size_t>(j)], x.n_tokens[i] = r.n_tokens[static_cast<size_t>(j)], x.done[i] = 1;
+            for (int64_t s = 0; s < x.S; ++s) {
+                x.masked_loss[static_cast<size_t>(s * x.N) + i] = masked[static_cast<size_t>(s * n + j)];
+                x.score[static_cast<size_t>(s * x.N) + i] = score[static_cast<size_t>(s * n + j)];
             }
         }
         bar.update(ticked += n);
-        if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last).count() >= o.checkpoint_seconds) {
-            write(false);
-            last = std::chrono::steady_clock::now();
-        }
-    }
+    }, copied, &checkpoint);
     bar.finish();
     write(true);
     std::vector<std::string> names;
@@ -260,9 +259,8 @@ void merge_influence(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     std::vector<bool> seen;
     for (const auto& r : rs) {
         const auto x = schema::read_influence(*r);
-        std::string d = work_difference(all.attrs, x.attrs);
-        if (d.empty() && schema::attr_text(*r, schema::meta(), "weights_sha256") != schema::attr_text(first, schema::meta(), "weights_sha256"))
-            d = "the model's weights differ";
+        std::string d = run_difference(schema::attr_text(first, schema::meta(), "weights_sha256"), all.attrs, "",
+                                       schema::attr_text(*r, schema::meta(), "weights_sha256"), x.attrs, "");
         if (d.empty() && (x.N != all.N || x.S != all.S)) d = fmt::format("{} samples x {} sets vs {} x {}", x.N, x.S, all.N, all.S);
         if (!d.empty()) throw StorageError(fmt::format("{}: a shard of another influence run than {} ({}); refusing to merge", r->path(), first.path(), d));
         const auto idx = parse_int64(schema::attr_text(*r, schema::influence(), "shard_index"));

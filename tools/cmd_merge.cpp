@@ -3,6 +3,8 @@
 // (`headscope influence --shard I/N`, cmd_influence.cpp) into one file. Refuses files of
 // different experiments (naming the first YAML line that differs) or scans (naming the parameter),
 // models (weights sha256) or shard counts, a shard given twice, missing or unfinished.
+#include "ablation_records.h"
+#include "ablation_study.h"
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
@@ -88,9 +90,10 @@ static int64_t merge_study(ResultWriter& w, const ResultReader& first, const std
     if (!factor.shape.empty()) {  // a scale-grid study: its JUICE selection from the merged rows
         const auto variants = schema::read_data_variants(first, schema::attr_text(first, g, "dataset"));
         auto mk = torch::tensor(masks0.values, torch::kDouble).view({S, masks0.shape[1], masks0.shape[2]});
-        write_juice(w, study, torch::from_blob(m.metric_rows.data(), {S, N}, torch::kFloat).clone(), mk, factor.values, variants);
+        schema::write_juice(w, study, juice_record(torch::from_blob(m.metric_rows.data(), {S, N}, torch::kFloat).clone(), mk,
+                                                   factor.values, variants));
     }
-    w.set_attrs(g, {{"shard", std::string("merged")}});
+    schema::mark_study_merged(w, study);
     return missing;
 }
 
@@ -104,17 +107,20 @@ void run_merge(const MergeOptions& o) {
     if (first.exists(schema::influence())) return merge_influence(o, rs);
     if (!first.exists(schema::experiment()) || !first.exists(schema::ablation_root()))
         throw StorageError(fmt::format("{}: not a `headscope run` result (no /experiment or /ablation)", first.path()));
-    const std::string sha = exp_attr(first, "sha256"), wsha = meta_attr(first, "weights_sha256");
+    const std::string wsha = meta_attr(first, "weights_sha256");
     const std::string count = exp_attr(first, "shard_count");
     std::vector<bool> seen_shard(std::max(1, std::atoi(count.c_str())), false);
+    const Attrs first_experiment = schema::read_experiment(first);
     for (const auto& r : rs) {
-        if (exp_attr(*r, "sha256") != sha)
+        // The same job as the first shard: its experiment, then its model, then its shard count.
+        const jobs::Identity id{meta_attr(*r, "weights_sha256"), schema::read_experiment(*r), {"sha256", "shard_count"}, {}, {}};
+        const auto d = compare_parts(wsha, first_experiment, "", id);
+        if (d.params && d.params.key == "sha256")
             throw StorageError(fmt::format("{}: from another experiment than {} (the YAML differs, {}); refusing to merge",
                                            r->path(), first.path(),
                                            first_yaml_difference(exp_attr(first, "yaml"), exp_attr(*r, "yaml"))));
-        if (meta_attr(*r, "weights_sha256") != wsha)
-            throw StorageError(fmt::format("{}: from another model than {}; refusing to merge", r->path(), first.path()));
-        if (exp_attr(*r, "shard_count") != count)
+        if (d.model) throw StorageError(fmt::format("{}: from another model than {}; refusing to merge", r->path(), first.path()));
+        if (d.params)
             throw StorageError(fmt::format("{}: split into {} shards, {} into {}; refusing to merge", r->path(),
                                            exp_attr(*r, "shard_count"), first.path(), count));
         if (exp_attr(*r, "shard") == "merged")

@@ -3,8 +3,9 @@
 
 #include "errors.h"
 #include "hub.h"
+#include "jobs.h"
 #include "progress.h"
-#include "schema.h"
+#include "score_records.h"
 #include "torch_compat.h"
 #include "system.h"
 #include "util.h"
@@ -155,41 +156,26 @@ std::string tokenizer_location(const std::string& spec) {
 
 void write_meta(ResultWriter& w, const Model& m, int64_t seed) {
     const auto& c = m.config;
-    Attrs a;
-    a["tool"] = std::string("headscope");
-    a["tool_version"] = std::string(HS_VERSION);
-    a["git_commit"] = std::string(HS_GIT_COMMIT);
-    a["command_line"] = command_line();
-    a["utc_time"] = utc_now_iso8601();
-    a["model_path"] = m.path;
-    a["weights_sha256"] = m.weights_sha256();
-    // Where the weights came from: the format, and for a Hugging Face cache name the repository, the
-    // revision asked for and the commit it resolved to ("" when the model was named by a path).
-    a["model_format"] = m.source.format;
-    a["hub_repo"] = m.source.hub_repo;
-    a["hub_revision"] = m.source.hub_revision;
-    a["hub_commit"] = m.source.hub_commit;
-    a["architecture"] = c.architecture;
-    a["family"] = family_name(c.family);
-    a["n_layers"] = static_cast<int64_t>(c.n_layers);
-    a["n_heads"] = static_cast<int64_t>(c.n_heads);
-    a["n_kv_heads"] = static_cast<int64_t>(c.n_kv_heads);
-    a["d_model"] = static_cast<int64_t>(c.d_model);
-    a["d_head"] = static_cast<int64_t>(c.d_head);
-    a["vocab_size"] = static_cast<int64_t>(c.vocab_size);
-    a["dtype"] = std::string(c10::toString(m.options.dtype));
-    a["device"] = m.options.device.str();
-    // The attention kernel where nothing observes the pattern (docs/forward.md, "Attention kernels").
-    a["attention"] = std::string(fused_attention_enabled(m.options) ? "fused where no pattern is observed, blocked elsewhere" : "blocked");
-    a["threads"] = static_cast<int64_t>(torch::get_num_threads());
-    a["seed"] = seed;
-    if (!study_config_text().empty()) a["study_config"] = study_config_text();  // --config's file, as read
-    schema::write_meta(w, a);
+    schema::MetaRecord r;
+    r.tool_version = HS_VERSION, r.git_commit = HS_GIT_COMMIT, r.command_line = command_line(), r.utc_time = utc_now_iso8601();
+    r.model_path = m.path, r.weights_sha256 = m.weights_sha256();
+    r.model_format = m.source.format, r.hub_repo = m.source.hub_repo, r.hub_revision = m.source.hub_revision;
+    r.hub_commit = m.source.hub_commit;
+    r.architecture = c.architecture, r.family = family_name(c.family);
+    r.n_layers = c.n_layers, r.n_heads = c.n_heads, r.n_kv_heads = c.n_kv_heads;
+    r.d_model = c.d_model, r.d_head = c.d_head, r.vocab_size = c.vocab_size;
+    r.dtype = c10::toString(m.options.dtype), r.device = m.options.device.str();
+    r.fused_attention = fused_attention_enabled(m.options);
+    r.threads = torch::get_num_threads(), r.seed = seed;
+    r.study_config = study_config_text();  // --config's file, as read ("": none)
+    schema::write_run_meta(w, r);
 }
 
 void check_same_model(ResultWriter& w, const Model& m) {
+    // A file without /meta's weights_sha256 is not refused (older files); else the job runner's one
+    // identity check, on the model alone.
     std::string sha = w.read_attr_string(schema::meta(), "weights_sha256");
-    if (!sha.empty() && sha != m.weights_sha256())
+    if (!sha.empty() && jobs::compare(sha, {}, "", jobs::Identity{m.weights_sha256(), {}, {}, {}, {}}))
         throw StorageError(fmt::format("{}: holds results of another model ({}); refusing to mix", w.path(),
                                        w.read_attr_string(schema::meta(), "model_path")));
 }

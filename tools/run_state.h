@@ -1,18 +1,11 @@
-// Shared by `headscope run` and `headscope merge`: the names of an experiment's result file
-// (docs/hdf5-schema.md, "Ablation experiments") and the shard arithmetic.
+// Shared by the resumable commands (`run`, `influence`, `retrieval`) and `merge`: the job runner's
+// shard arithmetic (src/jobs/jobs.h) and the identity check taken a part at a time, so that each
+// command reports the first difference in the order its messages always have.
 #pragma once
 
 #include "jobs.h"
 
-#include <ATen/core/Tensor.h>
-
-#include <cstdint>
 #include <string>
-#include <vector>
-
-namespace hs {
-class ResultWriter;
-}
 
 namespace hs::cli {
 
@@ -21,10 +14,23 @@ using jobs::Shard;
 using jobs::parse_shard;
 using jobs::shard_path;
 
-// A scale-grid study's JUICE selection (probes/decoding/juice.h) into /ablation/<study>/juice (schema.h
-// write_juice), replacing what is there: `run` after each batch, `merge` from the merged rows
-// (rows [S, N], masks [S, L, H], factors [S], variants [N] or empty).
-void write_juice(ResultWriter& w, const std::string& study, const at::Tensor& rows, const at::Tensor& masks,
-                 const std::vector<double>& factors, const std::vector<int64_t>& variants);
+// jobs::compare of each part of `now` alone against the stored file's: the model's weights, the
+// parameters (now.keys, or every key of now.params), the shard (when now.shard is set). jobs::compare
+// reports the model first; `run` reports the experiment first and `influence` the parameters and
+// shard before the model, so they look at the parts in their own order.
+struct IdentityParts {
+    jobs::Difference model, params, shard;
+};
+inline IdentityParts compare_parts(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard,
+                                   const jobs::Identity& now) {
+    IdentityParts p;
+    p.model = jobs::compare(stored_sha256, {}, "", jobs::Identity{now.weights_sha256, {}, {}, {}, {}});
+    jobs::Identity params = now;
+    params.weights_sha256 = stored_sha256, params.shard.clear();
+    p.params = jobs::compare(stored_sha256, stored, "", params);
+    if (!now.shard.empty())
+        p.shard = jobs::compare(stored_sha256, {}, stored_shard, jobs::Identity{stored_sha256, {}, {}, {}, now.shard});
+    return p;
+}
 
 }  // namespace hs::cli

@@ -1,0 +1,122 @@
+#include "ablation_records.h"
+
+#include <fmt/format.h>
+
+namespace hs::schema {
+
+void write_ablation_run(ResultWriter& w, const AblationRunFile& f) {
+    write_experiment(w, f.experiment);
+    for (const auto& d : f.data) write_data(w, d);
+    for (const auto& p : f.probes) write_scores(w, p);
+    for (const auto& s : f.studies) {
+        write_study(w, s.study);
+        if (s.juice) write_juice(w, s.study.name, *s.juice);
+        if (s.gates) write_gates(w, s.study.name, *s.gates);
+        if (s.duo) write_duo(w, s.study.name, *s.duo);
+        w.set_attrs(study(s.study.name), s.study.attrs);
+    }
+}
+
+void mark_study_merged(ResultWriter& w, const std::string& study_name) {
+    w.set_attrs(study(study_name), {{"shard", std::string("merged")}});
+}
+
+std::string metric_description(const MetricSpec& m) {
+    if (m.kind == MetricKind::kLoss)
+        return m.positions == Positions::kRepeatedHalf
+                   ? "mean next-token cross-entropy (nats) at positions n+1..2n-1 of [BOS, R, R] (predicting tokens n+2..2n)"
+               : m.positions == Positions::kAnswer ? "cross-entropy (nats) of the answer's first token at the last prompt position"
+                                         : "mean next-token cross-entropy (nats) over every position of each row";
+    if (m.kind == MetricKind::kKl)
+        return std::string("mean KL(clean || ablated) (nats) of the next-token distribution at the scored positions (") +
+               name_of(m.positions) + ")";
+    if (m.kind == MetricKind::kAccuracy) return "1 where the argmax at the last prompt position is the answer's first token";
+    if (m.kind == MetricKind::kProb)
+        return m.counterfactual ? "p(the counterfactual's first token) at the last prompt position (a conflicts dataset: the context answer)"
+                                : "p(the answer's first token) at the last prompt position (a conflicts dataset: the parametric answer)";
+    return "logit(answer) - logit(counterfactual) at the last prompt position";
+}
+
+Attrs study_attrs(const StudySpec& s, int64_t n_configurations, const std::string& shard, int64_t resample_seed) {
+    const bool answer_metric = s.metric.kind == MetricKind::kAccuracy || s.metric.kind == MetricKind::kLogitDiff ||
+                               s.metric.kind == MetricKind::kProb;
+    Attrs a = {{"sweep", std::string(name_of(s.sweep))},
+               {"mode", std::string(name_of(s.mode.kind))},
+               {"metric", std::string(name_of(s.metric.kind))},
+               {"dataset", s.metric.data},
+               {"positions", std::string(name_of(answer_metric ? Positions::kAnswer : s.metric.positions))},
+               {"metric_description", metric_description(s.metric)},
+               {"controls", s.controls},
+               {"n_configurations", n_configurations},
+               {"shard", shard}};
+    if (!s.mode.data.empty()) a["mode_data"] = s.mode.data;
+    if (s.mode.kind == Intervention::kMean || s.mode.kind == Intervention::kMeanQuery)
+        a["mode_per_position"] = std::string(s.mode.per_position ? "true" : "false");
+    if (s.mode.kind == Intervention::kScale && s.sweep != SweepKind::kScaleGrid) a["mode_factor"] = s.mode.factor;
+    if (s.metric.kind == MetricKind::kProb) a["target"] = std::string(s.metric.counterfactual ? "counterfactual" : "answer");
+    if (s.sweep == SweepKind::kScaleGrid) a["factors"] = s.factors;
+    if (s.mode.kind == Intervention::kStream) {
+        a["mode_sink"] = s.mode.window.sink;
+        a["mode_recent"] = s.mode.window.recent;
+        a["mode_compensate"] = std::string(s.mode.window.compensate ? "true" : "false");
+    }
+    if (s.mode.kind == Intervention::kResample) a["resample_seed"] = resample_seed;
+    if (s.sweep == SweepKind::kPrune) {
+        a["steps"] = s.steps;
+        a["recompute"] = std::string(s.recompute ? "true" : "false");
+        a["importance"] = std::string("mean over rows of |d metric / d xi_h| (autograd), L2-normalised per layer");
+    }
+    if (s.sweep == SweepKind::kGating) a["starts"] = s.starts;
+    if (s.sweep == SweepKind::kGating || s.sweep == SweepKind::kDuoGates) {
+        a["fit_steps"] = s.fit_steps;
+        a["lambda"] = s.lambda;
+        a["lr"] = s.lr;
+    }
+    return a;
+}
+
+Attrs gates_attrs(const StudySpec& s) {
+    return {{"roles", std::string("0 irrelevant (G+ >= 0.5, G- < 0.5), 1 facilitating (both >= 0.5), 2 interfering "
+                                  "(both < 0.5), 3 unstable (G+ < 0.5, G- >= 0.5)")},
+            {"loss", std::string("objective - lambda * mean(clamp(logits, -4, 4)); objective = the metric, "
+                                 "negated for logit-diff and prob")},
+            {"fits", std::string("lambda 0 from uniform(0, 1) gates, then +lambda (G+) and -lambda (G-) from it")},
+            {"optimiser", fmt::format("Adam lr {}, gradient norm clipped to 1 per start, {} steps a fit", s.lr, s.fit_steps)},
+            {"lambda", s.lambda},
+            {"starts", s.starts}};
+}
+
+Attrs duo_attrs(const StudySpec& s, double distill_full, double distill_stream, double distill_final) {
+    return {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
+                                 "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
+            {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
+            {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
+                                      "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
+            {"lambda", s.lambda},
+            {"sink", s.mode.window.sink},
+            {"recent", s.mode.window.recent},
+            {"distill_full", distill_full},
+            {"distill_stream", distill_stream},
+            {"distill_final", distill_final},
+            {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}};
+}
+
+Attrs juice_attrs() {
+    return {{"reference", std::string("GaotangLi/JUICE src/select_intervention_head.py")},
+            {"delta", std::string("mean metric with z_h *= factor minus the baseline's, per prompt variant")},
+            {"up", std::string("mean of delta over factors > 1 (JUICE's positive alphas, alpha = factor - 1)")},
+            {"down", std::string("mean of delta over factors < 1 (JUICE's negative alphas)")},
+            {"enhance", std::string("sum over variants of up where up > 0 in every variant, else NaN")},
+            {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}};
+}
+
+Attrs influence_descriptions(bool last_only) {
+    return {{"masking", std::string("zero: the heads' attention output z set to 0 in every position (their attention "
+                                    "weights zeroed), through the ablation engine's per-row masks")},
+            {"loss", std::string(last_only ? "next-token cross-entropy of each sample's last token alone (--loss-tokens last)"
+                                           : "mean next-token cross-entropy over positions 1..T-1 of each sample (every token "
+                                             "after the first; text samples start with the tokenizer's BOS)")},
+            {"score", std::string("(masked_loss - loss) / loss")}};
+}
+
+}  // namespace hs::schema
