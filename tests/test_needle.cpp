@@ -10,6 +10,7 @@
 #include "model.h"
 #include "needle.h"
 #include "planted_model.h"
+#include "schema.h"
 #include "store.h"
 #include "tmpdir.h"
 #include "testdata.h"
@@ -33,6 +34,14 @@ using namespace hs;
 // below ~1e-6 of the trial's largest contribution).
 constexpr double kBatchRelTol = 1e-5;
 using torch::indexing::Slice;
+
+// The step arrays the tests read (probes/needle/scores.cpp: retrieval's credit, LOCOS's L+ then L-).
+template <class T>
+const at::Tensor& credit(const T& x) { return x.step(NeedleScore::kRetrieval); }
+template <class T>
+const at::Tensor& lplus(const T& x) { return x.step(NeedleScore::kLocos, 0); }
+template <class T>
+const at::Tensor& lminus(const T& x) { return x.step(NeedleScore::kLocos, 1); }
 
 namespace {
 
@@ -187,6 +196,37 @@ TEST_CASE("needle: the newline stop rule stops on tokens that are exactly a newl
     CHECK_THROWS_AS(parse_name(stop_rule_names(), "newlines", "stop rule"), UsageError);
 }
 
+TEST_CASE("needle: the score registry: names, the --score words, every array a layout() row") {
+    CHECK(needle_score_names() == "retrieval, locos, r2");
+    REQUIRE(static_cast<int>(needle_scores().size()) == kNeedleScoreCount);
+    for (const auto& row : needle_scores()) {
+        CAPTURE(row.name);
+        CHECK(&needle_score(row.id) == &row);  // one row a score, in enum order
+        CHECK(parse_needle_score(row.name) == row.id);
+        REQUIRE(!row.trial_arrays.empty());
+        CHECK(std::string(row.trial_arrays.front().name) == row.name);  // the score's own array first
+        CHECK(!row.step_arrays.empty());
+        for (const auto& a : row.trial_arrays) CHECK(schema::in_layout(std::string("/retrieval/trials/") + a.name));
+        for (const auto& a : row.step_arrays) CHECK(schema::in_layout(std::string("/retrieval/steps/") + a.name));
+        CHECK(schema::in_layout(std::string("/scores/") + row.name + "/score"));
+        if (row.reduction == NeedleReduction::kAnswerStepMean)
+            CHECK((schema::in_layout(std::string("/scores/") + row.name + "/ci_low") &&
+                   schema::in_layout(std::string("/scores/") + row.name + "/ci_high")));
+        CHECK(std::string(row.description).size() > 20);
+    }
+    CHECK((parse_needle_scores(" r2 , ,locos").list() == std::vector<NeedleScore>{NeedleScore::kLocos, NeedleScore::kR2}));
+    auto message = [](const std::string& csv) {
+        try {
+            parse_needle_scores(csv);
+        } catch (const UsageError& e) {
+            return std::string(e.what());
+        }
+        return std::string("(no error)");
+    };
+    CHECK(message("retrieval,x") == "unknown score 'x' (valid: retrieval, locos, r2)");
+    CHECK(message(" , ") == "no score named (valid: retrieval, locos, r2)");
+}
+
 TEST_CASE("needle: a head whose argmax lands on the answer at every step scores exactly 1; other needle tokens 0") {
     // Prompt: 0..3 haystack, needle [4, 10) = tokens 20 21 30 31 32 33 whose answer is [6, 10) =
     // 30 31 32 33; token 21 also occurs as the needle's second token. The model "generates" the
@@ -208,7 +248,7 @@ TEST_CASE("needle: a head whose argmax lands on the answer at every step scores 
         auto v = torch::randn({S, K, d});
         auto s0 = score_step(row, v, wo, u, prompt, sp, answer[st]);
         auto s1 = score_step(row, v, wo, u, prompt, sp, 21);  // head 1's token, generated
-        for (int h = 0; h < 3; ++h) total[h] += (h == 1 ? s1 : s0).credit[h].item<double>();
+        for (int h = 0; h < 3; ++h) total[h] += credit(h == 1 ? s1 : s0)[h].item<double>();
     }
     CHECK(total[0] == 1.0);  // 4 x 1/4: a perfect copier scores 1 per trial
     CHECK(total[1] == 0.0);  // a needle token outside the answer earns nothing
@@ -266,16 +306,16 @@ TEST_CASE("needle: per-step credit and L+/L- on hand-made rows equal direct sums
         auto s = score_step(row, v, wo, u, prompt, sp, y);
         std::vector<double> c, lp, lm;
         loop_step(row, v, wo, u, prompt, sp, y, c, lp, lm);
-        CHECK(s.credit[0].item<double>() == doctest::Approx(1.0 / 2.0));
-        for (int h = 1; h < H; ++h) CHECK(s.credit[h].item<double>() == 0.0);
+        CHECK(credit(s)[0].item<double>() == doctest::Approx(1.0 / 2.0));
+        for (int h = 1; h < H; ++h) CHECK(credit(s)[h].item<double>() == 0.0);
         for (int h = 0; h < H; ++h) {
-            CHECK(s.credit[h].item<double>() == doctest::Approx(c[h]));
-            CHECK(s.lplus[h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-5));  // float32 products
-            CHECK(s.lminus[h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-5));
+            CHECK(credit(s)[h].item<double>() == doctest::Approx(c[h]));
+            CHECK(lplus(s)[h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-5));  // float32 products
+            CHECK(lminus(s)[h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-5));
         }
         // L- is the other keys' sum scaled by n / (visible other keys): 3/6, 3/4 and 3/3.
         const double others = first_visible == 0 ? 6 : first_visible == 2 ? 4 : 3;
-        const double ratio = s.lminus[0].item<double>() / score_step(row, v, wo, u, prompt, {3, 6, 4, 6, 0}, y).lminus[0].item<double>();
+        const double ratio = lminus(s)[0].item<double>() / lminus(score_step(row, v, wo, u, prompt, {3, 6, 4, 6, 0}, y))[0].item<double>();
         CHECK(ratio == doctest::Approx(6.0 / others));
     }
 }
@@ -290,15 +330,15 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     const DecodeOut out = decode_trial(*m, t, s, never);
     REQUIRE(out.generated.size() == 4);
     CHECK(out.generated[0] == kTarget);  // the planted head copies the needle's token
-    CHECK(out.credit[0][0][0].item<double>() == 1.0);  // argmax on the answer, kTarget: 1/|answer| = 1
+    CHECK(credit(out)[0][0][0].item<double>() == 1.0);  // argmax on the answer, kTarget: 1/|answer| = 1
 
     // Chunk size does not matter.
     DecodeSettings s1 = s;
     s1.prefill_chunk = 512;
     const DecodeOut one = decode_trial(*m, t, s1, never);
     CHECK(one.generated == out.generated);
-    CHECK(torch::allclose(one.lplus, out.lplus, 1e-5, 1e-6));
-    CHECK(torch::equal(one.credit, out.credit));
+    CHECK(torch::allclose(lplus(one), lplus(out), 1e-5, 1e-6));
+    CHECK(torch::equal(credit(one), credit(out)));
 
     // Full forward over prompt + generated[:-1], no cache: rows at the query positions P-1+t.
     std::vector<int64_t> seq = t.prompt;
@@ -325,15 +365,15 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
             for (int h = 0; h < kH; ++h) {
                 CAPTURE(l);
                 CAPTURE(h);
-                CHECK(out.credit[st][l][h].item<double>() == doctest::Approx(c[h]));
-                CHECK(out.lplus[st][l][h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-4).scale(1.0));
-                CHECK(out.lminus[st][l][h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-4).scale(1.0));
+                CHECK(credit(out)[st][l][h].item<double>() == doctest::Approx(c[h]));
+                CHECK(lplus(out)[st][l][h].item<double>() == doctest::Approx(lp[h]).epsilon(1e-4).scale(1.0));
+                CHECK(lminus(out)[st][l][h].item<double>() == doctest::Approx(lm[h]).epsilon(1e-4).scale(1.0));
             }
         }
     }
     // The planted head's later steps see kTarget nearer (the generated copies): no credit there.
-    CHECK(out.credit[1][0][0].item<double>() == 0.0);
-    CHECK(out.lplus[0][0][0].item<double>() > 10.0 * std::abs(out.lminus[0][0][0].item<double>()));
+    CHECK(credit(out)[1][0][0].item<double>() == 0.0);
+    CHECK(lplus(out)[0][0][0].item<double>() > 10.0 * std::abs(lminus(out)[0][0][0].item<double>()));
 
     // Ablation: zero-query on L0H0 loses the copy; mean-query with a zero mean is the same run,
     // with a non-zero mean it is not (the planted head then attends by the rotated mean).
@@ -342,22 +382,22 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     const DecodeOut a = decode_trial(*m, t, s, never, &zq), b = decode_trial(*m, t, s, never, &mq);
     CHECK(a.generated[0] != kTarget);
     CHECK(a.generated == b.generated);
-    CHECK(torch::equal(a.lplus, b.lplus));
+    CHECK(torch::equal(lplus(a), lplus(b)));
     auto mean = torch::zeros({2, kH, kHd});
     mean[0][0] = torch::randn({kHd}) * 3.0;
     HeadSet mq1{{{0, 0}}, Intervention::kMeanQuery, mean};
     const DecodeOut c1 = decode_trial(*m, t, s, never, &mq1);
-    CHECK(!torch::allclose(c1.lplus, a.lplus));
+    CHECK(!torch::allclose(lplus(c1), lplus(a)));
     // Scope: ablating in decode steps only leaves the prefill (and so the cache) intact.
     DecodeSettings sd = s;
     sd.scope = AblationScope::kDecode;
     const DecodeOut dz = decode_trial(*m, t, sd, never, &zq);
     CHECK(dz.generated[0] != kTarget);  // the decode step's own query is still zeroed
-    CHECK(!torch::equal(dz.lminus, a.lminus));  // but layer 1 read an unablated prefill
+    CHECK(!torch::equal(lminus(dz), lminus(a)));  // but layer 1 read an unablated prefill
     // A stop token ends the loop unkept.
     const DecodeOut stopped = decode_trial(*m, t, s, [](int64_t id) { return id == kTarget; });
     CHECK(stopped.generated.empty());
-    CHECK(stopped.credit.size(0) == 0);
+    CHECK(credit(stopped).size(0) == 0);
     // Batched rows equal their trials decoded alone, also when one row stops first: trial c has
     // no kTarget, so with kTarget as the stop token rows a and b stop at step 0 and c runs on.
     Trial t2 = t, t3 = t;
@@ -372,18 +412,18 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
             CAPTURE(k);
             const DecodeOut alone = decode_trial(*m, *all[k], s, stop_fn);
             CHECK(batch[k].generated == alone.generated);
-            CHECK(torch::equal(batch[k].credit, alone.credit));
+            CHECK(torch::equal(credit(batch[k]), credit(alone)));
             // Rows of a batch run folded GEMMs (docs/forward.md): equal to their solo runs up to
             // the last bits, relative to the largest logit contribution of the trial, L+ or L-: in a
             // trial whose needle lacks the answer (k = 1) L+ is ~0.05 and L- ~11, and a last-bit
             // float32 difference in L- (6e-7 with libtorch 2.x's GEMMs) exceeded 1e-5 of L+.
-            REQUIRE(batch[k].lplus.sizes() == alone.lplus.sizes());
-            if (alone.lplus.numel() == 0) continue;
-            const double scale = std::max({1e-3, alone.lplus.abs().max().item<double>(), alone.lminus.abs().max().item<double>()});
-            MESSAGE("batched vs alone: L+ " << (batch[k].lplus - alone.lplus).abs().max().item<double>() << ", L- "
-                                            << (batch[k].lminus - alone.lminus).abs().max().item<double>() << ", scale " << scale);
-            CHECK((batch[k].lplus - alone.lplus).abs().max().item<double>() <= kBatchRelTol * scale);
-            CHECK((batch[k].lminus - alone.lminus).abs().max().item<double>() <= kBatchRelTol * scale);
+            REQUIRE(lplus(batch[k]).sizes() == lplus(alone).sizes());
+            if (lplus(alone).numel() == 0) continue;
+            const double scale = std::max({1e-3, lplus(alone).abs().max().item<double>(), lminus(alone).abs().max().item<double>()});
+            MESSAGE("batched vs alone: L+ " << (lplus(batch[k]) - lplus(alone)).abs().max().item<double>() << ", L- "
+                                            << (lminus(batch[k]) - lminus(alone)).abs().max().item<double>() << ", scale " << scale);
+            CHECK((lplus(batch[k]) - lplus(alone)).abs().max().item<double>() <= kBatchRelTol * scale);
+            CHECK((lminus(batch[k]) - lminus(alone)).abs().max().item<double>() <= kBatchRelTol * scale);
         }
         if (stop_fn(kTarget)) CHECK((batch[0].generated.empty() && batch[2].generated.size() == 4));
     }
@@ -533,11 +573,11 @@ TEST_CASE("needle: rows with their own head sets equal each set decoded alone, i
             CAPTURE(b);
             const DecodeOut alone = decode_trial(*m, *trials[b], s, never, sets[b]);
             CHECK(rows[b].generated == alone.generated);
-            CHECK(torch::equal(rows[b].credit, alone.credit));
-            REQUIRE(rows[b].lplus.sizes() == alone.lplus.sizes());
-            const double scale = std::max({1e-3, alone.lplus.abs().max().item<double>(), alone.lminus.abs().max().item<double>()});
-            CHECK((rows[b].lplus - alone.lplus).abs().max().item<double>() <= kBatchRelTol * scale);
-            CHECK((rows[b].lminus - alone.lminus).abs().max().item<double>() <= kBatchRelTol * scale);
+            CHECK(torch::equal(credit(rows[b]), credit(alone)));
+            REQUIRE(lplus(rows[b]).sizes() == lplus(alone).sizes());
+            const double scale = std::max({1e-3, lplus(alone).abs().max().item<double>(), lminus(alone).abs().max().item<double>()});
+            CHECK((lplus(rows[b]) - lplus(alone)).abs().max().item<double>() <= kBatchRelTol * scale);
+            CHECK((lminus(rows[b]) - lminus(alone)).abs().max().item<double>() <= kBatchRelTol * scale);
         }
         // The sets act: zero-query on the planted head loses the copy the unablated row makes.
         CHECK(rows[1].generated[0] == kTarget);
@@ -623,15 +663,15 @@ TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, a
             for (size_t b = 0; b < got.size(); ++b) {
                 CAPTURE(b);
                 CHECK(got[b].generated == fresh[b].generated);
-                CHECK(torch::equal(got[b].credit, fresh[b].credit));
+                CHECK(torch::equal(credit(got[b]), credit(fresh[b])));
                 if (rows.size() == 1) {
-                    CHECK(torch::equal(got[b].lplus, fresh[b].lplus));
-                    CHECK(torch::equal(got[b].lminus, fresh[b].lminus));
+                    CHECK(torch::equal(lplus(got[b]), lplus(fresh[b])));
+                    CHECK(torch::equal(lminus(got[b]), lminus(fresh[b])));
                     continue;
                 }
-                const double scale = std::max({1e-3, fresh[b].lplus.abs().max().item<double>(), fresh[b].lminus.abs().max().item<double>()});
-                CHECK((got[b].lplus - fresh[b].lplus).abs().max().item<double>() <= kBatchRelTol * scale);
-                CHECK((got[b].lminus - fresh[b].lminus).abs().max().item<double>() <= kBatchRelTol * scale);
+                const double scale = std::max({1e-3, lplus(fresh[b]).abs().max().item<double>(), lminus(fresh[b]).abs().max().item<double>()});
+                CHECK((lplus(got[b]) - lplus(fresh[b])).abs().max().item<double>() <= kBatchRelTol * scale);
+                CHECK((lminus(got[b]) - lminus(fresh[b])).abs().max().item<double>() <= kBatchRelTol * scale);
             }
         };
         same(decode_batch(*m, {&t}, s, never, ablate, &pc), {&t});  // nothing kept yet: its prefill [0, 23) kept
@@ -675,8 +715,8 @@ TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, a
         const auto a = decode_batch(*m, {&t4, &t3}, s, never, ablate, &fresh), b = decode_batch(*m, {&t4, &t3}, s, never, ablate, &other);
         for (size_t r = 0; r < 2; ++r) {
             CHECK(a[r].generated == b[r].generated);
-            CHECK(torch::equal(a[r].lplus, b[r].lplus));
-            CHECK(torch::equal(a[r].lminus, b[r].lminus));
+            CHECK(torch::equal(lplus(a[r]), lplus(b[r])));
+            CHECK(torch::equal(lminus(a[r]), lminus(b[r])));
         }
     }
 }

@@ -1,5 +1,5 @@
-// HeadKV's R2 (retrieval-reasoning) head score in the needle scan (probes/needle/needle.cpp score_step,
-// NeedleTest::scored, summarize): the per-step credit against an independent recomputation on
+// HeadKV's R2 (retrieval-reasoning) head score in the needle scan (probes/needle/needle_scoring.cpp
+// score_step, NeedleTest::scored, summarize): the per-step credit against an independent recomputation on
 // hand-built rows (ties, spans at the row's edges), the decode's per-step R2 against rows of a full
 // forward (planted model), and on the CI toy recall model the score's ranking of the proven
 // retrieval heads, the trial sum over the first |answer tokens| steps and the mean over passing trials.
@@ -59,7 +59,7 @@ at::Tensor r2_of(const at::Tensor& rows, int64_t start, int64_t end) {
     const std::vector<int64_t> prompt(static_cast<size_t>(S), 7);
     return score_step(rows, torch::randn({S, 1, d}), torch::randn({3, H * d}), torch::randn({3}), prompt,
                       StepSpans{start, end, start, end, 0}, 7)
-        .r2;
+        .step(NeedleScore::kR2);
 }
 
 }  // namespace
@@ -144,7 +144,7 @@ TEST_CASE("r2: the decode's per-step R2 is the recomputation on the rows of a fu
     s.max_new_tokens = 4, s.prefill_chunk = 5;
     const DecodeOut out = decode_trial(*m, t, s, [](int64_t) { return false; });
     REQUIRE(out.generated.size() == 4);
-    REQUIRE(out.r2.sizes() == at::IntArrayRef{4, 2, planted::kH});
+    REQUIRE(out.step(NeedleScore::kR2).sizes() == at::IntArrayRef{4, 2, planted::kH});
     const int64_t P = static_cast<int64_t>(t.prompt.size());
     std::vector<int64_t> seq = t.prompt;
     seq.insert(seq.end(), out.generated.begin(), out.generated.end() - 1);
@@ -165,7 +165,7 @@ TEST_CASE("r2: the decode's per-step R2 is the recomputation on the rows of a fu
                 CAPTURE(l);
                 CAPTURE(h);
                 const double want = r2_ref(row_of(rows, h), t.answer_start, t.answer_end);
-                CHECK(out.r2[st][l][h].item<double>() == doctest::Approx(want).epsilon(1e-5));
+                CHECK(out.step(NeedleScore::kR2)[st][l][h].item<double>() == doctest::Approx(want).epsilon(1e-5));
                 total += want;
             }
         }

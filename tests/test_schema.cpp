@@ -199,32 +199,42 @@ TEST_CASE("schema: the needle scan's per-trial record round-trips (what --resume
     TempDir dir;
     const std::string path = dir.file("n.h5");
     schema::NeedleRecord nr;
-    nr.init(2, 1, 2, 3, 2, true);
+    // The arrays as the needle score registry names them (probes/needle/scores.cpp; src/ does not see it).
+    const schema::NeedleArrayNames names{{{"retrieval", true}, {"locos", true}, {"lplus", false}, {"lminus", false}, {"r2", false}},
+                                         {{"credit", true}, {"lplus", true}, {"lminus", true}, {"r2", false}}};
+    nr.init(2, 1, 2, 3, 2, true, names);
+    auto& ret = nr.trial_arrays[0].values;
+    auto& r2 = nr.trial_arrays[4].values;
     nr.done = {1, 0}, nr.generated = {5, 6, -1, -1, -1, -1}, nr.response = {"a b", ""}, nr.passed = {1, 0};
-    nr.answer_steps = {2, 0}, nr.retrieval = {0.5f, 0.f, NAN, NAN}, nr.step_credit[0] = 0.25f;
-    nr.r2 = {0.125f, 0.f, NAN, NAN}, nr.step_r2[1] = 0.375f;
+    nr.answer_steps = {2, 0}, ret = {0.5f, 0.f, NAN, NAN}, nr.step_arrays[0].values[0] = 0.25f;
+    r2 = {0.125f, 0.f, NAN, NAN}, nr.step_arrays[3].values[1] = 0.375f;
     nr.init_sets(1, {1, 0});
     nr.abl_done = {1, 1}, nr.abl_passed = {0, 1}, nr.abl_generated = {7, -1, 8, 9};
     schema::NeedleScoresRecord sc;
-    sc.n_done = 1, sc.n_pass = 1, sc.accuracy = 1.0, sc.retrieval = {0.5f, 0.f}, sc.locos = {0.f, 0.f};
-    sc.ci_low = sc.ci_high = {NAN, NAN}, sc.abl_accuracy = {0.5f}, sc.r2 = {0.125f, 0.f};
+    sc.n_done = 1, sc.n_pass = 1, sc.accuracy = 1.0, sc.abl_accuracy = {0.5f};
+    sc.scores = {{"retrieval", {0.5f, 0.f}, {}, 1, true},
+                 {"locos", {0.f, 0.f}, {{"ci_low", {NAN, NAN}}, {"ci_high", {NAN, NAN}}}, 0, false},
+                 {"r2", {0.125f, 0.f}, {}, 1, false}};
     {
         ResultWriter w(path, WriteMode::kCreate);
         schema::write_meta(w, {{"n_layers", int64_t{1}}, {"n_heads", int64_t{2}}});
-        schema::write_needle_results(w, nr, sc, true, true, true);
-        schema::write_needle_results(w, nr, sc, true, true, true);  // a checkpoint rewrites every dataset
+        schema::write_needle_results(w, nr, sc);
+        schema::write_needle_results(w, nr, sc);  // a checkpoint rewrites every dataset
         w.commit();
     }
     ResultReader r(path);
-    const auto back = schema::read_needle_results(r);
+    const auto back = schema::read_needle_results(r, names);
     CHECK((back.N == 2 && back.L == 1 && back.H == 2 && back.steps == 3 && back.abl_steps == 2 && back.with_steps));
     CHECK(back.generated == nr.generated);
     CHECK(back.response == nr.response);
     CHECK(back.answer_steps == nr.answer_steps);
-    CHECK(back.retrieval[0] == 0.5f);
-    CHECK(std::isnan(back.retrieval[2]));
-    CHECK(back.step_credit[0] == 0.25f);
-    CHECK((back.r2[0] == 0.125f && std::isnan(back.r2[3]) && back.step_r2[1] == 0.375f && std::isnan(back.step_r2[0])));
+    REQUIRE((back.trial_arrays.size() == 5 && back.step_arrays.size() == 4));
+    const auto &bret = back.trial_arrays[0].values, &br2 = back.trial_arrays[4].values;
+    const auto &bcredit = back.step_arrays[0].values, &bsr2 = back.step_arrays[3].values;
+    CHECK(bret[0] == 0.5f);
+    CHECK(std::isnan(bret[2]));
+    CHECK(bcredit[0] == 0.25f);
+    CHECK((br2[0] == 0.125f && std::isnan(br2[3]) && bsr2[1] == 0.375f && std::isnan(bsr2[0])));
     CHECK(r.read_numbers(schema::scores("r2", "score")).values == std::vector<double>{0.125, 0.0});
     CHECK((back.S == 1 && back.masks == std::vector<int32_t>{1, 0}));
     CHECK(back.abl_generated == nr.abl_generated);

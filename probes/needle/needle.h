@@ -3,182 +3,33 @@
 // ("Retrieval heads and LOCOS"); output names: docs/hdf5-schema.md ("/retrieval").
 //
 // A trial's prompt is built in token space (template prefix, haystack with the needle's tokens
-// inserted at a sentence end, template suffix), so the needle span is exact by construction.
-// Prefill runs in query chunks through the KV cache and each decode step keeps one attention row
-// per head: memory grows linearly with the context.
+// inserted at a sentence end, template suffix), so the needle span is exact by construction. This
+// file is the experiment (NeedleTest: the grid's trials and the passes over them); the decode and
+// its prefix cache are needle_decode.h, the per-step scores needle_scoring.h (the registry:
+// scores.h), the bootstrap stats.h.
 #pragma once
 
 #include "decoding.h"
+#include "needle_decode.h"
+#include "needle_scoring.h"
 #include "needle_trials.h"
-#include "heads.h"
-#include "hooks.h"
-#include "intervention.h"
 #include "model.h"
 #include "rouge.h"
+#include "scores.h"
+#include "stats.h"
 #include "tokenizer.h"
 
 #include <ATen/core/Tensor.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace hs {
-
-// The interventions a needle test can run (src/interp/intervention.h), in the order --help lists them.
-const std::vector<Intervention>& needle_ablations();  // zero-query, mean-query, zero, stream
-
-// Zero-query and zero act on the query after RoPE and on z; mean-query replaces the query BEFORE
-// RoPE (after q-norm) with q_mean, which the family then rotates at each position (LOCOS's
-// nolima_ablation.py). `rows` >= 0 aims the ablation at one batch row only.
-// Stream gives each head the attention window `window` (sink, recent, compensation: Hooks::window).
-struct HeadSet {
-    std::vector<Head> heads;
-    Intervention mode = Intervention::kNone;
-    at::Tensor q_mean;  // [L, H, d] for kMeanQuery: pre-RoPE query mean (calibrate_query_mean)
-    StreamWindow window;  // kStream
-    // KV-cache policies (probes/needle/kv/kv_policy.h). kv_from: where a trial's cache is compressed (the
-    // positions before it were prefilled whole; unset: the prompt's length P).
-    // window_after_prompt (kStream): the window acts only on queries at kv_from and later
-    // (StreamWindow::from): DuoAttention's deployment, a whole prefill and then sink + recent.
-    // keep: the positions before kv_from each head keeps, for a trial: [L, H, kv_from] bool
-    // (Hooks::keep); later keys (the decoded tokens) stay visible. keep_compensate: RazorAttention's
-    // mean token for what is dropped.
-    std::function<int64_t(const Trial&)> kv_from;
-    bool window_after_prompt = false;
-    std::function<at::Tensor(const Trial&)> keep;
-    bool keep_compensate = false;
-    bool empty() const { return heads.empty() && !keep; }  // decodes as the unablated model
-    // row >= 0: that batch row only; `trial` (the row's) is needed by keep and window_after_prompt.
-    void apply(Hooks& hooks, int64_t row = -1, const Trial* trial = nullptr) const;
-};
-
-// Where a needle test's time goes (seconds, summed over its decodes): the prefill forwards, the
-// decode steps' forwards, the per-step scoring.
-struct DecodeTimes {
-    double prefill = 0, decode = 0, score = 0;
-};
-
-struct DecodeSettings {
-    int64_t max_new_tokens = 50;
-    int64_t prefill_chunk = 512;
-    bool score = true;  // capture rows and compute per-step scores
-    bool keep_stop = false;  // StopOrder::kAfter: a stop token is kept and scored, then the row ends (Wu)
-    DecodeTimes* times = nullptr;  // optional: time accumulated here
-    AblationScope scope = AblationScope::kAll;
-    // NeedleTest: keep the last prompt's KV cache and prefill only past the prefix the next batch
-    // shares with it (PrefixCache). Off: every trial prefilled whole.
-    bool reuse_prefix = true;
-};
-
-// Prefills kept between decodes of one pass. The trials of a grid share the haystack before the
-// needle (every needle at one depth; the next depth up to the earlier insertion point; other lengths
-// when the haystack is one text). Each trial is prefilled alone (batch 1) in chunks that end at the
-// multiples of the chunk size and at its cuts (Trial::cuts: where it parts from another trial of
-// the grid), so every trial that shares a prefix computes it in the same chunks with the same bits.
-// Every prefill is kept here (the least recently used dropped first beyond max_bytes); a trial takes
-// the positions it shares with the kept prefill that shares most, up to the last chunk end the two
-// have in common, and prefills the rest: over the grid each node of the prompts' prefix tree is
-// computed about once. The results equal a whole prefill's bit for bit, whatever ran before (shards
-// and resumed runs agree with the whole run), and the rows of a batch are stacked from their trials'
-// own prefills. Valid only between forwards with the same prefill interventions (the caller keys
-// it; NeedleTest per pass) and while the trials live. Trials in `keep` stay (are not dropped) until
-// release(): the scan's, for the ablation sets' rows (scope decode).
-struct PrefixCache {
-    struct Entry {
-        KVCache cache;              // batch 1, the trial's prompt but its last token
-        std::vector<int64_t> ends;  // its prefill's chunk ends
-        int64_t bytes = 0, used = 0;
-        bool pinned = false;
-    };
-    std::map<const Trial*, Entry> entries;
-    int64_t reused = 0;     // prompt positions (summed over trials) taken from kept prefills
-    int64_t computed = 0;   // prompt positions (summed over trials) prefilled
-    int64_t max_bytes = 0;  // > 0: the kept prefills' bound
-    int64_t bytes = 0, clock = 0;
-    std::set<const Trial*> keep;
-    void release(const Trial* t);  // t's prefill may be dropped again
-    // Keeps t's prefill, dropping the least recently used unpinned ones to make room; false when it
-    // does not fit.
-    bool put(const Trial* t, const KVCache& cache, std::vector<int64_t> ends);
-};
-
-// Each prompt's Trial::cuts within its grid: the distinct lengths of its longest common prefix with
-// every other prompt, ascending.
-std::vector<std::vector<int64_t>> prefill_cuts(const std::vector<const std::vector<int64_t>*>& prompts);
-
-// LOCOS's mean-query calibration (nolima_ablation.py calibrate_mean_activations): one prefill
-// forward per prompt (no decode, unablated), the pre-RoPE query averaged over that prompt's
-// positions, then the prompts' means averaged, each prompt weighing equally. [L, H, d] float.
-// after_each (optional) runs after each prompt (progress).
-at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<int64_t>>& prompts, int64_t prefill_chunk,
-                                const std::function<void()>& after_each = {});
-
-// One greedy decode. Step t feeds prompt[P-1] (t = 0) or generated[t-1] and produces
-// generated[t] from that query's logits; a stop token ends the loop without being kept or scored.
-struct DecodeOut {
-    std::vector<int64_t> generated;
-    // Per step t and head: retrieval credit (1/|answer span| when the head's argmax key lies in the
-    // answer's span and holds generated[t]), LOCOS L+ and L- (already scaled by n/(K-n)), HeadKV's
-    // R2 credit (score_step). [steps, L, H] double.
-    at::Tensor credit, lplus, lminus, r2;
-    int64_t peak_keys = 0;
-};
-DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
-                       const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
-
-// Several trials of the same prompt length decoded as rows of one batch (each row equals its
-// trial decoded alone: the forward is batch-independent). A finished row keeps feeding its last
-// token until every row stops; its outputs are not extended.
-// With `prefix`, the prefill reuses and then replaces it (PrefixCache); s.reuse_prefix is not read here.
-std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
-                                    const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr,
-                                    PrefixCache* prefix = nullptr);
-
-// Rows with their own head sets: row b decodes *trials[b] (unscored when s.score is false) under
-// *sets[b] (nullptr: unablated); one trial may fill several rows. The rows share each GEMM
-// (GemmMode::kFolded: a row equals its run alone up to fp rounding, docs/forward.md "Batch rows and
-// GEMMs"). With AblationScope::kDecode the prefill is unablated, so each distinct trial is prefilled
-// once and its KV cache copied to its rows, and `prefix` (optional, scope decode only) serves its chunks
-// as for decode_batch.
-std::vector<DecodeOut> decode_batch_sets(const Model& m, const std::vector<const Trial*>& trials,
-                                         const std::vector<const HeadSet*>& sets, const DecodeSettings& s,
-                                         const std::function<bool(int64_t)>& stop, PrefixCache* prefix = nullptr);
-
-// The spans one step is scored on (prompt positions, [start, end)) and the first key the layer's
-// heads can see (0, or the sliding window's start).
-struct StepSpans {
-    int64_t needle_start = 0, needle_end = 0, answer_start = 0, answer_end = 0;
-    int64_t first_visible = 0;
-};
-// The per-step arithmetic on one layer, exposed for the tests. pattern [H, S] (one query row),
-// v [S, K, d], wo [D, H*d], u [D] (raw unembedding row of y), prompt ids (positions >= its size
-// never count). Retrieval credit: 1/|answer| when the argmax key (first of ties) lies in the answer
-// span and holds y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of phi
-// over the needle, L- = the sum over the other keys times n / (keys visible - needle keys visible)
-// (logit_contrib.py compute_logit_contribution_per_step; 0 when no other key is visible).
-// R2 (HeadKV, FYYFU/HeadKV Important_Head/retrieval_head_detection_r2.py lines 218-229): with
-// N = |answer span| (r2's needle span is its real_needle, the answer), the top N keys of the whole
-// row (every key S, BOS and generated tokens included; ties: the first indices), and (1/N) times
-// the sum of the weights of those inside the span; no copy condition. 0 without a span.
-// Returns credit, L+, L-, R2 each [H] double.
-struct StepScores {
-    at::Tensor credit, lplus, lminus, r2;
-};
-StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
-                      const std::vector<int64_t>& prompt, const StepSpans& spans, int64_t y);
-
-// Decode steps that produced the gold answer (the LOCOS rule): the first contiguous run of the
-// answer's own tokens (encoded without specials); else the tokens whose decoded text overlaps the
-// first case-insensitive occurrence of the answer in the concatenated decoded pieces.
-std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& generated, const std::string& answer);
-
-// ---- the experiment ----
 
 // What one needle test runs: the grid and the decode.
 struct NeedleConfig {
@@ -191,25 +42,27 @@ struct NeedleConfig {
     double pass_threshold = 0.5;   // ROUGE-1 recall > this passes
     int64_t batch = 1;             // trials of equal prompt length decoded as rows of one forward
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
-    bool keep_steps = false;       // TrialResult::steps_* of the scored pass (--dump-steps)
+    bool keep_steps = false;       // TrialResult::steps of the scored pass (--dump-steps)
     int64_t prefix_max_bytes = int64_t{4} << 30;  // the kept prefix's bound (PrefixCache::max_bytes)
 };
 
-// One trial's outcome. retrieval [L, H] (sum of the per-step credit), locos [L, H] (mean of
-// L+ - L- over the answer steps; NaN without one, or when the needle span was not found), lplus and
-// lminus [L, H] (their means over the answer steps, NaN likewise), r2 [L, H] (sum of the per-step R2
-// credit over the first min(steps, |answer encoded without specials|) steps: the reference stops
-// after len(answer_tokens) steps, retrieval_head_detection_r2.py lines 245, 255; not normalised).
-// steps_* [steps, L, H]: each step's credit, L+, L- and R2 (NeedleConfig::keep_steps; R2 at every
-// step). The ablated passes fill only generated and the ROUGE fields.
+// One trial's outcome. arrays: every score's trial arrays (scores.h NeedleScoreRow::trial_arrays,
+// [score][part] [L, H] double, the registry's trial functions: retrieval the sum of the per-step
+// credit; locos the mean of L+ - L- over the answer steps, then lplus and lminus, their means, NaN
+// without an answer step or when the needle span was not found; r2 the sum of the per-step R2 credit
+// over the first min(steps, |answer encoded without specials|) steps). steps: every score's step
+// arrays [score][part] [steps, L, H] (NeedleConfig::keep_steps; a score with steps_need_needle NaN
+// where the needle's span was not found). The ablated passes fill only generated and the ROUGE fields.
 struct TrialResult {
     std::vector<int64_t> generated;
     std::string response;  // decoded, stripped
     double rouge1_recall = 0, rougeL_f = 0;
     bool passed = false;
     int64_t answer_steps = 0;
-    at::Tensor retrieval, locos, lplus, lminus, r2;
-    at::Tensor steps_credit, steps_lplus, steps_lminus, steps_r2;
+    PerNeedleScore<at::Tensor> arrays, steps;  // empty where not scored / not kept
+    const at::Tensor& score(NeedleScore s) const { return array(s, 0); }
+    const at::Tensor& array(NeedleScore s, size_t part) const { return arrays[static_cast<size_t>(s)][part]; }
+    const at::Tensor& step(NeedleScore s, size_t part = 0) const { return steps[static_cast<size_t>(s)][part]; }
 };
 
 // The trials of a grid (lengths x depths x needles, needle fastest) and the passes over them:
@@ -313,18 +166,5 @@ private:
     mutable int64_t prefix_reused_ = 0, prefix_computed_ = 0;
     mutable DecodeTimes times_;
 };
-
-// Bootstrap over trials: `resamples` draws of N trial indices with replacement (std::mt19937_64
-// seeded, index = floor(u * N) with u = generate_canonical<double>), the mean of each draw, and
-// the 2.5th and 97.5th percentiles (linear interpolation, numpy's default) per head.
-std::vector<std::vector<int64_t>> bootstrap_indices(int64_t n, int64_t resamples, uint64_t seed);
-std::pair<at::Tensor, at::Tensor> bootstrap_ci(const at::Tensor& samples /* [N, L, H] */, int64_t resamples,
-                                               uint64_t seed);
-double percentile_linear(std::vector<double> v, double q);  // q in [0, 100]
-// LOCOS's bootstrap as logit_contrib.py computes it (lines 1387-1396), to the last float32 digit:
-// numpy's RandomState(seed).randint(0, N, size=N) per resample, the float32 mean over the drawn
-// trials (numpy sums axis 0 in order), np.percentile 2.5 / 97.5 (float64 interpolation between float32
-// neighbours), cast to float32. samples [N, ...] float.
-std::pair<at::Tensor, at::Tensor> bootstrap_ci_numpy(const at::Tensor& samples, int64_t resamples, uint32_t seed);
 
 }  // namespace hs

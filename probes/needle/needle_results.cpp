@@ -1,6 +1,7 @@
 // The needle scan's results, their summary and its work items (see needle_results.h).
 #include "needle_results.h"
 
+#include "errors.h"
 #include "heads.h"
 
 #include <torch/torch.h>
@@ -20,14 +21,85 @@ std::vector<float> floats(const at::Tensor& t) {
     const auto c = t.detach().to(torch::kCPU, torch::kFloat).contiguous();
     return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
 }
+
+// The registry's arrays as the file names them, in the order written.
+schema::NeedleArrayNames array_names() {
+    schema::NeedleArrayNames n;
+    for (const auto& row : needle_scores()) {
+        for (const auto& a : row.trial_arrays) n.trials.push_back({a.name, a.in_every_file});
+        for (const auto& a : row.step_arrays) n.steps.push_back({a.name, a.in_every_file});
+    }
+    return n;
+}
 }  // namespace
+
+void NeedleResults::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast, bool ws) {
+    schema::NeedleRecord r;  // the one place the arrays' initial values are set
+    r.init(n, l, h, st, ast, ws, array_names());
+    *this = from_record(std::move(r));
+}
+
+void NeedleResults::init_sets(int64_t s, std::vector<int32_t> m) {
+    S = s;
+    masks = std::move(m);
+    masks.resize(S * L * H, 0);
+    abl_done.assign(S * N, 0);
+    abl_rouge1.assign(S * N, kNaNf), abl_rougeL.assign(S * N, kNaNf);
+    abl_passed.assign(S * N, 0);
+    abl_generated.assign(S * N * abl_steps, -1);
+}
+
+schema::NeedleRecord NeedleResults::to_record() const {
+    schema::NeedleRecord r;
+    r.N = N, r.L = L, r.H = H, r.steps = steps, r.abl_steps = abl_steps, r.with_steps = with_steps;
+    r.done = done, r.generated = generated, r.response = response;
+    r.rouge1 = rouge1, r.rougeL = rougeL, r.passed = passed, r.answer_steps = answer_steps;
+    for (const auto& row : needle_scores()) {
+        const auto k = static_cast<size_t>(row.id);
+        for (size_t p = 0; p < row.trial_arrays.size(); ++p)
+            r.trial_arrays.push_back({row.trial_arrays[p].name, row.trial_arrays[p].in_every_file, arrays[k][p]});
+        for (size_t p = 0; p < row.step_arrays.size(); ++p)
+            r.step_arrays.push_back({row.step_arrays[p].name, row.step_arrays[p].in_every_file, step_arrays[k][p]});
+    }
+    r.S = S, r.masks = masks, r.abl_done = abl_done, r.abl_rouge1 = abl_rouge1, r.abl_rougeL = abl_rougeL;
+    r.abl_passed = abl_passed, r.abl_generated = abl_generated;
+    return r;
+}
+
+NeedleResults NeedleResults::from_record(schema::NeedleRecord r) {
+    NeedleResults o;
+    o.N = r.N, o.L = r.L, o.H = r.H, o.steps = r.steps, o.abl_steps = r.abl_steps, o.with_steps = r.with_steps;
+    o.done = std::move(r.done), o.generated = std::move(r.generated), o.response = std::move(r.response);
+    o.rouge1 = std::move(r.rouge1), o.rougeL = std::move(r.rougeL), o.passed = std::move(r.passed);
+    o.answer_steps = std::move(r.answer_steps);
+    o.arrays = per_needle_score_trials<std::vector<float>>();
+    o.step_arrays = per_needle_score_steps<std::vector<float>>();
+    size_t t = 0, st = 0;  // the record's arrays are the registry's, in its order (array_names)
+    for (const auto& row : needle_scores()) {
+        const auto k = static_cast<size_t>(row.id);
+        for (size_t p = 0; p < row.trial_arrays.size(); ++p, ++t) {
+            HS_REQUIRE(t < r.trial_arrays.size() && r.trial_arrays[t].name == row.trial_arrays[p].name,
+                       "NeedleResults::from_record: a record of other arrays than the registry's");
+            o.arrays[k][p] = std::move(r.trial_arrays[t].values);
+        }
+        for (size_t p = 0; p < row.step_arrays.size(); ++p, ++st) {
+            HS_REQUIRE(st < r.step_arrays.size() && r.step_arrays[st].name == row.step_arrays[p].name,
+                       "NeedleResults::from_record: a record of other step arrays than the registry's");
+            o.step_arrays[k][p] = std::move(r.step_arrays[st].values);
+        }
+    }
+    o.S = r.S, o.masks = std::move(r.masks), o.abl_done = std::move(r.abl_done);
+    o.abl_rouge1 = std::move(r.abl_rouge1), o.abl_rougeL = std::move(r.abl_rougeL);
+    o.abl_passed = std::move(r.abl_passed), o.abl_generated = std::move(r.abl_generated);
+    return o;
+}
 
 void NeedleResults::init_sets(const std::vector<std::vector<std::pair<int, int>>>& sets) {
     const int64_t n = static_cast<int64_t>(sets.size());
     std::vector<int32_t> m(n * L * H, 0);
     for (int64_t s = 0; s < n; ++s)
         for (auto [l, h] : sets[s]) m[(s * L + l) * H + h] = 1;
-    schema::NeedleRecord::init_sets(n, std::move(m));
+    init_sets(n, std::move(m));
 }
 
 void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
@@ -39,19 +111,19 @@ void NeedleResults::set_trial(int64_t i, const TrialResult& r) {
     passed[i] = r.passed;
     answer_steps[i] = r.answer_steps;
     const int64_t LH = L * H;
-    auto put = [&](std::vector<float>& dst, const at::Tensor& t) {
-        const auto v = floats(t);
-        std::copy(v.begin(), v.end(), dst.begin() + i * LH);
-    };
-    put(retrieval, r.retrieval), put(locos, r.locos), put(lplus, r.lplus), put(lminus, r.lminus), put(r2, r.r2);
-    if (!with_steps || !r.steps_credit.defined()) return;
-    auto put_steps = [&](std::vector<float>& dst, const at::Tensor& t) {
-        const auto v = floats(t);  // [taken, L, H], taken <= steps
-        std::fill(dst.begin() + i * steps * LH, dst.begin() + (i + 1) * steps * LH, kNaNf);
-        std::copy_n(v.begin(), std::min<int64_t>(static_cast<int64_t>(v.size()), steps * LH), dst.begin() + i * steps * LH);
-    };
-    put_steps(step_credit, r.steps_credit), put_steps(step_lplus, r.steps_lplus), put_steps(step_lminus, r.steps_lminus);
-    put_steps(step_r2, r.steps_r2);
+    for (size_t k = 0; k < arrays.size(); ++k)
+        for (size_t p = 0; p < arrays[k].size(); ++p) {
+            const auto v = floats(r.arrays[k][p]);
+            std::copy(v.begin(), v.end(), arrays[k][p].begin() + i * LH);
+        }
+    if (!with_steps || r.steps.empty()) return;
+    for (size_t k = 0; k < step_arrays.size(); ++k)
+        for (size_t p = 0; p < step_arrays[k].size(); ++p) {
+            auto& dst = step_arrays[k][p];
+            const auto v = floats(r.steps[k][p]);  // [taken, L, H], taken <= steps
+            std::fill(dst.begin() + i * steps * LH, dst.begin() + (i + 1) * steps * LH, kNaNf);
+            std::copy_n(v.begin(), std::min<int64_t>(static_cast<int64_t>(v.size()), steps * LH), dst.begin() + i * steps * LH);
+        }
 }
 
 void NeedleResults::set_ablated(int64_t s, int64_t i, const TrialResult& r) {
@@ -69,17 +141,14 @@ void NeedleResults::copy_trial(const NeedleResults& f, int64_t i) {
     std::copy_n(f.generated.begin() + i * steps, steps, generated.begin() + i * steps);
     response[i] = f.response[i];
     rouge1[i] = f.rouge1[i], rougeL[i] = f.rougeL[i], passed[i] = f.passed[i], answer_steps[i] = f.answer_steps[i];
-    std::copy_n(f.retrieval.begin() + i * L * H, L * H, retrieval.begin() + i * L * H);
-    std::copy_n(f.locos.begin() + i * L * H, L * H, locos.begin() + i * L * H);
-    std::copy_n(f.lplus.begin() + i * L * H, L * H, lplus.begin() + i * L * H);
-    std::copy_n(f.lminus.begin() + i * L * H, L * H, lminus.begin() + i * L * H);
-    std::copy_n(f.r2.begin() + i * L * H, L * H, r2.begin() + i * L * H);
+    for (size_t k = 0; k < arrays.size(); ++k)
+        for (size_t p = 0; p < arrays[k].size(); ++p)
+            std::copy_n(f.arrays[k][p].begin() + i * L * H, L * H, arrays[k][p].begin() + i * L * H);
     if (with_steps && f.with_steps && f.steps == steps) {
         const int64_t n = steps * L * H;
-        std::copy_n(f.step_credit.begin() + i * n, n, step_credit.begin() + i * n);
-        std::copy_n(f.step_lplus.begin() + i * n, n, step_lplus.begin() + i * n);
-        std::copy_n(f.step_lminus.begin() + i * n, n, step_lminus.begin() + i * n);
-        std::copy_n(f.step_r2.begin() + i * n, n, step_r2.begin() + i * n);
+        for (size_t k = 0; k < step_arrays.size(); ++k)
+            for (size_t p = 0; p < step_arrays[k].size(); ++p)
+                std::copy_n(f.step_arrays[k][p].begin() + i * n, n, step_arrays[k][p].begin() + i * n);
     }
 }
 
@@ -97,19 +166,63 @@ bool NeedleResults::same_set(const NeedleResults& o, int64_t os, int64_t s) cons
     return std::equal(masks.begin() + s * L * H, masks.begin() + (s + 1) * L * H, o.masks.begin() + os * L * H);
 }
 
-schema::NeedleScoresRecord NeedleSummary::stored() const {
-    schema::NeedleScoresRecord s;
-    s.n_done = n_done, s.n_pass = n_pass, s.n_locos = n_locos, s.accuracy = accuracy;
-    s.retrieval = floats(ret), s.locos = floats(locos), s.ci_low = floats(ci_low), s.ci_high = floats(ci_high);
-    s.r2 = floats(r2);
-    s.abl_accuracy = abl_acc;
-    s.flagged = flagged;
-    return s;
+int64_t NeedleSummary::n_scored(NeedleScore s) const {
+    return needle_score(s).reduction == NeedleReduction::kAnswerStepMean ? n_locos : n_pass;
+}
+
+schema::NeedleScoresRecord NeedleSummary::stored(NeedleScoreSet set) const {
+    schema::NeedleScoresRecord out;
+    out.n_done = n_done, out.n_pass = n_pass, out.accuracy = accuracy;
+    for (NeedleScore id : set.list()) {
+        const auto& row = needle_score(id);
+        schema::NeedleScoreGroup g;
+        g.name = row.name;
+        g.score = floats(score(id));
+        if (row.reduction == NeedleReduction::kAnswerStepMean) g.beside = {{"ci_low", floats(ci_low)}, {"ci_high", floats(ci_high)}};
+        g.n_scored = n_scored(id);
+        g.with_flagged = row.flags_heads;
+        out.scores.push_back(std::move(g));
+    }
+    out.abl_accuracy = abl_acc;
+    out.flagged = flagged;
+    return out;
+}
+
+// The done trials' [L, H] arrays v at the trials idx, as [idx, L, H] double.
+static at::Tensor gather_trials(const NeedleResults& r, const std::vector<float>& v, const std::vector<int64_t>& idx) {
+    const int64_t LH = r.L * r.H;
+    auto t = torch::empty({static_cast<int64_t>(idx.size()), r.L, r.H}, torch::kDouble);
+    auto* p = t.data_ptr<double>();
+    for (size_t k = 0; k < idx.size(); ++k)
+        for (int64_t j = 0; j < LH; ++j) p[k * LH + j] = v[idx[k] * LH + j];
+    return t;
+}
+
+// A score's reduction over the done trials (NeedleReduction) into s.
+static void reduce_score(const NeedleResults& r, const NeedleScoreRow& row, const std::vector<int64_t>& pass_idx,
+                         const std::vector<int64_t>& locos_idx, int64_t bootstrap, uint64_t seed, RngKind rng, NeedleSummary& s) {
+    const auto nan = [&] { return torch::full({r.L, r.H}, kNaN, torch::kDouble); };
+    auto& out = s.scores[static_cast<size_t>(row.id)];
+    const auto& v = r.array(row.id);
+    if (row.reduction == NeedleReduction::kPassedMean) {
+        // HeadKV averages R2 over the trials with qa_f1 > 50 (retrieval_head_detection_r2.py lines
+        // 314-317, 238-241); headscope uses its pass flag (ROUGE-1 recall > pass_threshold) instead.
+        out = s.n_pass ? gather_trials(r, v, pass_idx).mean(0) : nan();
+        return;
+    }
+    // LOCOS: the trials with an answer step, and the bootstrap intervals (one such score: ci_low, ci_high).
+    auto samples = gather_trials(r, v, locos_idx);
+    out = s.n_locos ? samples.mean(0) : nan();
+    s.with_ci = s.n_locos >= kBootstrapMinTrials;
+    const auto used = s.with_ci ? samples : samples.narrow(0, 0, 0);
+    if (rng == RngKind::kReference)  // logit_contrib.py's numpy draws on the float32 trial scores
+        std::tie(s.ci_low, s.ci_high) = bootstrap_ci_numpy(used.to(torch::kFloat), bootstrap, static_cast<uint32_t>(seed));
+    else
+        std::tie(s.ci_low, s.ci_high) = bootstrap_ci(used, bootstrap, seed);
 }
 
 NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed, double flag_threshold, RngKind rng) {
     NeedleSummary s;
-    const int64_t LH = r.L * r.H;
     std::vector<int64_t> pass_idx, locos_idx;
     double rl = 0;
     for (int64_t i = 0; i < r.N; ++i) {
@@ -123,28 +236,16 @@ NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed
     s.n_pass = static_cast<int64_t>(pass_idx.size()), s.n_locos = static_cast<int64_t>(locos_idx.size());
     s.accuracy = s.n_done ? static_cast<double>(s.n_pass) / static_cast<double>(s.n_done) : kNaN;
     s.rougeL = s.n_done ? rl / static_cast<double>(s.n_done) : kNaN;
-    auto gather = [&](const std::vector<float>& v, const std::vector<int64_t>& idx) {
-        auto t = torch::empty({static_cast<int64_t>(idx.size()), r.L, r.H}, torch::kDouble);
-        auto* p = t.data_ptr<double>();
-        for (size_t k = 0; k < idx.size(); ++k)
-            for (int64_t j = 0; j < LH; ++j) p[k * LH + j] = v[idx[k] * LH + j];
-        return t;
-    };
-    s.ret = s.n_pass ? gather(r.retrieval, pass_idx).mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
-    // HeadKV's R2 is averaged over the trials with qa_f1 > 50 (retrieval_head_detection_r2.py lines
-    // 314-317, 238-241); headscope uses its pass flag (ROUGE-1 recall > pass_threshold) instead.
-    s.r2 = s.n_pass ? gather(r.r2, pass_idx).mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
-    auto samples = gather(r.locos, locos_idx);
-    s.locos = s.n_locos ? samples.mean(0) : torch::full({r.L, r.H}, kNaN, torch::kDouble);
-    s.with_ci = s.n_locos >= kBootstrapMinTrials;
-    const auto used = s.with_ci ? samples : samples.narrow(0, 0, 0);
-    if (rng == RngKind::kReference)  // logit_contrib.py's numpy draws on the float32 trial scores
-        std::tie(s.ci_low, s.ci_high) = bootstrap_ci_numpy(used.to(torch::kFloat), bootstrap, static_cast<uint32_t>(seed));
-    else
-        std::tie(s.ci_low, s.ci_high) = bootstrap_ci(used, bootstrap, seed);
-    for (int64_t l = 0; l < r.L; ++l)
-        for (int64_t h = 0; h < r.H; ++h)
-            if (s.ret[l][h].item<double>() > flag_threshold) s.flagged.push_back(format_head(static_cast<int>(l), static_cast<int>(h)));
+    s.scores.resize(static_cast<size_t>(kNeedleScoreCount));
+    for (const auto& row : needle_scores()) {
+        reduce_score(r, row, pass_idx, locos_idx, bootstrap, seed, rng, s);
+        if (!row.flags_heads) continue;
+        const auto& sc = s.score(row.id);
+        for (int64_t l = 0; l < r.L; ++l)
+            for (int64_t h = 0; h < r.H; ++h)
+                if (sc[l][h].item<double>() > flag_threshold) s.flagged.push_back(format_head(static_cast<int>(l), static_cast<int>(h)));
+    }
+    s.ret = s.score(NeedleScore::kRetrieval), s.locos = s.score(NeedleScore::kLocos), s.r2 = s.score(NeedleScore::kR2);
     for (int64_t si = 0; si < r.S; ++si) {
         int64_t cnt = 0, passed = 0;
         double rls = 0;
@@ -156,6 +257,21 @@ NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed
         s.abl_rougeL.push_back(cnt ? static_cast<float>(rls / static_cast<double>(cnt)) : kNaNf);
     }
     return s;
+}
+
+void write_needle_results(ResultWriter& w, const NeedleResults& r, const NeedleSummary& s, NeedleScoreSet set) {
+    schema::write_needle_results(w, r.to_record(), s.stored(set));
+}
+
+NeedleResults read_needle_results(const ResultReader& f) {
+    return NeedleResults::from_record(schema::read_needle_results(f, array_names()));
+}
+
+NeedleScoreSet needle_scores_in(const ResultReader& f) {
+    NeedleScoreSet set;
+    for (const auto& row : needle_scores())
+        if (f.exists(schema::scores(row.name))) set.add(row.id);
+    return set;
 }
 
 int64_t NeedleWork::item(int64_t set, int64_t g) const {

@@ -1,0 +1,93 @@
+// The needle scan's per-step scoring: what one decode step gives each head for every score of the
+// registry (probes/needle/scores.h), the scores' step and trial functions, and the decode steps that
+// produced the answer. Methods: docs/methods.md ("Retrieval heads and LOCOS").
+#pragma once
+
+#include "model.h"
+#include "needle_trials.h"
+#include "scores.h"
+#include "tokenizer.h"
+
+#include <ATen/core/Tensor.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hs {
+
+// The spans one step is scored on (prompt positions, [start, end)) and the first key the layer's
+// heads can see (0, or the sliding window's start).
+struct StepSpans {
+    int64_t needle_start = 0, needle_end = 0, answer_start = 0, answer_end = 0;
+    int64_t first_visible = 0;
+};
+
+// One layer's decode step as the step functions read it: a [H, S] (the pattern row in double),
+// v [S, K, d], wo [D, H*d], u [D] (raw unembedding row of y), the prompt ids (positions >= its size
+// never count), the spans and the generated token y.
+struct NeedleStepInput {
+    const at::Tensor& a;
+    const at::Tensor& v;
+    const at::Tensor& wo;
+    const at::Tensor& u;
+    const std::vector<int64_t>& prompt;
+    const StepSpans& spans;
+    int64_t y;
+};
+
+// One trial's decode as the trial functions read it: the row's step arrays [steps, L, H] double, the
+// steps that produced the answer (answer_steps), the answer's token count (encoded without
+// specials) and whether the needle's span was found.
+struct NeedleTrialSteps {
+    const std::vector<at::Tensor>& steps;
+    const std::vector<int64_t>& answer_steps;
+    int64_t answer_tokens = 0;
+    bool needle_found = false;
+    int64_t L = 0, H = 0;
+};
+
+// The per-step arithmetic on one layer, exposed for the tests: every score's step arrays, each [H]
+// double ([score][part], scores.h PerNeedleScore). pattern [H, S] (one query row), the rest as
+// NeedleStepInput. Retrieval credit: 1/|answer| when the argmax key (first of ties) lies in the
+// answer span and holds y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of
+// phi over the needle, L- = the sum over the other keys times n / (keys visible - needle keys visible)
+// (logit_contrib.py compute_logit_contribution_per_step; 0 when no other key is visible).
+// R2 (HeadKV, FYYFU/HeadKV Important_Head/retrieval_head_detection_r2.py lines 218-229): with
+// N = |answer span| (r2's needle span is its real_needle, the answer), the top N keys of the whole
+// row (every key S, BOS and generated tokens included; ties: the first indices), and (1/N) times
+// the sum of the weights of those inside the span; no copy condition. 0 without a span.
+struct StepScores {
+    PerNeedleScore<at::Tensor> of;  // [score][part]
+    const at::Tensor& step(NeedleScore s, size_t part = 0) const { return of[static_cast<size_t>(s)][part]; }
+};
+StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
+                      const std::vector<int64_t>& prompt, const StepSpans& spans, int64_t y);
+
+// Row b's scores of one decode step that generated y: score_step on every layer's captured pattern
+// row (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), `keys` visible in all; [score][part]
+// each [L, H] double.
+PerNeedleScore<at::Tensor> score_row(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
+                                     int64_t b, const Trial& tr, int64_t keys, int64_t y);
+
+// The registry's step functions (scores.cpp's rows): retrieval credit; LOCOS L+ then L- (already
+// scaled by n/(K-n)); R2 credit.
+std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in);
+std::vector<at::Tensor> locos_step(const NeedleStepInput& in);
+std::vector<at::Tensor> r2_step(const NeedleStepInput& in);
+// The trial functions: retrieval, the sum of the per-step credit; LOCOS, the mean of L+ - L- over
+// the answer steps, then the means of L+ and L- (NaN without an answer step, or when the needle's
+// span was not found); R2, the sum of the per-step credit over the first min(steps, answer tokens)
+// steps (the reference stops after len(answer_tokens) steps, retrieval_head_detection_r2.py lines
+// 245, 255; not normalised).
+std::vector<at::Tensor> retrieval_trial(const NeedleTrialSteps& in);
+std::vector<at::Tensor> locos_trial(const NeedleTrialSteps& in);
+std::vector<at::Tensor> r2_trial(const NeedleTrialSteps& in);
+
+// Decode steps that produced the gold answer (the LOCOS rule): the first contiguous run of the
+// answer's own tokens (encoded without specials); else the tokens whose decoded text overlaps the
+// first case-insensitive occurrence of the answer in the concatenated decoded pieces.
+std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& generated, const std::string& answer);
+
+}  // namespace hs
