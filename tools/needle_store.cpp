@@ -1,6 +1,8 @@
 // The merge of a needle scan's shards (see needle_store.h).
 #include "needle_store.h"
 
+#include "jobs.h"
+#include "needle_records.h"
 #include "schema.h"
 
 #include "common.h"
@@ -16,15 +18,6 @@
 #include <set>
 
 namespace hs::cli {
-
-std::string attr_text(const AttrValue& v) {
-    std::string s = attr_to_string(v);
-    const bool list = std::holds_alternative<std::vector<int64_t>>(v) || std::holds_alternative<std::vector<double>>(v) ||
-                      std::holds_alternative<std::vector<std::string>>(v);
-    if (list && s.size() >= 2 && s.front() == '[' && s.back() == ']' && s.find(',') == std::string::npos)
-        s = s.substr(1, s.size() - 2);
-    return s;
-}
 
 MergeStage::MergeStage(const std::string& first, const std::string& out) : tmp_(temp_path_for(out) + "-merge") {
     try {
@@ -49,23 +42,25 @@ std::string needle_config_difference(const ResultReader& a, const ResultReader& 
     static const std::set<std::string> kNotConfig = {"n_passed", "accuracy", "n_trials_done", "haystack_file",
                                                      "needles_file", "shard", "shard_index", "shard_count",
                                                      "complete", "merged_from"};
+    // Each group's attributes through the job runner's identity check (jobs::compare: a's as stored,
+    // b's as this run's; the model's weights are one of /meta's parameters here).
     auto compare = [&](const std::string& obj, const std::set<std::string>& only) -> std::string {
         const bool ea = a.exists(obj), eb = b.exists(obj);
         if (ea != eb) return fmt::format("{}: {} vs {}", obj, ea ? "present" : "absent", eb ? "present" : "absent");
         if (!ea) return "";
-        const auto x = a.attrs(obj), y = b.attrs(obj);
+        jobs::Identity id;
+        id.params = b.attrs(obj);
+        const Attrs x = a.attrs(obj);
         std::set<std::string> keys;
         for (const auto& kv : x) keys.insert(kv.first);
-        for (const auto& kv : y) keys.insert(kv.first);
-        for (const auto& k : keys) {
-            if (kNotConfig.count(k) || (!only.empty() && !only.count(k))) continue;
-            const std::string vx = x.count(k) ? attr_text(x.at(k)) : "(absent)", vy = y.count(k) ? attr_text(y.at(k)) : "(absent)";
-            if (vx != vy) {
-                auto cut = [](std::string v) { return v.size() > 80 ? v.substr(0, 77) + "..." : v; };
-                return fmt::format("{} {} vs {}", k, cut(vx), cut(vy));
-            }
-        }
-        return "";
+        for (const auto& kv : id.params) keys.insert(kv.first);
+        for (const auto& k : keys)
+            if (!kNotConfig.count(k) && (only.empty() || only.count(k))) id.keys.push_back(k);
+        if (id.keys.empty()) return "";  // (an empty key list compares every parameter)
+        const jobs::Difference d = jobs::compare("", x, "", id);
+        if (!d) return "";
+        auto cut = [](std::string v) { return v.size() > 80 ? v.substr(0, 77) + "..." : v; };
+        return fmt::format("{} {} vs {}", d.key, cut(d.was), cut(d.now));
     };
     for (auto d : {compare(schema::meta(), {"weights_sha256", "dtype", "n_layers", "n_heads"}), compare(schema::retrieval(), {}),
                    compare(schema::retrieval_ablation(), {})})
@@ -76,7 +71,7 @@ std::string needle_config_difference(const ResultReader& a, const ResultReader& 
 static std::string attr_of(const ResultReader& r, const std::string& obj, const std::string& k) {
     if (!r.exists(obj)) return "";
     const auto a = r.attrs(obj);
-    return a.count(k) ? attr_text(a.at(k)) : "";
+    return a.count(k) ? jobs::value_text(a.at(k)) : "";
 }
 
 void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs) {
@@ -85,7 +80,7 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     int64_t count = -1;
     std::map<int64_t, std::string> by_index;
     for (const auto& r : rs) {
-        parts.push_back(NeedleResults(schema::read_needle_results(*r)));
+        parts.push_back(read_needle_results(*r));
         if (r.get() != &first) {
             const std::string d = needle_config_difference(first, *r);
             if (!d.empty())
@@ -160,9 +155,8 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     const std::string& tmp = stage.path();
     {
         ResultWriter w(tmp, WriteMode::kAppend);
-        schema::write_needle_results(w, all, sum.stored(), first.exists(schema::scores("retrieval")), first.exists(schema::scores("locos")),
-                                     first.exists(schema::scores("r2")));
-        w.set_attrs(schema::retrieval(), merged_attrs(o.inputs, left == 0));
+        write_needle_results(w, all, sum, needle_scores_in(first));
+        schema::write_needle_merged(w, merged_attrs(o.inputs, left == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

@@ -15,7 +15,8 @@ namespace hs::cli {
 
 // The parameters two files of one needle scan must share (the /retrieval and /retrieval/ablation
 // attributes that define the work, the haystack's and needles' sha256, the model's weights and
-// dtype); "" when they agree, else "NAME: A vs B" for the first that differs.
+// dtype), compared by the job runner's identity check (jobs::compare); "" when they agree, else
+// "NAME A vs B" for the first that differs (values cut to 80 characters).
 std::string needle_config_difference(const ResultReader& a, const ResultReader& b);
 
 // Where a merge writes: a copy of the first shard next to `out` ("<out>.tmp-<pid>-merge"), removed
@@ -47,9 +48,5 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
 // headscope merge for `headscope influence --shard` files (tools/cmd_influence.cpp): each sample from
 // the shard that computed it, the ranking and selection recomputed over them.
 void merge_influence(const MergeArgs& o, const std::vector<std::unique_ptr<ResultReader>>& rs);
-
-// Attribute values as text with a one-element list read as its element (a list of one is read back
-// as a scalar by some HDF5 readers): for comparing parameters.
-std::string attr_text(const AttrValue& v);
 
 }  // namespace hs::cli
