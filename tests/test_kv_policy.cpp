@@ -2,7 +2,8 @@
 // windows that act from a position (StreamWindow::from) against the whole reference
 // (blocks::attention_reference) and against an independent recomputation over the kept keys alone,
 // in double; SnapKV's pooled scores against a recomputation from the captured q and k; HeadKV's
-// capacities and SnapKV's and RazorAttention's kept positions on hand-made cases.
+// capacities and SnapKV's and RazorAttention's kept positions on hand-made cases; the policies'
+// registry (kv_registry.cpp) by the names --kv-compare lists.
 #include <doctest/doctest.h>
 
 #include "blocks.h"
@@ -13,6 +14,8 @@
 #include <torch/torch.h>
 
 #include <cmath>
+#include <set>
+#include <string>
 
 using namespace hs;
 
@@ -212,4 +215,25 @@ TEST_CASE("kv policy: SnapKV's kept positions, HeadKV's capacities and RazorAtte
     CHECK(torch::equal(r[0][1], torch::tensor({true, true, false, false, false, false, false, true, true, true})));
     CHECK(razor_keep_mask(full, 6, 2, 3, true).all().item<bool>());
     CHECK(!razor_keep_mask(full, 6, 2, 3, false).all().item<bool>());
+}
+
+TEST_CASE("kv policy: the registry holds each policy once and finds it by the name --kv-compare lists") {
+    CHECK(kv_policy_names() == "full, snapkv, headkv, duo, razor, stream:SCORE");
+    std::set<std::string> seen;
+    for (const KvPolicy* p : kv_policies()) CHECK(seen.insert(p->name()).second);
+    for (const KvPolicy* p : kv_policies())
+        if (p->score_from() != KvScoreFrom::kArgument) CHECK(find_kv_policy(p->name()) == p);
+    std::string arg;
+    const KvPolicy* stream = find_kv_policy("stream:scores.h5:scores/locos/score", &arg);
+    REQUIRE(stream != nullptr);
+    CHECK(std::string(stream->name()) == "stream");
+    CHECK(arg == "scores.h5:scores/locos/score");
+    for (const char* bad : {"stream", "stream:", "full:x", "h2o", ""}) {
+        CAPTURE(bad);
+        CHECK(find_kv_policy(bad) == nullptr);
+    }
+    // Only HeadKV refuses a signed importance (LOCOS); stream orders by any score.
+    CHECK(!find_kv_policy("headkv")->refuse_score(NeedleScore::kLocos).empty());
+    CHECK(find_kv_policy("headkv")->refuse_score(NeedleScore::kR2).empty());
+    CHECK(stream->refuse_score(NeedleScore::kLocos).empty());
 }

@@ -6,7 +6,6 @@
 #include "heads.h"
 #include "model.h"
 #include "progress.h"
-#include "razor.h"
 #include "schema.h"
 #include "store.h"
 #include "tokenizer.h"
@@ -24,9 +23,10 @@ namespace hs::cli {
 
 void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a) {
     sub->add_option("--kv-compare", a.policies,
-                    "after the scan: KV-cache policies compared at equal memory on the ablation trials, comma-separated: "
-                    "full, snapkv, headkv, duo, razor, stream:SCORE (SCORE: locos, retrieval, r2 or FILE.h5:DATASET); "
-                    "writes /retrieval/kv_compare (docs/methods.md, \"KV-cache policies\")");
+                    "after the scan: KV-cache policies compared at equal memory on the ablation trials, comma-separated: " +
+                        kv_policy_names() +
+                        " (SCORE: locos, retrieval, r2 or FILE.h5:DATASET); writes /retrieval/kv_compare (docs/methods.md, "
+                        "\"KV-cache policies\")");
     sub->add_option("--kv-budgets", a.budgets, "kv compare: budgets as fractions of the full prompt cache, in (0, 1]")
         ->capture_default_str();
     sub->add_option("--kv-score", a.score, "kv compare: headkv's importance: r2, retrieval, locos (this run) or FILE.h5:DATASET")
@@ -83,68 +83,77 @@ std::vector<double> parse_budgets(const std::string& text) {
     return out;
 }
 
-// A score named on the command line: this run's (returned in *from_run, the tensor undefined) or a file's.
-at::Tensor score_named(const std::string& flag, const std::string& name, const RunScores& run, int L, int H, std::string* from_run,
-                       std::string* source) {
-    if (name == "locos" || name == "retrieval" || name == "r2") {
-        if (!(name == "locos" ? run.locos : name == "r2" ? run.r2 : run.ret))
-            throw UsageError(fmt::format("{} {}: this run does not compute it (see --score)", flag, name));
-        *from_run = name, *source = "this run: scores/" + name + "/score";
+// A needle score by its name; none for another word (a FILE.h5:DATASET).
+std::optional<NeedleScore> needle_score_named(const std::string& name) {
+    for (const auto& row : needle_scores())
+        if (name == row.name) return row.id;
+    return std::nullopt;
+}
+
+// A score named on the command line for policy `pol`: this run's (returned in *from_run, the tensor
+// undefined) or a file's.
+at::Tensor score_named(const std::string& flag, const std::string& name, const KvPolicy& pol, const NeedleScoreSet& run, int L, int H,
+                       std::optional<NeedleScore>* from_run, std::string* source) {
+    if (const auto sc = needle_score_named(name)) {
+        const std::string why = pol.refuse_score(*sc);
+        if (!why.empty()) throw UsageError(fmt::format("{} {}: {}", flag, name, why));
+        if (!run.has(*sc)) throw UsageError(fmt::format("{} {}: this run does not compute it (see --score)", flag, name));
+        *from_run = *sc, *source = run_score_source(*sc);
         return {};
     }
     *source = name;
     return with_flag(flag.c_str(), [&] { return read_head_score(split_head_score_ref(name), L, H); });
 }
 
+// The settings' flags (KvPolicy::check_settings names the setting).
+const std::vector<Flag> kSettingFlags = {{"--snapkv-kernel", "snapkv_kernel"}, {"--headkv-temp", "headkv_temp"}};
+
+// A listed policy's score, from the flag that carries what it needs (KvPolicy::score_from).
+at::Tensor policy_score(const KvCompareArgs& a, const Model& m, const KvCompareSpec& s, const KvPolicy& pol, const std::string& name,
+                        const std::string& arg, const NeedleScoreSet& run, std::optional<NeedleScore>* from_run, std::string* source) {
+    const int L = m.config.n_layers, H = m.config.n_heads;
+    switch (pol.score_from()) {
+        case KvScoreFrom::kNone: return {};
+        case KvScoreFrom::kImportance: return score_named("--kv-score", a.score, pol, run, L, H, from_run, source);
+        case KvScoreFrom::kGates:
+            if (a.duo_gates.empty())
+                throw UsageError(fmt::format("--kv-compare {}: needs --duo-gates FILE.h5:DATASET (a duo-gates study's alpha)", name));
+            *source = a.duo_gates;
+            return with_flag("--duo-gates", [&] { return read_head_score(split_head_score_ref(a.duo_gates), L, H); });
+        case KvScoreFrom::kOwn: return with_flag({{"--razor-preset", "razor_preset"}}, [&] { return pol.own_score(m, s, source); });
+        case KvScoreFrom::kArgument: return score_named("--kv-compare " + name, arg, pol, run, L, H, from_run, source);
+    }
+    return {};
+}
+
 }  // namespace
 
-KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const RunScores& run, int64_t random_orders,
+KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const NeedleScoreSet& run, int64_t random_orders,
                               int64_t sweep_rows, uint64_t seed, const std::string& razor_preset) {
-    const int L = m.config.n_layers, H = m.config.n_heads;
     KvComparePlan plan;
     auto& s = plan.spec;
     s.budgets = parse_budgets(a.budgets);
     std::tie(s.duo_sink, s.duo_recent) = parse_window("--duo-window", a.duo_window);
     std::tie(s.razor_sink, s.razor_recent) = parse_window("--razor-window", a.razor_window);
     s.razor_compensate = !a.razor_no_compensate;
-    if (a.snap_kernel % 2 == 0) throw UsageError(fmt::format("--snapkv-kernel: {} is even (the pooled length must stay)", a.snap_kernel));
+    s.razor_preset = razor_preset;
     s.snap.window = a.snap_window, s.snap.kernel = a.snap_kernel;
     s.headkv_beta = a.beta, s.headkv_temp = a.temp;
-    if (!(a.temp > 0)) throw UsageError(fmt::format("--headkv-temp: {} is not above 0", a.temp));
+    with_flag(kSettingFlags, [&] {
+        for (const KvPolicy* p : kv_policies()) p->check_settings(s);
+    });
     s.random_orders = random_orders, s.sweep_rows = sweep_rows, s.seed = seed;
     for (const auto& part : split(a.policies, ',')) {
         const std::string name = trim(part);
         if (name.empty()) continue;
+        std::string arg;
+        const KvPolicy* pol = find_kv_policy(name, &arg);
+        if (!pol) throw UsageError(fmt::format("--kv-compare: unknown policy '{}' (valid: {})", name, kv_policy_names()));
         KvPolicySpec p;
+        p.policy = pol;
         p.name = name;
-        std::string from_run;
-        if (name == "full") {
-            p.kind = KvPolicy::kFull;
-        } else if (name == "snapkv") {
-            p.kind = KvPolicy::kSnapKV;
-        } else if (name == "headkv") {
-            p.kind = KvPolicy::kHeadKV;
-            if (a.score == "locos")
-                throw UsageError("--kv-score locos: HeadKV's allocation needs a non-negative importance and LOCOS is signed "
-                                 "(use r2, retrieval or a FILE.h5:DATASET)");
-            p.score = score_named("--kv-score", a.score, run, L, H, &from_run, &p.source);
-        } else if (name == "duo") {
-            p.kind = KvPolicy::kDuo;
-            if (a.duo_gates.empty()) throw UsageError("--kv-compare duo: needs --duo-gates FILE.h5:DATASET (a duo-gates study's alpha)");
-            p.source = a.duo_gates;
-            p.score = with_flag("--duo-gates", [&] { return read_head_score(split_head_score_ref(a.duo_gates), L, H); });
-        } else if (name == "razor") {
-            p.kind = KvPolicy::kRazor;
-            const RazorPreset preset = with_flag("--razor-preset", [&] { return parse_razor_preset(razor_preset); });
-            p.source = fmt::format("razor, preset {} (echo and induction scores on repeated random tokens, max over each KV group)",
-                                   razor_preset_name(preset));
-            p.score = razor_preset_score(m, RazorSettings{}, preset);
-        } else if (name.rfind("stream:", 0) == 0 && name.size() > 7) {
-            p.kind = KvPolicy::kStream;
-            p.score = score_named("--kv-compare " + name, name.substr(7), run, L, H, &from_run, &p.source);
-        } else {
-            throw UsageError(fmt::format("--kv-compare: unknown policy '{}' (valid: full, snapkv, headkv, duo, razor, stream:SCORE)", name));
-        }
+        std::optional<NeedleScore> from_run;
+        p.score = policy_score(a, m, s, *pol, name, arg, run, &from_run, &p.source);
         for (const auto& q : s.policies)
             if (q.name == name) throw UsageError(fmt::format("--kv-compare: '{}' listed twice", name));
         s.policies.push_back(std::move(p));
@@ -154,57 +163,11 @@ KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const RunS
     return plan;
 }
 
-void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const Tokenizer& tok,
-                         const NeedleSummary& sum, const std::string& out, const KvCompareArgs& a) {
-    auto& s = plan.spec;
-    if (a.compress_at == "question")  // the question's tokens: the ablation template's suffix, encoded alone
-        for (const auto& nd : test.needles())
-            s.question_tokens.push_back(
-                static_cast<int64_t>(tok.encode(test.config().ablation_tmpl.suffix(nd.question), false).size()));
-    for (size_t i = 0; i < s.policies.size(); ++i) {
-        const auto& r = plan.run_scores[i];
-        if (!r.empty()) s.policies[i].score = r == "locos" ? sum.locos : r == "r2" ? sum.r2 : sum.ret;
-    }
-    const KvCompare k = with_flag({{"--kv-score", "kv_score"}, {"--kv-compare", "kv_compare"}}, [&] { return run_kv_compare(test, m, s); });
-    schema::KvCompareRecord rec;
-    rec.P = static_cast<int64_t>(k.policies.size()), rec.B = static_cast<int64_t>(k.budgets.size()), rec.R = s.random_orders;
-    rec.policies = k.policies;
-    rec.budgets.assign(k.budgets.begin(), k.budgets.end());
-    rec.accuracy = k.accuracy, rec.rougeL_f = k.rougeL_f, rec.kv_fraction = k.kv_fraction, rec.same_as_full = k.same_as_full;
-    rec.random_same_as_full = k.random_same_as_full;
-    for (double b : k.kv_bytes) rec.kv_bytes.push_back(std::llround(b));
-    rec.full_groups = k.full_groups;
-    rec.random_accuracy = k.random_accuracy, rec.random_rougeL_f = k.random_rougeL_f, rec.random_kv_fraction = k.random_kv_fraction;
-    std::string sources;
-    for (const auto& p : s.policies)
-        if (!p.source.empty()) sources += (sources.empty() ? "" : "; ") + p.name + ": " + p.source;
-    rec.attrs = {{"score_sources", sources},
-                 {"snapkv_window", s.snap.window},
-                 {"snapkv_kernel", s.snap.kernel},
-                 {"headkv_beta", s.headkv_beta},
-                 {"headkv_temp", s.headkv_temp},
-                 {"duo_sink", s.duo_sink},
-                 {"duo_recent", s.duo_recent},
-                 {"razor_sink", s.razor_sink},
-                 {"razor_recent", s.razor_recent},
-                 {"razor_compensate", std::string(s.razor_compensate ? "true" : "false")},
-                 {"random_orders", s.random_orders},
-                 {"compress_at", a.compress_at},
-                 {"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over the L x K KV groups", s.seed)},
-                 {"full_bytes", k.full_bytes},
-                 {"trials", static_cast<int64_t>(test.ablation_trials().size())},
-                 {"baseline_accuracy", sum.accuracy},
-                 {"description", std::string("accuracy, rougeL_f [policy, budget] over the ablation trials; kv_fraction: the "
-                                             "prompt cache a policy keeps / the full cache (L K P entries), mean over trials; "
-                                             "kv_bytes: the same in bytes (K and V, the model's dtype); full_groups: KV groups "
-                                             "kept whole by an order policy (-1: not one); random_*: [policy, budget, order], "
-                                             "random KV-group orders at the same count (NaN: no order); same_as_full: the "
-                                             "fraction of trials whose generated tokens equal the full cache's; docs/methods.md")}};
-    ResultWriter w(out, WriteMode::kAppend);
-    schema::write_kv_compare(w, rec);
-    w.commit();
+namespace {
 
-    const int64_t P = rec.P, B = rec.B, R = rec.R;
+// A policy that keeps more than its budget (a window or observation window alone) is reported as measured.
+void warn_over_budget(const KvCompare& k) {
+    const int64_t P = static_cast<int64_t>(k.policies.size()), B = static_cast<int64_t>(k.budgets.size());
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const size_t i = static_cast<size_t>(p * B + b);
@@ -213,8 +176,12 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
                                      "alone); reported as measured",
                                      k.policies[static_cast<size_t>(p)], k.budgets[static_cast<size_t>(b)], k.kv_fraction[i]));
         }
+}
+
+void print_kv_compare(const KvCompare& k) {
+    const int64_t P = static_cast<int64_t>(k.policies.size()), B = static_cast<int64_t>(k.budgets.size()), R = k.random_orders;
     std::printf("KV-cache policies at equal memory: %lld trials, %lld distinct configurations, full prompt cache %.1f KiB a trial\n",
-                static_cast<long long>(test.ablation_trials().size()), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
+                static_cast<long long>(k.trials), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
     int wid = 16;  // the policy column: as wide as the longest name
     for (const auto& p : k.policies) wid = std::max(wid, static_cast<int>(p.size()));
     std::printf("%-*s %7s %9s %9s %9s %9s %6s  %s\n", wid, "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "same", "groups",
@@ -232,6 +199,25 @@ void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model
                         k.rougeL_f[static_cast<size_t>(i)], k.same_as_full[static_cast<size_t>(i)],
                         g < 0 ? "-" : std::to_string(g).c_str(), rnd.empty() ? "-" : rnd.c_str());
         }
+}
+
+}  // namespace
+
+void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const Tokenizer& tok,
+                         const NeedleSummary& sum, const std::string& out, const KvCompareArgs& a) {
+    auto& s = plan.spec;
+    if (a.compress_at == "question")  // the question's tokens: the ablation template's suffix, encoded alone
+        for (const auto& nd : test.needles())
+            s.question_tokens.push_back(
+                static_cast<int64_t>(tok.encode(test.config().ablation_tmpl.suffix(nd.question), false).size()));
+    for (size_t i = 0; i < s.policies.size(); ++i)
+        if (const auto& r = plan.run_scores[i]) s.policies[i].score = sum.score(*r);
+    const KvCompare k = with_flag({{"--kv-score", "kv_score"}, {"--kv-compare", "kv_compare"}}, [&] { return run_kv_compare(test, m, s); });
+    ResultWriter w(out, WriteMode::kAppend);
+    schema::write_kv_compare(w, k.stored(sum.accuracy));
+    w.commit();
+    warn_over_budget(k);
+    print_kv_compare(k);
 }
 
 }  // namespace hs::cli

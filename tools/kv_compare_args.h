@@ -1,13 +1,16 @@
-// `retrieval --kv-compare`: the flags, their checks before the scan (every file read, every value
-// checked, before anything is written) and the comparison after it (probes/needle/kv/kv_policy.h), written to
+// `retrieval --kv-compare`: the flags into the comparison's spec before the scan (every file read, every
+// value checked, before anything is written; the policies and their needs from the registry,
+// probes/needle/kv/kv_policy.h), and after it the comparison run, written through the schema to
 // /retrieval/kv_compare (docs/hdf5-schema.md) and printed.
 #pragma once
 
 #include "kv_policy.h"
 #include "needle_results.h"
+#include "scores.h"
 
 #include <CLI/CLI.hpp>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,21 +32,17 @@ struct KvCompareArgs {
 
 void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a);
 
-// What this run's scan computes, for scores named after it (locos, retrieval, r2).
-struct RunScores {
-    bool ret = false, locos = false, r2 = false;
-};
-
 // The comparison's spec before the scan: files read, flags parsed; scores of this run left undefined
 // (filled by run_kv_compare_args). UsageError (exit 2) naming the flag for a bad value, an unknown
-// policy, a score this run does not compute, a budget outside (0, 1]; the file errors of
-// read_head_score (a missing file or dataset, a score of another shape: another model).
+// policy, a score this run does not compute (`run`: the scores this run's scan computes), a budget
+// outside (0, 1]; the file errors of read_head_score (a missing file or dataset, a score of another
+// shape: another model).
 struct KvComparePlan {
     KvCompareSpec spec;
-    std::vector<std::string> run_scores;  // per policy: "locos" / "retrieval" / "r2" to take from the scan, or ""
+    std::vector<std::optional<NeedleScore>> run_scores;  // per policy: the scan's score it takes, if any
 };
 // razor_preset (--razor-preset): how razor's order is found (probes/needle/kv/razor.h).
-KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const RunScores& run, int64_t random_orders,
+KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const NeedleScoreSet& run, int64_t random_orders,
                               int64_t sweep_rows, uint64_t seed, const std::string& razor_preset);
 
 // After the scan: fills the run's scores from `sum`, runs the comparison, appends /retrieval/kv_compare

@@ -25,13 +25,22 @@
 // its context, KvCompareSpec::question_tokens). snapkv/headkv get capacity
 // B = round(budget P K / H) per query head (both references select per query head after repeat_kv);
 // the order policies keep whole the most KV groups whose measured cache stays within the budget.
+//
+// Each policy is a KvPolicy in its own file, kv_<name>.cpp (what it needs, how a budget becomes the
+// positions each (layer, KV head) keeps, its settings' attributes), with one row in kv_policies()
+// (kv_registry.cpp); run_kv_compare (kv_policy.cpp) runs the rows the spec lists and names none.
 #pragma once
 
 #include "needle.h"
+#include "schema.h"
+#include "scores.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -68,16 +77,17 @@ at::Tensor headkv_caps(const at::Tensor& scores, int64_t base, int64_t window, d
 // is left whole, as _compress leaves T <= local_capacity. [L, H, P] bool.
 at::Tensor razor_keep_mask(const at::Tensor& full, int64_t P, int64_t sink, int64_t recent, bool compensate);
 
-enum class KvPolicy { kFull, kSnapKV, kHeadKV, kDuo, kRazor, kStream };
-const char* kv_policy_name(KvPolicy p);
+class KvPolicy;
 
 struct KvPolicySpec {
-    KvPolicy kind = KvPolicy::kFull;
+    const KvPolicy* policy = nullptr;  // its row in kv_policies()
     std::string name;    // as listed: "full", "stream:locos", ...
     at::Tensor score;    // [L, H]: headkv's importance; duo's gates, razor's and stream's order
     std::string source;  // where the score came from
 };
 
+// The comparison: the policies listed, the budgets, and every policy's settings (each policy's file
+// reads its own; the tool fills them from its flags).
 struct KvCompareSpec {
     std::vector<KvPolicySpec> policies;
     std::vector<double> budgets;  // fractions of the full cache, in (0, 1]
@@ -89,6 +99,7 @@ struct KvCompareSpec {
     // RazorAttention's _compress (ra_config.py): sink 4, one compensation token, 251 recent (256 in all).
     int64_t razor_sink = 4, razor_recent = 251;
     bool razor_compensate = true;
+    std::string razor_preset = "headscope";  // how razor's order is found (razor.h RazorPreset)
     // Where the cache is compressed: empty, at the prompt's end (every reference: the whole prompt is
     // prefilled, the first token comes from it); else per needle the question's tokens, and the cache
     // is compressed before them (the context cached alone, the question and the answer decoded through
@@ -99,7 +110,115 @@ struct KvCompareSpec {
     int64_t sweep_rows = 8;
     // The position trial t's cache is compressed at (its prompt's length, or before its question).
     int64_t compress_at(const Trial& t) const;
+    const char* compress_at_name() const { return question_tokens.empty() ? "prompt" : "question"; }
 };
+
+// The model's heads as the policies count them: layers, query heads, KV heads, the query heads of a
+// KV group (g = H / K) and the KV groups of the model (M = L K).
+struct KvShape {
+    int64_t L, H, K, g, M;
+};
+
+// One configuration to decode: the head set its budget builds and the cache it keeps.
+struct KvConfig {
+    HeadSet set;
+    std::string key;           // identical configurations decode once
+    std::vector<double> frac;  // per trial: prompt cache kept / (L K P)
+    int64_t full_groups = -1;  // KV groups kept whole (order policies), -1 otherwise
+};
+
+// What a policy reads when it turns a budget into configurations.
+struct KvContext {
+    const KvCompareSpec& spec;
+    KvShape sh;
+    const std::vector<Trial>& trials;
+    // SnapKV's pooled observation-window scores per trial [L, H, P - w] (filled when a listed policy
+    // needs_snapkv()).
+    std::shared_ptr<const std::map<const Trial*, at::Tensor>> pooled;
+};
+
+// Where a policy's [L, H] score comes from; the tool reads it from the flag that carries it.
+enum class KvScoreFrom {
+    kNone,        // no score (full, snapkv)
+    kImportance,  // the importance score (headkv): a needle score of this run or FILE.h5:DATASET
+    kGates,       // DuoAttention's gates file, FILE.h5:DATASET (duo)
+    kOwn,         // the policy computes it from the model (razor: RazorAttention's head selection, razor.h)
+    kArgument,    // the word after "<name>:" (stream:SCORE): a needle score of this run or FILE.h5:DATASET
+};
+
+// A KV-cache policy: one file a policy (probes/needle/kv/kv_<name>.cpp) and one row in kv_policies()
+// (kv_registry.cpp); docs/architecture.md, "A KV policy". The driver (run_kv_compare) asks each listed
+// policy for its configuration at each budget and decodes them all; nothing else names a policy.
+class KvPolicy {
+public:
+    virtual ~KvPolicy() = default;
+    virtual const char* name() const = 0;  // the --kv-compare word (kArgument: the word before ':')
+    virtual KvScoreFrom score_from() const { return KvScoreFrom::kNone; }
+    // Why this run's needle score `s` cannot serve as its score ("" when it can; the tool puts the flag
+    // and the score's name in front).
+    virtual std::string refuse_score(NeedleScore) const { return {}; }
+    // kOwn: the score and *source (where it came from); UsageError with param razor_preset for a bad preset.
+    virtual at::Tensor own_score(const Model& m, const KvCompareSpec& s, std::string* source) const;
+    virtual bool needs_snapkv() const { return false; }  // SnapKV's pooled scores, one prefill per trial
+    // The spec's settings of this policy, checked whether or not it is listed: UsageError with the
+    // setting's name as param (snapkv_kernel, headkv_temp).
+    virtual void check_settings(const KvCompareSpec&) const {}
+    // The score of a listed policy, already of shape [L, H]: UsageError (param kv_score) when it cannot serve.
+    virtual void check_score(const KvPolicySpec&, const KvCompareSpec&) const {}
+    // This policy's settings as /retrieval/kv_compare keeps them (attributes, written for every policy).
+    virtual Attrs attrs(const KvCompareSpec&) const { return {}; }
+    // The configuration at one budget, and its controls (order policies: the random orders at the
+    // same count of whole groups, spec.random_orders of them; others none).
+    virtual KvConfig config(const KvPolicySpec& p, double budget, const KvContext& ctx) const = 0;
+    virtual std::vector<KvConfig> controls(const KvPolicySpec&, double, const KvContext&) const { return {}; }
+};
+
+// The registry (kv_registry.cpp): every policy, in the order messages list them.
+const std::vector<const KvPolicy*>& kv_policies();
+// "full" -> its row; "stream:locos" -> stream's (a kArgument policy's "<name>:<arg>", arg not empty;
+// *arg the word after ':'). nullptr for an unknown name.
+const KvPolicy* find_kv_policy(const std::string& listed, std::string* arg = nullptr);
+std::string kv_policy_names();  // "full, snapkv, headkv, duo, razor, stream:SCORE"
+// A score of this run as score_sources names it: "this run: scores/<name>/score".
+std::string run_score_source(NeedleScore s);
+
+// ---- what the policies share
+// An order policy (duo, razor, stream): keeps whole the KV groups first in the order of its [L, H]
+// score (the max over each group's query heads, NaN last), as many as the budget holds (measured), and
+// compresses the others alike; its controls are random KV-group orders (seed + 3 + r) at that count.
+class KvOrderPolicy : public KvPolicy {
+public:
+    KvConfig config(const KvPolicySpec& p, double budget, const KvContext& ctx) const override;
+    std::vector<KvConfig> controls(const KvPolicySpec& p, double budget, const KvContext& ctx) const override;
+
+protected:
+    // The cache entries a compressed KV group holds of a P-token prompt.
+    virtual int64_t entries(const KvCompareSpec& s, int64_t P) const = 0;
+    // The compressed heads' part of the head set (`streamed`: every query head of the compressed
+    // groups), and what it adds to the configuration's key.
+    virtual void compress(const std::vector<Head>& streamed, const KvContext& ctx, KvConfig* c) const = 0;
+    // The configuration's key prefix (stream:S decodes as duo: the same order, the same configuration).
+    virtual const char* key_name() const { return name(); }
+
+private:
+    KvConfig keep_whole(const std::vector<int64_t>& order, int64_t n, const KvContext& ctx) const;
+    int64_t groups_within(double budget, const KvContext& ctx) const;
+};
+
+// DuoAttention's deployment of a compressed group (duo and stream:S, kv_duo.cpp): the prefill whole,
+// then a sink and a recent window sliding with the query (spec duo_sink, duo_recent).
+class KvStreamingPolicy : public KvOrderPolicy {
+protected:
+    int64_t entries(const KvCompareSpec& s, int64_t P) const override;
+    void compress(const std::vector<Head>& streamed, const KvContext& ctx, KvConfig* c) const override;
+    const char* key_name() const override { return "duo"; }
+};
+
+// snapkv / headkv at one budget: per trial, capacity B = round(budget P K / H) per query head, caps(B) the
+// [L, H] prefix positions each query head keeps besides the window (the references leave a prompt
+// no longer than B whole).
+KvConfig snapkv_config(const std::string& key_name, double budget, const KvContext& ctx,
+                       std::function<at::Tensor(int64_t B)> caps);
 
 // Configuration c = policy * B + budget; random controls [P, B, R].
 struct KvCompare {
@@ -115,6 +234,12 @@ struct KvCompare {
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R], NaN without an order
     double full_bytes = 0;                   // mean over trials: the full prompt cache
     int64_t distinct_sets = 0, score_passes = 0;
+    int64_t trials = 0, random_orders = 0;
+    // The parameters as /retrieval/kv_compare keeps them: every policy's settings (KvPolicy::attrs),
+    // where each score came from, the controls' seeds, the full cache.
+    Attrs attrs;
+    // As the file keeps it; baseline_accuracy: the scan's unablated accuracy, beside the policies'.
+    schema::KvCompareRecord stored(double baseline_accuracy) const;
 };
 
 // Runs every (policy, budget) and its random controls over test.ablation_trials(): SnapKV's scores once
