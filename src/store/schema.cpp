@@ -484,7 +484,14 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
     put(w, retrieval_kv_compare("random_accuracy"), k.random_accuracy, {k.P, k.B, k.R});
     put(w, retrieval_kv_compare("random_rougeL_f"), k.random_rougeL_f, {k.P, k.B, k.R});
     put(w, retrieval_kv_compare("random_kv_fraction"), k.random_kv_fraction, {k.P, k.B, k.R});
-    attrs(w, retrieval_kv_compare(), k.attrs);
+    Attrs a = k.attrs;
+    a["description"] = std::string(
+        "accuracy, rougeL_f [policy, budget] over the ablation trials; kv_fraction: the prompt cache a policy keeps / the full "
+        "cache (L K P entries), mean over trials; kv_bytes: the same in bytes (K and V, the model's dtype); full_groups: KV "
+        "groups kept whole by an order policy (-1: not one); random_*: [policy, budget, order], random KV-group orders at the "
+        "same count (NaN: no order); same_as_full: the fraction of trials whose generated tokens equal the full cache's; "
+        "docs/methods.md");
+    attrs(w, retrieval_kv_compare(), a);
 }
 
 KvCompareRecord read_kv_compare(const ResultReader& r) {
@@ -526,7 +533,7 @@ void replace(ResultWriter& w, const std::string& path, const std::vector<T>& v, 
 }
 }  // namespace
 
-void NeedleRecord::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast, bool ws) {
+void NeedleRecord::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast, bool ws, const NeedleArrayNames& names) {
     N = n, L = l, H = h, steps = st, abl_steps = ast, with_steps = ws;
     done.assign(N, 0);
     generated.assign(N * steps, -1);
@@ -534,10 +541,10 @@ void NeedleRecord::init(int64_t n, int64_t l, int64_t h, int64_t st, int64_t ast
     rouge1.assign(N, kNaNf), rougeL.assign(N, kNaNf);
     passed.assign(N, 0);
     answer_steps.assign(N, 0);
-    retrieval.assign(N * L * H, kNaNf), locos.assign(N * L * H, kNaNf);
-    lplus.assign(N * L * H, kNaNf), lminus.assign(N * L * H, kNaNf), r2.assign(N * L * H, kNaNf);
+    trial_arrays.clear(), step_arrays.clear();
+    for (const auto& [name, every] : names.trials) trial_arrays.push_back({name, every, std::vector<float>(N * L * H, kNaNf)});
     const int64_t per = with_steps ? N * steps * L * H : 0;
-    step_credit.assign(per, kNaNf), step_lplus.assign(per, kNaNf), step_lminus.assign(per, kNaNf), step_r2.assign(per, kNaNf);
+    for (const auto& [name, every] : names.steps) step_arrays.push_back({name, every, std::vector<float>(per, kNaNf)});
     S = 0;
     masks.clear(), abl_done.clear(), abl_rouge1.clear(), abl_rougeL.clear(), abl_passed.clear(), abl_generated.clear();
 }
@@ -552,8 +559,7 @@ void NeedleRecord::init_sets(int64_t s, std::vector<int32_t> m) {
     abl_generated.assign(S * N * abl_steps, -1);
 }
 
-void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
-                          bool want_locos, bool want_r2) {
+void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s) {
     const int64_t N = r.N, L = r.L, H = r.H;
     replace(w, retrieval_trials("generated"), r.generated, {N, r.steps});
     if (w.exists(retrieval_trials("response"))) w.remove(retrieval_trials("response"));
@@ -562,17 +568,10 @@ void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleSc
     replace(w, retrieval_trials("rougeL_f"), r.rougeL, {N});
     replace(w, retrieval_trials("passed"), r.passed, {N});
     replace(w, retrieval_trials("answer_steps"), r.answer_steps, {N});
-    replace(w, retrieval_trials("retrieval"), r.retrieval, {N, L, H});
-    replace(w, retrieval_trials("locos"), r.locos, {N, L, H});
-    replace(w, retrieval_trials("lplus"), r.lplus, {N, L, H});
-    replace(w, retrieval_trials("lminus"), r.lminus, {N, L, H});
-    replace(w, retrieval_trials("r2"), r.r2, {N, L, H});
+    for (const auto& a : r.trial_arrays) replace(w, retrieval_trials(a.name), a.values, {N, L, H});
     replace(w, retrieval_trials("done"), r.done, {N});
     if (r.with_steps) {
-        replace(w, retrieval_steps("credit"), r.step_credit, {N, r.steps, L, H});
-        replace(w, retrieval_steps("lplus"), r.step_lplus, {N, r.steps, L, H});
-        replace(w, retrieval_steps("lminus"), r.step_lminus, {N, r.steps, L, H});
-        replace(w, retrieval_steps("r2"), r.step_r2, {N, r.steps, L, H});
+        for (const auto& a : r.step_arrays) replace(w, retrieval_steps(a.name), a.values, {N, r.steps, L, H});
         attrs(w, retrieval_steps(), {{"description", std::string("per trial and decode step (NaN past the trial's end): each head's "
                                                                  "retrieval credit, L+ and L- for the step's generated token "
                                                                  "(NaN where the needle's span was not found), and R2 credit "
@@ -580,26 +579,13 @@ void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleSc
     }
     const Attrs common = {{"n_passed", s.n_pass}, {"accuracy", s.accuracy}, {"n_trials_done", s.n_done}};
     attrs(w, retrieval(), common);
-    if (want_ret) {
-        replace(w, scores("retrieval", "score"), s.retrieval, {L, H});
+    for (const auto& g : s.scores) {
+        replace(w, scores(g.name, "score"), g.score, {L, H});
+        for (const auto& [ds, v] : g.beside) replace(w, scores(g.name, ds), v, {L, H});
         Attrs a = common;
-        a["flagged"] = s.flagged;
-        a["n_trials_scored"] = s.n_pass;
-        attrs(w, scores("retrieval"), a);
-    }
-    if (want_locos) {
-        replace(w, scores("locos", "score"), s.locos, {L, H});
-        replace(w, scores("locos", "ci_low"), s.ci_low, {L, H});
-        replace(w, scores("locos", "ci_high"), s.ci_high, {L, H});
-        Attrs a = common;
-        a["n_trials_scored"] = s.n_locos;
-        attrs(w, scores("locos"), a);
-    }
-    if (want_r2) {
-        replace(w, scores("r2", "score"), s.r2, {L, H});
-        Attrs a = common;
-        a["n_trials_scored"] = s.n_pass;
-        attrs(w, scores("r2"), a);
+        if (g.with_flagged) a["flagged"] = s.flagged;
+        a["n_trials_scored"] = g.n_scored;
+        attrs(w, scores(g.name), a);
     }
     if (r.S == 0) return;
     const int64_t S = r.S;
@@ -638,7 +624,7 @@ int64_t meta_int(const ResultReader& f, const char* n) {
 }
 }  // namespace
 
-NeedleRecord read_needle_results(const ResultReader& f) {
+NeedleRecord read_needle_results(const ResultReader& f, const NeedleArrayNames& names) {
     const std::string tg = retrieval_trials(), ag = retrieval_ablation();
     if (!f.exists(retrieval_trials("done")))
         throw StorageError(fmt::format("{}: holds no resumable or mergeable needle results (no {}/done: not written by "
@@ -650,9 +636,9 @@ NeedleRecord read_needle_results(const ResultReader& f) {
     const int64_t L = meta_int(f, "n_layers"), H = meta_int(f, "n_heads");
     if (L < 1 || H < 1 || L > 100000 || H > 100000) throw StorageError(fmt::format("{}: /meta n_layers {} n_heads {}", f.path(), L, H));
     const int64_t abl_steps = f.exists(ag + "/generated") ? f.read_numbers(ag + "/generated").shape.back() : gen.shape[1];
-    const bool with_steps = f.exists(retrieval_steps("credit"));
+    const bool with_steps = !names.steps.empty() && f.exists(retrieval_steps(names.steps.front().first));
     NeedleRecord r;
-    r.init(done.shape[0], L, H, gen.shape[1], abl_steps, with_steps);
+    r.init(done.shape[0], L, H, gen.shape[1], abl_steps, with_steps, names);
     const int64_t N = r.N;
     auto numbers = [&](const std::string& name, const std::vector<int64_t>& shape) {
         auto d = f.read_numbers(name);
@@ -670,17 +656,12 @@ NeedleRecord read_needle_results(const ResultReader& f) {
     conv(r.rougeL, numbers(retrieval_trials("rougeL_f"), {N}));
     conv(r.passed, numbers(retrieval_trials("passed"), {N}));
     conv(r.answer_steps, numbers(retrieval_trials("answer_steps"), {N}));
-    conv(r.retrieval, numbers(retrieval_trials("retrieval"), {N, L, H}));
-    conv(r.locos, numbers(retrieval_trials("locos"), {N, L, H}));
-    if (f.exists(retrieval_trials("lplus"))) conv(r.lplus, numbers(retrieval_trials("lplus"), {N, L, H}));
-    if (f.exists(retrieval_trials("lminus"))) conv(r.lminus, numbers(retrieval_trials("lminus"), {N, L, H}));
-    if (f.exists(retrieval_trials("r2"))) conv(r.r2, numbers(retrieval_trials("r2"), {N, L, H}));
-    if (with_steps) {
-        conv(r.step_credit, numbers(retrieval_steps("credit"), {N, r.steps, L, H}));
-        conv(r.step_lplus, numbers(retrieval_steps("lplus"), {N, r.steps, L, H}));
-        conv(r.step_lminus, numbers(retrieval_steps("lminus"), {N, r.steps, L, H}));
-        if (f.exists(retrieval_steps("r2"))) conv(r.step_r2, numbers(retrieval_steps("r2"), {N, r.steps, L, H}));
-    }
+    for (auto& a : r.trial_arrays)  // an array not in every file stays NaN where absent
+        if (a.in_every_file || f.exists(retrieval_trials(a.name))) conv(a.values, numbers(retrieval_trials(a.name), {N, L, H}));
+    if (with_steps)
+        for (auto& a : r.step_arrays)
+            if (a.in_every_file || f.exists(retrieval_steps(a.name)))
+                conv(a.values, numbers(retrieval_steps(a.name), {N, r.steps, L, H}));
     auto resp = f.read(retrieval_trials("response"));
     if (!resp.is_string || static_cast<int64_t>(resp.strings.size()) != N)
         throw StorageError(fmt::format("{}: {}/response is not {} strings; damaged file", f.path(), tg, N));

@@ -77,13 +77,14 @@ struct Array {
 };
 void write_array(ResultWriter& w, const std::string& path, const Array& a);
 
-// ---- /meta (every file): the attributes tools/common.cpp write_meta collects
+// ---- /meta (every file): its attributes are named in score_records.h write_run_meta (MetaRecord)
 void write_meta(ResultWriter& w, const Attrs& a);
 Attrs read_meta(const ResultReader& r);  // empty when the file has no /meta
 // One attribute of a group as text ("" when the group or the attribute is absent).
 std::string attr_text(const ResultReader& r, const std::string& obj, const std::string& name);
 
 // ---- scores: /scores/<probe> (detect, run's probes:, qk-spectrum, dla, maps, copy-suppression)
+// (each command's record and write function, with its dataset names and descriptions: score_records.h)
 struct ScoreGroup {
     std::string probe;  // "induction", "qk_rank", "dla", "copy-suppression", "maps/<relation>"
     Attrs attrs;        // on the group
@@ -217,7 +218,7 @@ struct KvCompareRecord {
     std::vector<int64_t> kv_bytes;          // [P, B]: rounded to the byte
     std::vector<int64_t> full_groups;       // [P, B]
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R]
-    Attrs attrs;
+    Attrs attrs;  // the comparison's parameters (KvCompare::stored); the write adds the description
 };
 void write_kv_compare(ResultWriter& w, const KvCompareRecord& k);
 KvCompareRecord read_kv_compare(const ResultReader& r);  // StorageError for inconsistent shapes
@@ -225,7 +226,17 @@ KvCompareRecord read_kv_compare(const ResultReader& r);  // StorageError for inc
 // ---- the needle scan's per-trial results: /retrieval/trials, /retrieval/steps, /retrieval/ablation
 // What `retrieval` writes after every checkpoint, --resume reads back and `merge` joins; the head
 // scores and accuracies are always recomputed from it (probes/needle/needle_results.h summarize), so a merged
-// file equals the unsharded run's bit for bit.
+// file equals the unsharded run's bit for bit. The score arrays are named by the caller (the needle
+// score registry, probes/needle/scores.h: src/ does not see it), each a layout() row.
+struct NeedleArray {
+    std::string name;           // /retrieval/trials/<name> or /retrieval/steps/<name>
+    bool in_every_file = true;  // false: a file written before it may lack it (read as NaN)
+    std::vector<float> values;  // [N, L, H] or [N, steps, L, H]
+};
+// The score arrays a needle file holds, (name, in every file) each, in the order written.
+struct NeedleArrayNames {
+    std::vector<std::pair<std::string, bool>> trials, steps;
+};
 struct NeedleRecord {
     int64_t N = 0, L = 0, H = 0, steps = 0;  // trials, layers, heads, max_new_tokens
     int64_t abl_steps = 0;                   // the ablation passes' max_new_tokens
@@ -236,10 +247,8 @@ struct NeedleRecord {
     std::vector<float> rouge1, rougeL;       // [N]
     std::vector<int32_t> passed;             // [N]
     std::vector<int64_t> answer_steps;       // [N]
-    std::vector<float> retrieval, locos;     // [N, L, H]
-    std::vector<float> lplus, lminus;        // [N, L, H] means over the answer steps
-    std::vector<float> r2;                   // [N, L, H] HeadKV's R2 (NaN in a file written before it)
-    std::vector<float> step_credit, step_lplus, step_lminus, step_r2;  // [N, steps, L, H] (with_steps), NaN past the end
+    std::vector<NeedleArray> trial_arrays;   // [N, L, H] each: the scores' per-trial arrays
+    std::vector<NeedleArray> step_arrays;    // [N, steps, L, H] each (with_steps), NaN past the end
     int64_t S = 0;                           // ablation sets (0: none yet)
     std::vector<int32_t> masks;              // [S, L, H]
     std::vector<uint8_t> abl_done;           // [S, N]
@@ -247,28 +256,38 @@ struct NeedleRecord {
     std::vector<int32_t> abl_passed;         // [S, N]
     std::vector<int64_t> abl_generated;      // [S, N, abl_steps], -1 past the end
 
-    // Every array at its shape, nothing done (NaN scores, -1 tokens), no ablation sets.
-    void init(int64_t n, int64_t l, int64_t h, int64_t steps, int64_t abl_steps, bool with_steps);
+    // Every array at its shape, nothing done (NaN scores, -1 tokens), no ablation sets; the score
+    // arrays named by `names` (steps only with with_steps).
+    void init(int64_t n, int64_t l, int64_t h, int64_t steps, int64_t abl_steps, bool with_steps,
+              const NeedleArrayNames& names);
     // S ablation sets of these [S, L, H] masks, nothing of them done.
     void init_sets(int64_t s, std::vector<int32_t> masks);
 };
+// One score's group /scores/<name>, computed from a NeedleRecord over the done trials.
+struct NeedleScoreGroup {
+    std::string name;
+    std::vector<float> score;  // [L, H]
+    std::vector<std::pair<std::string, std::vector<float>>> beside;  // [L, H] datasets beside score (ci_low, ci_high)
+    int64_t n_scored = 0;       // the n_trials_scored attribute
+    bool with_flagged = false;  // the flagged attribute (NeedleScoresRecord::flagged)
+};
 // What is computed from a NeedleRecord and stored beside it (over the done trials).
 struct NeedleScoresRecord {
-    int64_t n_done = 0, n_pass = 0, n_locos = 0;  // trials decoded, passed, scored by LOCOS
+    int64_t n_done = 0, n_pass = 0;        // trials decoded, passed
     double accuracy = 0;
-    std::vector<float> retrieval, locos, ci_low, ci_high, r2;  // [L, H]
+    std::vector<NeedleScoreGroup> scores;  // the run's scores, in the order written
     std::vector<float> abl_accuracy;       // [S]
-    std::vector<std::string> flagged;      // heads whose retrieval score passes the threshold
+    std::vector<std::string> flagged;      // heads whose flagging score passes the threshold
 };
 // Writes (replacing) every dataset and attribute that depends on the results: /retrieval/trials/
 // results and done, /retrieval/steps (with_steps), /retrieval/ablation/ results, done and accuracies
-// (when S > 0), the /scores/retrieval, /scores/locos and /scores/r2 datasets (want_*), and the
-// n_passed, accuracy, n_trials_done, n_trials_scored and flagged attributes.
-void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s, bool want_ret,
-                          bool want_locos, bool want_r2);
-// A retrieval file's results (StorageError naming the file when something is missing or has another
-// shape than [N, ...] with the file's own N and its /meta L, H).
-NeedleRecord read_needle_results(const ResultReader& f);
+// (when S > 0), each of s.scores' /scores/<name> datasets, and the n_passed, accuracy, n_trials_done,
+// n_trials_scored and flagged attributes.
+void write_needle_results(ResultWriter& w, const NeedleRecord& r, const NeedleScoresRecord& s);
+// A retrieval file's results, the score arrays `names` (StorageError naming the file when something
+// is missing or has another shape than [N, ...] with the file's own N and its /meta L, H; an array
+// not in every file reads as NaN when absent).
+NeedleRecord read_needle_results(const ResultReader& f, const NeedleArrayNames& names);
 
 // ---- AttentionInfluence: /influence (`headscope influence`)
 // N corpus samples, S head sets (set 0 the named heads, then random controls).
