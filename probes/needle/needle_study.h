@@ -5,7 +5,7 @@
 // a score, random controls) and their passes, the decoding pass (--decoding decore|juice), and
 // writes the whole file atomically at checkpoints and at the end (src/store/needle_records.h for its
 // static parts, needle_results.h for the results). The stream sweep runs after it on the same trials.
-// The command (tools/cmd_retrieval.cpp) turns flags into the spec and prints the result.
+// The command (tools/cmd_retrieval.cpp) turns flags into the spec; tools/needle_print.cpp prints the result.
 #pragma once
 
 #include "jobs.h"

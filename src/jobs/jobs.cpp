@@ -114,12 +114,11 @@ std::string value_text(const AttrValue& v) {
     return s;
 }
 
-Difference compare(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard, const Identity& now) {
-    Difference d;
-    if (stored_sha256 != now.weights_sha256) {
-        d.kind = Difference::Kind::kModel, d.was = stored_sha256, d.now = now.weights_sha256;
-        return d;
-    }
+Differences compare_parts(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard,
+                          const Identity& now) {
+    Differences d;
+    if (stored_sha256 != now.weights_sha256)
+        d.model.kind = Difference::Kind::kModel, d.model.was = stored_sha256, d.model.now = now.weights_sha256;
     std::vector<std::string> keys = now.keys;
     if (keys.empty())
         for (const auto& kv : now.params) keys.push_back(kv.first);
@@ -130,12 +129,18 @@ Difference compare(const std::string& stored_sha256, const Attrs& stored, const 
         const std::string was = a == stored.end() ? "(absent)" : value_text(a->second);
         const std::string cur = b == now.params.end() ? "(absent)" : value_text(b->second);
         if (was != cur) {
-            d.kind = Difference::Kind::kParam, d.key = k, d.was = was, d.now = cur;
-            return d;
+            d.params.kind = Difference::Kind::kParam, d.params.key = k, d.params.was = was, d.params.now = cur;
+            break;
         }
     }
-    if (!now.shard.empty() && stored_shard != now.shard) d.kind = Difference::Kind::kShard, d.was = stored_shard, d.now = now.shard;
+    if (!now.shard.empty() && stored_shard != now.shard)
+        d.shard.kind = Difference::Kind::kShard, d.shard.was = stored_shard, d.shard.now = now.shard;
     return d;
+}
+
+Difference compare(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard, const Identity& now) {
+    const Differences d = compare_parts(stored_sha256, stored, stored_shard, now);
+    return d.model ? d.model : d.params ? d.params : d.shard;
 }
 
 Difference compare_file(const ResultReader& r, const std::string& group, const Identity& now) {

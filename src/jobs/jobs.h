@@ -80,6 +80,14 @@ std::string value_text(const AttrValue& v);
 // reads "(absent)".
 Difference compare(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard,
                    const Identity& now);
+// Each part compared alone (the model; the parameters; the shard, when now.shard is set), for a
+// command whose messages report the parts in an order of its own (`run`: the experiment first;
+// `influence`: the parameters and the shard before the model). compare() is the first of them.
+struct Differences {
+    Difference model, params, shard;
+};
+Differences compare_parts(const std::string& stored_sha256, const Attrs& stored, const std::string& stored_shard,
+                          const Identity& now);
 // The same against a file: /meta's weights_sha256 and `group`'s attributes.
 Difference compare_file(const ResultReader& r, const std::string& group, const Identity& now);
 

@@ -63,7 +63,7 @@ const PathEntry kLayout[] = {
     {"/inputs/<probe>/tokens", K::kDataset, "inputs"},
     {"/logits", K::kDataset, "logits"},
     {"/tokens", K::kDataset, "logits"},
-    // the needle scan (NeedleRecord below; static parts: tools/cmd_retrieval.cpp)
+    // the needle scan (NeedleRecord below; static parts: needle_records.cpp)
     {"/scores/locos/ci_low", K::kDataset, "retrieval"},
     {"/scores/locos/ci_high", K::kDataset, "retrieval"},
     {"/retrieval", K::kGroup, "retrieval"},

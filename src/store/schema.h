@@ -5,8 +5,8 @@
 // writing a name the schema does not know is a bug), so a new dataset is added here and in the doc.
 //
 // The needle scan's per-trial results are a record here too (NeedleRecord); its static parts (the
-// trials' prompts and spans, the run's parameters) are written by tools/cmd_retrieval.cpp through the
-// path builders.
+// trials' prompts and spans, the run's parameters) are needle_records.h's. The records of the
+// single-pass probes are score_records.h's, those of `run` and influence ablation_records.h's.
 #pragma once
 
 #include "store.h"
