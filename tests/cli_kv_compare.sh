@@ -6,7 +6,9 @@
 # every accuracy equals the baseline. Compressed before the question (query-agnostic: the context
 # cached alone), the order that keeps the retrieval heads whole (this run's LOCOS, whose first three are
 # L1H0-2) beats the mean of random orders at every budget that keeps up to those three whole, at the
-# same measured memory; HeadKV (R2) beats uniform SnapKV at the smallest budget. Prints the tables it gets.
+# same measured memory; HeadKV (R2) beats uniform SnapKV at the smallest budget. Killed (SIGKILL) mid-
+# comparison, --resume finishes it to the uninterrupted file and table, and refuses a partial comparison
+# of other budgets in one line. Prints the tables it gets.
 # Usage: cli_kv_compare.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -79,6 +81,33 @@ ok "the study from its YAML file" -- "$HS" -q retrieval --config "$ROOT/datasets
 check "the YAML study prints the same table as the command line" -- diff <(sed -n '/^policy/,$p' "$TMP/out") <(sed -n '/^policy/,$p' "$TMP/table")
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws accuracy against the KV cache kept" -- grep -q "KV-cache policies at equal memory" "$TMP/r.html"
+
+# Killed (SIGKILL) during the comparison, after a checkpoint of its partial state, then --resume: the
+# scan re-runs nothing and the comparison decodes only the work items the kill left, to the
+# uninterrupted run's file and table. A pause after each checkpoint holds the kill's window open.
+if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
+  has() { "$PY" -c "import h5py, sys; sys.exit(0 if sys.argv[2] in h5py.File(sys.argv[1], 'r') else 1)" "$1" "$2" 2>/dev/null; }
+  Q=("${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --kv-compress-at question --batch 20)
+  ok "the comparison uninterrupted" -- "$HS" -q retrieval "${Q[@]}" --out "$TMP/whole.h5"
+  sed -n '/^policy/,$p' "$TMP/out" >"$TMP/whole-table"
+  "$HS" -q retrieval "${Q[@]}" --checkpoint-seconds 0 --pause-after-batch 500 --out "$TMP/k.h5" >/dev/null 2>&1 &
+  kpid=$!
+  for _ in $(seq 600); do has "$TMP/k.h5" retrieval/kv_compare/partial && break; sleep 0.05; done
+  kill -9 "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null
+  mid_comparison() { has "$1" retrieval/kv_compare/partial && ! has "$1" retrieval/kv_compare/accuracy; }
+  check "killed during the comparison: its partial state, no table yet" -- mid_comparison "$TMP/k.h5"
+  cp "$TMP/k.h5" "$TMP/k-other.h5"
+  expect "resume a comparison of other budgets" 6 "k-other.h5: its KV comparison was run with budgets .*refusing to resume \(--force starts over\)" -- \
+    "$HS" -q retrieval "${Q[@]/0.2,0.31,0.42,1/0.2,1}" --resume --out "$TMP/k-other.h5"
+  check "the refused resume left the file as it was" -- cmp -s "$TMP/k.h5" "$TMP/k-other.h5"
+  ok "the killed comparison resumed" -- "$HS" retrieval "${Q[@]}" --resume --out "$TMP/k.h5"
+  sed -n "s/.*resuming the KV comparison.*: \(.*\)/resumed: \1/p" "$TMP/err"
+  check "the comparison resumed from its checkpoint" -- grep -qE "resuming the KV comparison in .*: [1-9][0-9]* of [0-9]+ work items already done" "$TMP/err"
+  check "the resumed comparison prints the uninterrupted table" -- diff <(sed -n '/^policy/,$p' "$TMP/out") "$TMP/whole-table"
+  check "the resumed file equals the uninterrupted one (bit for bit, no partial state left)" -- "$PY" "$ROOT/tests/h5_same.py" "$TMP/whole.h5" "$TMP/k.h5"
+else
+  echo "skipped the kill-and-resume check: no Python with h5py"
+fi
 
 echo "cli_kv_compare: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

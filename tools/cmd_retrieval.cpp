@@ -270,6 +270,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     std::unique_ptr<NeedleStudy> study;
     try {
         study = std::make_unique<NeedleStudy>(p, m, *test, in, meta);
+        if (kv_plan)  // a resumed comparison is read now: the scan rewrites /retrieval
+            prepare_kv_compare(&*kv_plan, *test, m, *lm.tokenizer, o.kv, {p.out, p.checkpoint_seconds, p.pause_ms, {}}, o.resume);
     } catch (const StorageError& e) {  // another scan's file: the flag that starts over
         if (e.param() != "resume") throw;
         throw StorageError(std::string(e.what()) + " (--force starts over)", e.param());
@@ -280,7 +282,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     print_needle_summary(p, *study, sum, L, H);
     if (o.stream_sweep)
         print_stream_sweep(p, run_needle_stream_sweep(p, *test, m, sum, stream_score, stream_source), stream_source, sum);
-    if (kv_plan) run_kv_compare_args(*kv_plan, *test, m, *lm.tokenizer, sum, out, o.kv);
+    if (kv_plan) run_kv_compare_args(*kv_plan, *test, m, sum, out);
     log_info(fmt::format("wrote {} ({} trials{})", out, sum.n_done, p.shard.count > 1 ? ", shard " + p.shard.str() : ""));
 }
 

@@ -203,16 +203,31 @@ void print_kv_compare(const KvCompare& k) {
 
 }  // namespace
 
-void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const Tokenizer& tok,
-                         const NeedleSummary& sum, const std::string& out, const KvCompareArgs& a) {
-    auto& s = plan.spec;
+void prepare_kv_compare(KvComparePlan* plan, const NeedleTest& test, const Model& m, const Tokenizer& tok, const KvCompareArgs& a,
+                        KvCompareJob job, bool resume) {
+    auto& s = plan->spec;
     if (a.compress_at == "question")  // the question's tokens: the ablation template's suffix, encoded alone
         for (const auto& nd : test.needles())
             s.question_tokens.push_back(
                 static_cast<int64_t>(tok.encode(test.config().ablation_tmpl.suffix(nd.question), false).size()));
+    if (resume && file_exists(job.out)) job.resumed = load_kv_compare_resume(job.out, test, m, s);
+    plan->job = std::move(job);
+}
+
+void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
+                         const std::string& out) {
+    auto& s = plan.spec;
     for (size_t i = 0; i < s.policies.size(); ++i)
         if (const auto& r = plan.run_scores[i]) s.policies[i].score = sum.score(*r);
-    const KvCompare k = with_flag({{"--kv-score", "kv_score"}, {"--kv-compare", "kv_compare"}}, [&] { return run_kv_compare(test, m, s); });
+    const KvCompare k = [&] {
+        try {
+            return with_flag({{"--kv-score", "kv_score"}, {"--kv-compare", "kv_compare"}},
+                             [&] { return run_kv_compare(test, m, s, plan.job); });
+        } catch (const StorageError& e) {  // a resumed comparison of other configurations
+            if (e.param() != "resume") throw;
+            throw StorageError(std::string(e.what()) + " (--force starts over)", e.param());
+        }
+    }();
     ResultWriter w(out, WriteMode::kAppend);
     schema::write_kv_compare(w, k.stored(sum.accuracy));
     w.commit();

@@ -1,7 +1,7 @@
 // `retrieval --kv-compare`: the flags into the comparison's spec before the scan (every file read, every
-// value checked, before anything is written; the policies and their needs from the registry,
-// probes/needle/kv/kv_policy.h), and after it the comparison run, written through the schema to
-// /retrieval/kv_compare (docs/hdf5-schema.md) and printed.
+// value checked, a resumed comparison's state read, before anything is written; the policies and their
+// needs from the registry, probes/needle/kv/kv_policy.h), and after it the comparison run as a
+// resumable job, written through the schema to /retrieval/kv_compare (docs/hdf5-schema.md) and printed.
 #pragma once
 
 #include "kv_policy.h"
@@ -40,14 +40,22 @@ void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a);
 struct KvComparePlan {
     KvCompareSpec spec;
     std::vector<std::optional<NeedleScore>> run_scores;  // per policy: the scan's score it takes, if any
+    KvCompareJob job;  // checkpoints and a resumed state (prepare_kv_compare)
 };
 // razor_preset (--razor-preset): how razor's order is found (probes/needle/kv/razor.h).
 KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const NeedleScoreSet& run, int64_t random_orders,
                               int64_t sweep_rows, uint64_t seed, const std::string& razor_preset);
 
-// After the scan: fills the run's scores from `sum`, runs the comparison, appends /retrieval/kv_compare
-// to `out` and prints the table.
-void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const Tokenizer& tok,
-                         const NeedleSummary& sum, const std::string& out, const KvCompareArgs& a);
+// Before the scan, the test built: the question's tokens (--kv-compress-at question), the checkpoints
+// (job: the scan's --checkpoint-seconds), and with `resume` what a killed run of this comparison left
+// in job.out, read now (the scan rewrites /retrieval); its StorageError for another comparison carries
+// param "resume" (the command adds how to start over).
+void prepare_kv_compare(KvComparePlan* plan, const NeedleTest& test, const Model& m, const Tokenizer& tok, const KvCompareArgs& a,
+                        KvCompareJob job, bool resume);
+
+// After the scan: fills the run's scores from `sum`, runs the comparison (checkpoints of its partial
+// state in `out`), replaces /retrieval/kv_compare in `out` with its table and prints it.
+void run_kv_compare_args(KvComparePlan plan, const NeedleTest& test, const Model& m, const NeedleSummary& sum,
+                         const std::string& out);
 
 }  // namespace hs::cli

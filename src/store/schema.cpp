@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <iterator>
 #include <regex>
@@ -152,6 +153,11 @@ const PathEntry kLayout[] = {
     {"/retrieval/kv_compare/random_accuracy", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/random_rougeL_f", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/random_kv_fraction", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/partial", K::kGroup, "kv_compare"},
+    {"/retrieval/kv_compare/partial/passed", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/partial/rougeL_f_bits", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/partial/same_as_full", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/partial/done", K::kDataset, "kv_compare"},
     // an ablation experiment (`headscope run`, `merge`)
     {"/experiment", K::kGroup, "study"},
     {"/data/<name>", K::kGroup, "data"},
@@ -472,6 +478,7 @@ void write_streaming(ResultWriter& w, const StreamingRecord& s) {
 }
 
 void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
+    if (w.exists(retrieval_kv_compare())) w.remove(retrieval_kv_compare());  // the partial state, in the same commit
     put(w, retrieval_kv_compare("policies"), k.policies);
     put(w, retrieval_kv_compare("budgets"), k.budgets, {k.B});
     put(w, retrieval_kv_compare("accuracy"), k.accuracy, {k.P, k.B});
@@ -496,6 +503,9 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
 
 KvCompareRecord read_kv_compare(const ResultReader& r) {
     KvCompareRecord k;
+    if (!r.exists(retrieval_kv_compare("accuracy")) && r.exists(retrieval_kv_compare("partial")))
+        throw StorageError(fmt::format("{}: holds only the partial state of a comparison that did not finish (resuming the run "
+                                       "finishes it)", retrieval_kv_compare()));
     const auto acc = r.read(retrieval_kv_compare("accuracy"));
     if (acc.shape.size() != 2) throw StorageError(fmt::format("{}: accuracy is not [policies, budgets]", retrieval_kv_compare()));
     k.P = acc.shape[0], k.B = acc.shape[1];
@@ -519,6 +529,48 @@ KvCompareRecord read_kv_compare(const ResultReader& r) {
         throw StorageError(fmt::format("{}: policies or budgets do not match accuracy", retrieval_kv_compare()));
     k.attrs = r.attrs(retrieval_kv_compare());
     return k;
+}
+
+// float64 has no writer in the store (float32 would change the means' last bits): each value's
+// IEEE-754 bits as two 32-bit halves, which read back exactly.
+void write_kv_compare_partial(ResultWriter& w, const KvComparePartialRecord& p) {
+    const std::string g = retrieval_kv_compare("partial");
+    if (w.exists(g)) w.remove(g);
+    std::vector<int64_t> bits;
+    for (double v : p.rougeL_f) {
+        uint64_t u = 0;
+        std::memcpy(&u, &v, sizeof u);
+        bits.push_back(static_cast<int64_t>(u >> 32)), bits.push_back(static_cast<int64_t>(u & 0xFFFFFFFFu));
+    }
+    put(w, retrieval_kv_compare("partial/passed"), p.passed, {p.S, p.N});
+    put(w, retrieval_kv_compare("partial/rougeL_f_bits"), bits, {p.S, p.N, 2});
+    put(w, retrieval_kv_compare("partial/same_as_full"), p.same_as_full, {p.S, p.N});
+    put(w, retrieval_kv_compare("partial/done"), p.done, {p.G});
+    attrs(w, g, p.attrs);
+}
+
+KvComparePartialRecord read_kv_compare_partial(const ResultReader& r) {
+    const std::string g = retrieval_kv_compare("partial");
+    KvComparePartialRecord p;
+    const auto passed = r.read_numbers(retrieval_kv_compare("partial/passed"));
+    const auto bits = r.read_numbers(retrieval_kv_compare("partial/rougeL_f_bits"));
+    const auto same = r.read_numbers(retrieval_kv_compare("partial/same_as_full"));
+    const auto done = r.read_numbers(retrieval_kv_compare("partial/done"));
+    if (passed.shape.size() != 2 || same.shape != passed.shape || bits.shape != std::vector<int64_t>{passed.shape[0], passed.shape[1], 2} ||
+        done.shape.size() != 1)
+        throw StorageError(fmt::format("{}: {}: passed, rougeL_f_bits, same_as_full and done disagree in shape", r.path(), g));
+    p.S = passed.shape[0], p.N = passed.shape[1], p.G = done.shape[0];
+    for (double v : passed.values) p.passed.push_back(static_cast<uint8_t>(v != 0));
+    for (double v : same.values) p.same_as_full.push_back(static_cast<uint8_t>(v != 0));
+    for (double v : done.values) p.done.push_back(static_cast<uint8_t>(v != 0));
+    for (size_t i = 0; i + 1 < bits.values.size(); i += 2) {
+        const uint64_t u = (static_cast<uint64_t>(bits.values[i]) << 32) | static_cast<uint64_t>(bits.values[i + 1]);
+        double v = 0;
+        std::memcpy(&v, &u, sizeof v);
+        p.rougeL_f.push_back(v);
+    }
+    p.attrs = r.attrs(g);
+    return p;
 }
 
 // ---- the needle scan's per-trial results

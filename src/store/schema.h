@@ -220,8 +220,23 @@ struct KvCompareRecord {
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R]
     Attrs attrs;  // the comparison's parameters (KvCompare::stored); the write adds the description
 };
+// Replaces /retrieval/kv_compare whole (a killed run's partial state with it).
 void write_kv_compare(ResultWriter& w, const KvCompareRecord& k);
-KvCompareRecord read_kv_compare(const ResultReader& r);  // StorageError for inconsistent shapes
+// StorageError for inconsistent shapes, or a group that holds only the partial state.
+KvCompareRecord read_kv_compare(const ResultReader& r);
+// The comparison's resumable state: /retrieval/kv_compare/partial, written at its checkpoints and gone
+// when it finishes (write_kv_compare). What each (distinct configuration, ablation trial) decode gave,
+// from which the table is computed, and which work items are done.
+struct KvComparePartialRecord {
+    int64_t S = 0, N = 0, G = 0;                 // distinct configurations, ablation trials, work items
+    std::vector<uint8_t> passed, same_as_full;   // [S, N]
+    std::vector<double> rougeL_f;                // [S, N], exact (stored as rougeL_f_bits)
+    std::vector<uint8_t> done;                   // [G]
+    Attrs attrs;                                 // the comparison's identity (kv_policy.h kv_compare_params)
+};
+void write_kv_compare_partial(ResultWriter& w, const KvComparePartialRecord& p);  // replaces the group
+// StorageError naming the file when the arrays disagree in shape.
+KvComparePartialRecord read_kv_compare_partial(const ResultReader& r);
 
 // ---- the needle scan's per-trial results: /retrieval/trials, /retrieval/steps, /retrieval/ablation
 // What `retrieval` writes after every checkpoint, --resume reads back and `merge` joins; the head

@@ -1,10 +1,14 @@
-// The KV-cache comparison's driver (kv_policy.h): every listed policy's configurations, decoded and
-// measured; the policies themselves are kv_<name>.cpp, listed in kv_registry.cpp.
+// The KV-cache comparison's driver (kv_policy.h): every listed policy's configurations, decoded as a
+// resumable job (one work item an ablation batch, its outcomes kept at checkpoints) and measured; the
+// policies themselves are kv_<name>.cpp, listed in kv_registry.cpp.
 #include "kv_policy.h"
 
 #include "errors.h"
+#include "jobs.h"
 #include "model.h"
 #include "progress.h"
+#include "store.h"
+#include "util.h"
 
 #include <torch/torch.h>
 
@@ -66,7 +70,7 @@ void check_scores(const KvCompareSpec& spec, const KvShape& sh) {
 }
 
 // The parameters the file keeps: every policy's settings, where the scores came from, the controls.
-Attrs compare_attrs(const KvCompareSpec& s, const KvCompare& k) {
+Attrs compare_attrs(const KvCompareSpec& s, double full_bytes, int64_t trials) {
     Attrs a;
     for (const KvPolicy* p : kv_policies())
         for (auto& kv : p->attrs(s)) a.insert(kv);
@@ -77,9 +81,29 @@ Attrs compare_attrs(const KvCompareSpec& s, const KvCompare& k) {
     a.insert({"random_orders", s.random_orders});
     a.insert({"compress_at", std::string(s.compress_at_name())});
     a.insert({"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over the L x K KV groups", s.seed)});
-    a.insert({"full_bytes", k.full_bytes});
-    a.insert({"trials", k.trials});
+    a.insert({"full_bytes", full_bytes});
+    a.insert({"trials", trials});
     return a;
+}
+
+KvShape kv_shape(const Model& m) {
+    const auto& cfg = m.config;
+    return KvShape{cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_heads / cfg.n_kv_heads, int64_t{cfg.n_layers} * cfg.n_kv_heads};
+}
+
+// The bytes of trial t's full prompt cache (keys and values, the model's dtype).
+double cache_bytes(const Model& m, const KvCompareSpec& spec, const Trial& t) {
+    const KvShape sh = kv_shape(m);
+    const double elem = static_cast<double>(c10::elementSize(m.options.dtype));
+    return 2.0 * static_cast<double>(m.config.d_head) * elem * static_cast<double>(sh.L * sh.K) * static_cast<double>(spec.compress_at(t));
+}
+
+// Mean over the ablation trials of the full prompt cache.
+double mean_full_bytes(const NeedleTest& test, const Model& m, const KvCompareSpec& spec) {
+    const auto& trials = test.ablation_trials();
+    double full_bytes = 0;
+    for (const auto& t : trials) full_bytes += cache_bytes(m, spec, t);
+    return full_bytes / static_cast<double>(trials.size());
 }
 
 struct Measured {
@@ -113,11 +137,154 @@ void measure_all(const std::vector<KvConfig>& configs, const std::vector<int64_t
     }
 }
 
+// What the comparison decodes: every configuration ([P, B] main, [P, B, R] random controls, then the
+// full cache's, which same_as_full compares with) and the distinct head sets among them (identical
+// configurations decode once).
+struct KvPlan {
+    std::vector<KvConfig> configs;
+    std::vector<int64_t> main_idx, rnd_idx;
+    size_t full_config = 0;
+    std::vector<HeadSet> sets;
+    std::vector<size_t> set_of;      // configuration -> its set
+    std::string configurations_sha256;  // over the sets' keys: the resume check of what was decoded
+};
+
+KvPlan plan_configs(const KvContext& ctx) {
+    KvPlan pl;
+    pl.configs = make_configs(ctx, &pl.main_idx, &pl.rnd_idx);
+    {
+        KvConfig full;
+        full.key = "full";
+        full.frac.assign(ctx.trials.size(), 1.0);
+        pl.configs.push_back(std::move(full));
+    }
+    pl.full_config = pl.configs.size() - 1;
+    std::map<std::string, size_t> index;
+    std::string keys;
+    pl.set_of.resize(pl.configs.size());
+    for (size_t c = 0; c < pl.configs.size(); ++c) {
+        auto [it, fresh] = index.emplace(pl.configs[c].key, pl.sets.size());
+        if (fresh) pl.sets.push_back(pl.configs[c].set), keys += pl.configs[c].key + "\n";
+        pl.set_of[c] = it->second;
+    }
+    pl.configurations_sha256 = sha256_bytes(keys.data(), keys.size());
+    return pl;
+}
+
+// A resumed comparison whose parameters differ from this one's: the one-line refusal (the command
+// adds how to start over).
+[[noreturn]] void refuse_resume(const std::string& path, const jobs::Difference& d) {
+    if (d.kind == jobs::Difference::Kind::kModel)
+        throw StorageError(fmt::format("{}: holds results of another model; refusing to resume", path));
+    auto cut = [](const std::string& s) { return s.size() > 80 ? s.substr(0, 77) + "..." : s; };
+    throw StorageError(fmt::format("{}: its KV comparison was run with {} {}, not {}; refusing to resume", path, d.key, cut(d.was),
+                                   cut(d.now)),
+                       "resume");
+}
+
+// The outcomes of every (distinct set, ablation trial) decode, resumed or fresh, and the work items
+// (ablation batches) done.
+schema::KvComparePartialRecord start_state(const KvPlan& pl, const NeedleTest& test, const Model& m, const KvCompareSpec& spec,
+                                           const KvCompareJob& job) {
+    const int64_t S = static_cast<int64_t>(pl.sets.size()), N = static_cast<int64_t>(test.ablation_trials().size());
+    const int64_t G = static_cast<int64_t>(test.ablation_batches().size());
+    Attrs attrs = kv_compare_params(test, m, spec);
+    attrs["configurations_sha256"] = pl.configurations_sha256;
+    schema::KvComparePartialRecord st;
+    if (job.resumed) {  // its parameters were checked before the scan; what they configure, now
+        jobs::Identity id;
+        id.params = attrs, id.keys = {"configurations_sha256"};
+        if (const jobs::Difference d = jobs::compare("", job.resumed->attrs, "", id)) refuse_resume(job.out, d);
+        HS_REQUIRE(job.resumed->S == S && job.resumed->N == N && job.resumed->G == G, "run_kv_compare: a resumed state of other sizes");
+        st = *job.resumed;
+    } else {
+        st.S = S, st.N = N, st.G = G;
+        st.passed.assign(static_cast<size_t>(S * N), 0), st.same_as_full = st.passed;
+        st.rougeL_f.assign(static_cast<size_t>(S * N), 0.0);
+        st.done.assign(static_cast<size_t>(G), 0);
+    }
+    st.attrs = std::move(attrs);
+    return st;
+}
+
+// Decodes the work items not done (each ablation batch under every distinct set, as run_ablated_sets
+// decodes it), keeping their outcomes in *st, with a checkpoint after each but the last.
+void decode_items(const KvPlan& pl, const NeedleTest& test, const KvCompareSpec& spec, const KvCompareJob& job,
+                  schema::KvComparePartialRecord* st) {
+    const int64_t N = st->N, G = st->G;
+    const auto& batches = test.ablation_batches();
+    std::vector<const HeadSet*> ptrs;
+    for (const auto& hs : pl.sets) ptrs.push_back(&hs);
+    jobs::Checkpoint checkpoint(job.checkpoint_seconds, [&] {
+        if (job.out.empty()) return;
+        ResultWriter w(job.out, WriteMode::kAppend);
+        schema::write_kv_compare_partial(w, *st);
+        w.commit();
+    }, job.pause_ms);
+    const auto todo = jobs::pending_items(jobs::Shard{}, G, [st](int64_t g) { return st->done[static_cast<size_t>(g)] != 0; });
+    if (job.resumed) {
+        log_info(fmt::format("resuming the KV comparison in {}: {} of {} work items already done", job.out,
+                             G - static_cast<int64_t>(todo.size()), G));
+        if (!todo.empty()) checkpoint.write_now();  // the scan rewrote /retrieval without it
+    }
+    Progress prog("KV policy trials", st->S * N);
+    for (int64_t g = 0; g < G; ++g)
+        if (st->done[static_cast<size_t>(g)])
+            for (size_t k = 0; k < batches[static_cast<size_t>(g)].size() * pl.sets.size(); ++k) prog.tick();
+    // Compressed at the prompt's end, every policy acts past the prefill: the trials' unablated prefills
+    // are shared (scope decode). Compressed before the question, the prefill carries the policies.
+    const AblationScope scope = spec.question_tokens.empty() ? AblationScope::kDecode : AblationScope::kAll;
+    const size_t full_set = pl.set_of[pl.full_config];
+    for (size_t j = 0; j < todo.size(); ++j) {
+        const int64_t g = todo[j];
+        const auto& batch = batches[static_cast<size_t>(g)];
+        const auto rs = test.run_ablated_sets_batch(ptrs, g, spec.sweep_rows, scope);
+        for (size_t s = 0; s < pl.sets.size(); ++s)
+            for (size_t k = 0; k < batch.size(); ++k) {
+                const size_t i = s * static_cast<size_t>(N) + static_cast<size_t>(batch[k]);
+                st->passed[i] = rs[s][k].passed;
+                st->rougeL_f[i] = rs[s][k].rougeL_f;
+                st->same_as_full[i] = rs[s][k].generated == rs[full_set][k].generated;
+                prog.tick();
+            }
+        st->done[static_cast<size_t>(g)] = 1;
+        if (j + 1 < todo.size()) checkpoint.item_finished();
+    }
+    prog.finish();
+}
+
 }  // namespace
 
-KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec) {
-    const auto& cfg = m.config;
-    const KvShape sh{cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.n_heads / cfg.n_kv_heads, int64_t{cfg.n_layers} * cfg.n_kv_heads};
+Attrs kv_compare_params(const NeedleTest& test, const Model& m, const KvCompareSpec& spec) {
+    Attrs a = compare_attrs(spec, mean_full_bytes(test, m, spec), static_cast<int64_t>(test.ablation_trials().size()));
+    std::vector<std::string> names;
+    for (const auto& p : spec.policies) names.push_back(p.name);
+    a["policies"] = names;
+    a["budgets"] = spec.budgets;
+    a["sweep_rows"] = spec.sweep_rows;
+    return a;
+}
+
+std::shared_ptr<const schema::KvComparePartialRecord> load_kv_compare_resume(const std::string& path, const NeedleTest& test,
+                                                                             const Model& m, const KvCompareSpec& spec) {
+    ResultReader r(path);
+    if (!r.exists(schema::retrieval_kv_compare("partial"))) return nullptr;
+    jobs::Identity id;
+    id.weights_sha256 = m.weights_sha256();
+    id.params = kv_compare_params(test, m, spec);  // the configurations' keys need the scan: run_kv_compare checks them
+    if (const jobs::Difference d = jobs::compare_file(r, schema::retrieval_kv_compare("partial"), id)) refuse_resume(path, d);
+    auto prev = std::make_shared<schema::KvComparePartialRecord>(schema::read_kv_compare_partial(r));
+    if (prev->N != static_cast<int64_t>(test.ablation_trials().size()) ||
+        prev->G != static_cast<int64_t>(test.ablation_batches().size()))
+        throw StorageError(fmt::format("{}: {} holds {} trials in {} work items, not {} in {}; refusing to resume", path,
+                                       schema::retrieval_kv_compare("partial"), prev->N, prev->G, test.ablation_trials().size(),
+                                       test.ablation_batches().size()),
+                           "resume");
+    return prev;
+}
+
+KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec, const KvCompareJob& job) {
+    const KvShape sh = kv_shape(m);
     const auto& trials = test.ablation_trials();
     const int64_t N = static_cast<int64_t>(trials.size()), Pn = static_cast<int64_t>(spec.policies.size());
     const int64_t Bn = static_cast<int64_t>(spec.budgets.size()), R = spec.random_orders;
@@ -143,58 +310,33 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
         out.score_passes = N;
     }
 
-    // Configurations: [P, B] main, [P, B, R] random controls (order policies).
-    std::vector<int64_t> main_idx, rnd_idx;
     const KvContext ctx{spec, sh, trials, pooled};
-    std::vector<KvConfig> configs = make_configs(ctx, &main_idx, &rnd_idx);
-    // The full cache's decode (what same_as_full compares with), then every configuration; identical
-    // configurations decode once.
-    {
-        KvConfig full;
-        full.key = "full";
-        full.frac.assign(static_cast<size_t>(N), 1.0);
-        configs.push_back(std::move(full));
-    }
-    const size_t full_config = configs.size() - 1;
-    std::map<std::string, size_t> index;
-    std::vector<HeadSet> sets;
-    std::vector<size_t> set_of(configs.size());
-    for (size_t c = 0; c < configs.size(); ++c) {
-        auto [it, fresh] = index.emplace(configs[c].key, sets.size());
-        if (fresh) sets.push_back(configs[c].set);
-        set_of[c] = it->second;
-    }
-    out.distinct_sets = static_cast<int64_t>(sets.size());
-    Progress prog("KV policy trials", static_cast<int64_t>(sets.size()) * N);
-    // Compressed at the prompt's end, every policy acts past the prefill: the trials' unablated prefills
-    // are shared (scope decode). Compressed before the question, the prefill carries the policies.
-    const AblationScope scope = spec.question_tokens.empty() ? AblationScope::kDecode : AblationScope::kAll;
-    const auto res = test.run_ablated_sets(sets, spec.sweep_rows, [&prog] { prog.tick(); }, scope);
-    prog.finish();
+    const KvPlan pl = plan_configs(ctx);
+    out.distinct_sets = static_cast<int64_t>(pl.sets.size());
+    schema::KvComparePartialRecord st = start_state(pl, test, m, spec, job);
+    decode_items(pl, test, spec, job, &st);
 
+    out.full_bytes = mean_full_bytes(test, m, spec);
     const double elem = static_cast<double>(c10::elementSize(m.options.dtype));
-    double full_bytes = 0;
-    for (const auto& t : trials) full_bytes += 2.0 * static_cast<double>(cfg.d_head) * elem * static_cast<double>(sh.L * sh.K) * static_cast<double>(spec.compress_at(t));
-    out.full_bytes = full_bytes / static_cast<double>(N);
-    const auto& full_res = res[set_of[full_config]];
     auto measure = [&](int64_t c) {
-        const auto& rs = res[set_of[static_cast<size_t>(c)]];
-        const auto& cf = configs[static_cast<size_t>(c)];
+        const size_t s = pl.set_of[static_cast<size_t>(c)];
+        const auto& cf = pl.configs[static_cast<size_t>(c)];
         double acc = 0, rl = 0, fr = 0, by = 0, same = 0;
         for (int64_t i = 0; i < N; ++i) {
-            acc += rs[static_cast<size_t>(i)].passed, rl += rs[static_cast<size_t>(i)].rougeL_f;
-            same += rs[static_cast<size_t>(i)].generated == full_res[static_cast<size_t>(i)].generated;
+            const size_t k = s * static_cast<size_t>(N) + static_cast<size_t>(i);
+            acc += st.passed[k] != 0, rl += st.rougeL_f[k];
+            same += st.same_as_full[k] != 0;
             const double f = cf.frac[static_cast<size_t>(i)];
             fr += f;
-            by += f * 2.0 * static_cast<double>(cfg.d_head) * elem * static_cast<double>(sh.L * sh.K) *
+            by += f * 2.0 * static_cast<double>(m.config.d_head) * elem * static_cast<double>(sh.L * sh.K) *
                   static_cast<double>(spec.compress_at(trials[static_cast<size_t>(i)]));
         }
         const double n = static_cast<double>(N);
         return Measured{static_cast<float>(acc / n), static_cast<float>(rl / n), static_cast<float>(fr / n),
                         static_cast<float>(same / n), by / n};
     };
-    measure_all(configs, main_idx, rnd_idx, measure, R, &out);
-    out.attrs = compare_attrs(spec, out);
+    measure_all(pl.configs, pl.main_idx, pl.rnd_idx, measure, R, &out);
+    out.attrs = compare_attrs(spec, out.full_bytes, out.trials);
     return out;
 }
 

@@ -1,6 +1,6 @@
 // Head-level KV-cache policies as their reference codes deploy them, compared at equal KV memory on
 // one needle grid (`headscope retrieval --kv-compare`; docs/methods.md "KV-cache policies"; output
-// /retrieval/kv_compare, docs/hdf5-schema.md).
+// /retrieval/kv_compare, docs/hdf5-schema.md), as a job that resumes after a kill (KvCompareJob).
 //
 // Every policy prefills the prompt whole (every reference does) and then decides which prompt keys
 // each head keeps for the decode: the decode steps see the kept keys and every decoded token (Hooks::keep,
@@ -242,10 +242,32 @@ struct KvCompare {
     schema::KvCompareRecord stored(double baseline_accuracy) const;
 };
 
+// The comparison as a resumable job (src/jobs/jobs.h). Its work items are the ablation batches
+// (NeedleTest::ablation_batches()), each decoding every distinct configuration of its trials as rows
+// of shared forwards, so an item holds the same rows in one forward, hence gives the same bits,
+// whatever was done before it. After each item the outcomes of its decodes are kept
+// (schema::KvComparePartialRecord) and written at checkpoints to /retrieval/kv_compare/partial.
+struct KvCompareJob {
+    std::string out;                 // the file the partial state is appended to ("": no checkpoint)
+    double checkpoint_seconds = 60;  // jobs::Checkpoint's
+    int pause_ms = 0;                // jobs::Checkpoint's (the kill-and-resume test's window)
+    std::shared_ptr<const schema::KvComparePartialRecord> resumed;  // load_kv_compare_resume's
+};
+
+// The comparison's identity as its partial state keeps it: KvCompare::attrs' parameters, the
+// policies, budgets and sweep_rows; all known before the scan (a run score is named, not read).
+Attrs kv_compare_params(const NeedleTest& test, const Model& m, const KvCompareSpec& spec);
+// What a killed run of this comparison left in `path` (its partial state), nullptr when the file holds
+// none. Read before the scan, which rewrites /retrieval. StorageError naming the file for another
+// model, or (param "resume") for another comparison, naming the first parameter that differs.
+std::shared_ptr<const schema::KvComparePartialRecord> load_kv_compare_resume(const std::string& path, const NeedleTest& test,
+                                                                             const Model& m, const KvCompareSpec& spec);
+
 // Runs every (policy, budget) and its random controls over test.ablation_trials(): SnapKV's scores once
 // per trial (when snapkv or headkv is listed), identical configurations once, the rest as rows of
-// shared forwards from one unablated prefill per trial. UsageError naming the policy for a score of
-// another shape or a negative HeadKV importance.
-KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec);
+// shared forwards from one unablated prefill per trial; job.resumed's done items are skipped (a
+// StorageError, param "resume", when its configurations are not these). UsageError naming the policy
+// for a score of another shape or a negative HeadKV importance.
+KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec, const KvCompareJob& job = {});
 
 }  // namespace hs
