@@ -35,7 +35,7 @@ std::string strip(std::string s) {
     return a == std::string::npos ? "" : s.substr(a, b - a + 1);
 }
 
-// The rows of the first Markdown table after the heading `heading` (each row's cells, stripped of
+// The rows of the first Markdown table after the heading that starts with `heading` (each row's cells, stripped of
 // backticks; the header and separator rows left out).
 std::vector<std::vector<std::string>> doc_table(const std::string& doc, const std::string& heading) {
     std::istringstream in(doc);
@@ -44,7 +44,7 @@ std::vector<std::vector<std::string>> doc_table(const std::string& doc, const st
     std::vector<std::vector<std::string>> rows;
     while (std::getline(in, line)) {
         if (!found) {
-            found = line == heading;
+            found = line.rfind(heading, 0) == 0;  // the heading, or the heading followed by more words
             continue;
         }
         if (line.rfind("|", 0) != 0) {
