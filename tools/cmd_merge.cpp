@@ -148,7 +148,7 @@ void run_merge(const MergeOptions& o) {
     {
         ResultWriter w(tmp, WriteMode::kAppend);
         for (const auto& study : schema::study_names(first)) missing += merge_study(w, first, rs, study);
-        schema::write_experiment(w, merged_attrs(o.inputs, missing == 0));
+        schema::write_experiment(w, jobs::merged_attrs(o.inputs, missing == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

@@ -28,14 +28,6 @@ MergeStage::MergeStage(const std::string& first, const std::string& out) : tmp_(
     }
 }
 
-Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete) {
-    return {{"shard", std::string("merged")},
-            {"merged_from", inputs},
-            {"shard_index", int64_t(0)},
-            {"shard_count", int64_t(1)},
-            {"complete", int64_t(complete)}};
-}
-
 MergeStage::~MergeStage() { std::remove(tmp_.c_str()); }
 
 std::string needle_config_difference(const ResultReader& a, const ResultReader& b) {
@@ -156,7 +148,7 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     {
         ResultWriter w(tmp, WriteMode::kAppend);
         write_needle_results(w, all, sum, needle_scores_in(first));
-        schema::write_needle_merged(w, merged_attrs(o.inputs, left == 0));
+        schema::write_needle_merged(w, jobs::merged_attrs(o.inputs, left == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

@@ -34,10 +34,6 @@ private:
     std::string tmp_;
 };
 
-// The attributes a merged file's root group gets (/experiment for sweeps, /retrieval for needle
-// scans): shard "merged", the inputs, index 0 of 1, and whether every piece of work was found.
-Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete);
-
 struct MergeArgs {
     std::vector<std::string> inputs;
     std::string out;

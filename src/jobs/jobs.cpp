@@ -58,6 +58,18 @@ std::string shard_path(const std::string& out, const Shard& s) {
     return out + suffix;
 }
 
+Attrs shard_attrs(const Shard& s, bool complete) {
+    return {{"shard", s.str()}, {"shard_index", s.index}, {"shard_count", s.count}, {"complete", int64_t(complete)}};
+}
+
+Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete) {
+    return {{"shard", std::string("merged")},
+            {"merged_from", inputs},
+            {"shard_index", int64_t(0)},
+            {"shard_count", int64_t(1)},
+            {"complete", int64_t(complete)}};
+}
+
 void Checkpoint::item_finished() {
     if (std::chrono::duration<double>(std::chrono::steady_clock::now() - last_).count() < seconds_) return;
     write_now();

@@ -27,6 +27,12 @@ struct Shard {
 Shard parse_shard(const std::string& s);
 // out/x.h5 -> out/x.shard-1-of-4.h5 (a sharded run's default output).
 std::string shard_path(const std::string& out, const Shard& s);
+// The attributes a job's file carries about its shard (on its root group: /experiment, /retrieval,
+// /influence): shard "I/N", shard_index, shard_count, and complete (1 when every owned item is done).
+Attrs shard_attrs(const Shard& s, bool complete);
+// The same for a merge's file: shard "merged", merged_from (the inputs), index 0 of 1, and complete
+// (1 when every item was found in some shard).
+Attrs merged_attrs(const std::vector<std::string>& inputs, bool complete);
 
 // Writes the job's file at most every `seconds` as items finish (0: after every item), and on demand.
 // pause_ms > 0 sleeps after each checkpoint write (the kill-and-resume tests' window).

@@ -1,5 +1,7 @@
 #include "ablation_records.h"
 
+#include "util.h"
+
 #include <fmt/format.h>
 
 namespace hs::schema {
@@ -110,6 +112,24 @@ Attrs juice_attrs() {
             {"suppress", std::string("sum over variants of down where down > 0 in every variant, else NaN")}};
 }
 
+Attrs influence_attrs(const InfluenceParams& p) {
+    Attrs a = {{"corpus", p.corpus},
+               {"corpus_sha256", p.corpus_sha256},
+               {"heads", p.heads},
+               {"random_controls", static_cast<int64_t>(p.heads.size()) - 1},
+               {"control_seed", p.control_seed},
+               {"loss_tokens", std::string(p.last_only ? "last" : "all")},
+               {"max_tokens", p.max_tokens},
+               {"n_truncated", p.n_truncated},
+               {"select_fraction", p.select_fraction},
+               {"max_rows", p.max_rows},
+               {"chunk", p.chunk}};
+    for (const auto& [k, v] : influence_descriptions(p.last_only)) a[k] = v;
+    a["heads_source"] = p.heads_source;
+    a["distinct_controls_possible"] = p.distinct_controls_possible;
+    return a;
+}
+
 Attrs influence_descriptions(bool last_only) {
     return {{"masking", std::string("zero: the heads' attention output z set to 0 in every position (their attention "
                                     "weights zeroed), through the ablation engine's per-row masks")},
@@ -118,5 +138,34 @@ Attrs influence_descriptions(bool last_only) {
                                              "after the first; text samples start with the tokenizer's BOS)")},
             {"score", std::string("(masked_loss - loss) / loss")}};
 }
+
+const std::vector<std::string>& influence_identity_keys() {
+    static const std::vector<std::string> keys = {"corpus_sha256", "heads", "control_seed", "loss_tokens", "max_tokens",
+                                                  "chunk", "max_rows"};
+    return keys;
+}
+
+Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done) { return {{"n_selected", n_selected}, {"n_done", n_done}}; }
+
+Attrs influence_run_attrs(int64_t forwards) { return {{"forwards", forwards}}; }
+
+namespace {
+// An attribute as text ("" when absent), as schema::attr_text reads it from the file.
+std::string text_of(const Attrs& a, const std::string& name) {
+    const auto it = a.find(name);
+    return it == a.end() ? std::string() : attr_to_string(it->second);
+}
+}  // namespace
+
+InfluenceShardInfo influence_shard_info(const Attrs& a) {
+    InfluenceShardInfo s;
+    s.shard = text_of(a, "shard");
+    s.index = parse_int64(text_of(a, "shard_index"));
+    s.count = parse_int64(text_of(a, "shard_count"));
+    s.complete = text_of(a, "complete") == "1";
+    return s;
+}
+
+std::optional<double> influence_select_fraction(const Attrs& a) { return parse_double(text_of(a, "select_fraction")); }
 
 }  // namespace hs::schema

@@ -1,7 +1,8 @@
 // The files of the ablation engine's studies (docs/hdf5-schema.md, "Ablation experiments" and
 // "AttentionInfluence"): a `headscope run` file whole as plain records (probes/ablation/ablation_study.h
-// fills them), written in one order, and every description attribute those groups carry, beside the
-// schema's paths rather than in the commands that fill the records.
+// fills them), written in one order, /influence's attributes (probes/ablation/influence_study.h), and
+// every description attribute those groups carry, beside the schema's paths rather than in the
+// studies and commands that fill the records.
 #pragma once
 
 #include "experiment.h"
@@ -41,7 +42,39 @@ Attrs gates_attrs(const StudySpec& s);
 Attrs duo_attrs(const StudySpec& s, double distill_full, double distill_stream, double distill_final);
 Attrs juice_attrs();
 
+// ---- AttentionInfluence: /influence's attributes (probes/ablation/influence_study.h fills them).
+// What defines an influence job, and where its head sets came from.
+struct InfluenceParams {
+    std::string corpus, corpus_sha256;       // the JSONL file and its contents' hash
+    std::vector<std::string> heads;          // each set's heads ("L1H0,L1H3"): the named ones, then the controls
+    std::string heads_source;                // how set 0 was chosen ("--heads ...", "top K of FILE:DATASET")
+    int64_t distinct_controls_possible = 0;  // random_head_sets' count of distinct control sets
+    int64_t control_seed = 0, max_tokens = 0, n_truncated = 0, max_rows = 0, chunk = 0;
+    bool last_only = false;                  // loss_tokens "last" (the last token alone), else "all"
+    double select_fraction = 0;
+};
+// /influence's attributes for them, the descriptions included (the shard's, the ranking's counts and
+// the forwards are added as the job runs).
+Attrs influence_attrs(const InfluenceParams& p);
 // /influence's description attributes (masking, loss, score); last_only: --loss-tokens last.
 Attrs influence_descriptions(bool last_only);
+// The attributes two files of one influence job agree on (a resume and a merge compare them), in the
+// order a difference is reported.
+const std::vector<std::string>& influence_identity_keys();
+// The ranking's counts (n_selected, n_done), recomputed by every write and by a merge.
+Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done);
+// The forward passes this run made (a merge keeps the first shard's).
+Attrs influence_run_attrs(int64_t forwards);
+// A stored /influence's shard attributes (jobs::shard_attrs, jobs::merged_attrs) as a merge reads them:
+// the "I/N" text ("merged" for a merged file), the index and count (nullopt when absent or not
+// integers), complete.
+struct InfluenceShardInfo {
+    std::string shard;
+    std::optional<int64_t> index, count;
+    bool complete = false;
+};
+InfluenceShardInfo influence_shard_info(const Attrs& a);
+// Its select_fraction (nullopt when absent: a damaged file).
+std::optional<double> influence_select_fraction(const Attrs& a);
 
 }  // namespace hs::schema
