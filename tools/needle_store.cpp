@@ -148,7 +148,7 @@ void merge_retrieval(const MergeArgs& o, const std::vector<std::unique_ptr<Resul
     {
         ResultWriter w(tmp, WriteMode::kAppend);
         write_needle_results(w, all, sum, needle_scores_in(first));
-        schema::write_needle_merged(w, jobs::merged_attrs(o.inputs, left == 0));
+        schema::write_needle_job(w, jobs::merged_attrs(o.inputs, left == 0));
         w.commit();
     }
     rename_into_place(tmp, o.out);

@@ -314,11 +314,8 @@ schema::AblationRunFile AblationStudy::records(const jobs::Shard& shard) const {
     f.experiment = {{"file", e_.file},
                     {"yaml", e_.text},
                     {"sha256", sha256_bytes(e_.text.data(), e_.text.size())},
-                    {"model", m_.path},
-                    {"shard", shard.str()},
-                    {"shard_index", shard.index},
-                    {"shard_count", shard.count},
-                    {"complete", complete(shard)}};
+                    {"model", m_.path}};
+    for (auto& kv : jobs::shard_attrs(shard, complete(shard) != 0)) f.experiment.insert(kv);
     for (const auto& d : data_) f.data.push_back(data_record(e_, d));
     for (const auto& p : probes_) f.probes.push_back({p.probe, p.attrs, {{"score", {{L, H}, host_floats(p.score), {}}}}});
     for (const auto& st : studies_) {

@@ -245,7 +245,6 @@ NeedleSummary summarize(const NeedleResults& r, int64_t bootstrap, uint64_t seed
             for (int64_t h = 0; h < r.H; ++h)
                 if (sc[l][h].item<double>() > flag_threshold) s.flagged.push_back(format_head(static_cast<int>(l), static_cast<int>(h)));
     }
-    s.ret = s.score(NeedleScore::kRetrieval), s.locos = s.score(NeedleScore::kLocos), s.r2 = s.score(NeedleScore::kR2);
     for (int64_t si = 0; si < r.S; ++si) {
         int64_t cnt = 0, passed = 0;
         double rls = 0;

@@ -68,8 +68,6 @@ struct NeedleSummary {
     bool with_ci = false;                    // >= 10 scored trials (the reference's rule)
     std::vector<float> abl_acc, abl_rougeL;  // [S] over each set's done trials
     std::vector<std::string> flagged;        // the flagging score (retrieval) > flag_threshold
-    // Kept while the callers move to score(): the same tensors as score(kRetrieval), (kLocos), (kR2).
-    at::Tensor ret, locos, r2;
 
     const at::Tensor& score(NeedleScore s) const { return scores.at(static_cast<size_t>(s)); }  // [L, H]
     int64_t n_scored(NeedleScore s) const;  // the trials score s averages (n_trials_scored)

@@ -68,7 +68,7 @@ void NeedleStudy::write(int64_t n_sets_planned) {
     const NeedleSummary sum = summary();
     schema::write_needle_static(w, score_groups(spec_.scores), trials_record(test_.trials()), params_, spec_.bootstrap,
                                 spec_.proto.seed);
-    schema::write_needle_shard(w, spec_.shard.str(), spec_.shard.index, spec_.shard.count, complete(n_sets_planned));
+    schema::write_needle_job(w, jobs::shard_attrs(spec_.shard, complete(n_sets_planned)));
     write_needle_results(w, res_, sum, spec_.scores);
     if (res_.S > 0) {
         schema::NeedleAblationRecord a;

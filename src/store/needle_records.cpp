@@ -100,11 +100,7 @@ void write_needle_static(ResultWriter& w, const std::vector<NeedleScoreAttrs>& g
                      {"done", std::string("1 = the trial's unablated decode ran (a shard runs some, --resume skips those done)")}});
 }
 
-void write_needle_shard(ResultWriter& w, const std::string& shard, int64_t index, int64_t count, bool complete) {
-    w.set_attrs(retrieval(), {{"shard", shard}, {"shard_index", index}, {"shard_count", count}, {"complete", int64_t(complete)}});
-}
-
-void write_needle_merged(ResultWriter& w, const Attrs& merged) { w.set_attrs(retrieval(), merged); }
+void write_needle_job(ResultWriter& w, const Attrs& job) { w.set_attrs(retrieval(), job); }
 
 void write_needle_ablation(ResultWriter& w, const NeedleAblationRecord& r) {
     const std::string ag = retrieval_ablation();

@@ -51,10 +51,9 @@ struct NeedleScoreAttrs {
 // attributes.
 void write_needle_static(ResultWriter& w, const std::vector<NeedleScoreAttrs>& groups, const NeedleTrialsRecord& trials,
                          const Attrs& params, int64_t bootstrap, int64_t seed);
-// /retrieval's shard attributes ("I/N", index, count, whether every owned item is done).
-void write_needle_shard(ResultWriter& w, const std::string& shard, int64_t index, int64_t count, bool complete);
-// /retrieval's shard attributes replaced by a merge's (tools/needle_store.h merged_attrs).
-void write_needle_merged(ResultWriter& w, const Attrs& merged);
+// /retrieval's job attributes: a run's shard (jobs::shard_attrs: "I/N", index, count, whether every
+// owned item is done) or a merge's (jobs::merged_attrs).
+void write_needle_job(ResultWriter& w, const Attrs& job);
 
 // /retrieval/ablation's attributes (and its trials, query_mean where the ablation has them).
 struct NeedleAblationRecord {
