@@ -331,6 +331,10 @@ bad maps "--relations" "non-UTF-8 strings" 5 "rel.json" "$O" -- maps "$M" --rela
 bad maps "--relations" "empty file" 5 "rel.json" "$O" -- maps "$M" --relations "$T/rel.json" --out "$O"
 mkdir -p "$T/emptydir"
 bad maps "--relations" "an empty folder" 5 "emptydir" "$O" -- maps "$M" --relations "$T/emptydir" --out "$O"
+printf '{"days": ["Mon", 3333333333333333E3333]}' >"$T/tasks.json"
+bad successor "--tasks" "a number beyond a double (fuzz find)" 5 "tasks.json: a number is out of range" "$O" -- successor "$M" --tasks "$T/tasks.json" --out "$O"
+printf '{"days": ["Mon", "Tue"' >"$T/tasks.json"
+bad successor "--tasks" "truncated JSON" 5 "tasks.json:1: not valid JSON" "$O" -- successor "$M" --tasks "$T/tasks.json" --out "$O"
 
 printf '[{"prompt": "ab", "correct": "c"' >"$T/p.json"
 bad dla "--prompts" "truncated JSON" 5 "p.json: not valid JSON" "$O" -- dla "$M" --prompts "$T/p.json" --out "$O"

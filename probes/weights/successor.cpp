@@ -33,6 +33,11 @@ std::vector<SuccessorTask> read_successor_tasks(const std::string& path) {
         const size_t at = std::min<size_t>(e.byte > 0 ? e.byte - 1 : 0, text.size());
         const auto line = 1 + std::count(text.begin(), text.begin() + static_cast<std::ptrdiff_t>(at), '\n');
         throw DataError(fmt::format("{}:{}: not valid JSON (tasks are {{\"name\": [\"word\", ...], ...}})", path, line));
+    } catch (const nlohmann::json::exception& e) {
+        // The parser's other refusal: a number beyond a double's range (out_of_range 406, "1E400"),
+        // which parse_error does not cover; still bad input, not an internal error.
+        throw DataError(fmt::format("{}: a number is out of range ({}) (tasks are {{\"name\": [\"word\", ...], ...}})", path,
+                                    e.what()));
     }
     if (!j.is_object())
         throw DataError(fmt::format("{}: expected an object of tasks {{\"name\": [\"word\", ...], ...}}", path));
