@@ -37,7 +37,9 @@ void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a) {
         ->capture_default_str();
     sub->add_option("--razor-window", a.razor_window, "kv compare: SINK,RECENT keys razor's compressed heads keep (+ 1 mean token)")
         ->capture_default_str();
-    sub->add_flag("--razor-no-compensate", a.razor_no_compensate, "kv compare: razor's heads drop the rest without the mean token");
+    sub->add_flag("--razor-no-compensate", a.razor_no_compensate,
+                  "kv compare: razor's heads drop the rest without the mean token (they keep sink + recent, 4 + 251 = 255 "
+                  "by default; golden-stick keeps 256 without it)");
     sub->add_option("--snapkv-window", a.snap_window, "kv compare: SnapKV's observation window (kept whole)")
         ->capture_default_str()
         ->check(at_least(1));

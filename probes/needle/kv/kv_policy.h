@@ -2,7 +2,7 @@
 // one needle grid (`headscope retrieval --kv-compare`; docs/methods.md "KV-cache policies"; output
 // /retrieval/kv_compare, docs/hdf5-schema.md), as a job that resumes after a kill (KvCompareJob).
 //
-// Every policy prefills the prompt whole (every reference does) and then decides which prompt keys
+// Every policy prefills the prompt whole (as the references' needle settings do) and then decides which prompt keys
 // each head keeps for the decode: the decode steps see the kept keys and every decoded token (Hooks::keep,
 // HeadSet::keep), or, for DuoAttention's streaming heads, a fixed sink and a window sliding with the
 // query (StreamWindow::from). The masked model is exact: the cache holds every key and the policy
