@@ -230,7 +230,7 @@ KvCompareRecord read_kv_compare(const ResultReader& r);
 struct KvComparePartialRecord {
     int64_t S = 0, N = 0, G = 0;                 // distinct configurations, ablation trials, work items
     std::vector<uint8_t> passed, same_as_full;   // [S, N]
-    std::vector<double> rougeL_f;                // [S, N], exact (stored as rougeL_f_bits)
+    std::vector<double> rougeL_f;                // [S, N], float64 in the file (exact)
     std::vector<uint8_t> done;                   // [G]
     Attrs attrs;                                 // the comparison's identity (kv_policy.h kv_compare_params)
 };

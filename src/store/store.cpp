@@ -216,6 +216,10 @@ void ResultWriter::write(const std::string& ds, const std::vector<float>& data, 
     create_group(parent_group(ds));
     write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_FLOAT, H5T_IEEE_F32LE);
 }
+void ResultWriter::write(const std::string& ds, const std::vector<double>& data, const std::vector<int64_t>& shape) {
+    create_group(parent_group(ds));
+    write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_DOUBLE, H5T_IEEE_F64LE);
+}
 void ResultWriter::write(const std::string& ds, const std::vector<int32_t>& data, const std::vector<int64_t>& shape) {
     create_group(parent_group(ds));
     write_numeric(file_->get(), path_, ds, data, shape, H5T_NATIVE_INT32, H5T_STD_I32LE);

@@ -35,6 +35,7 @@ public:
     bool exists(const std::string& obj) const;  // "/scores/induction"
     // Datasets; intermediate groups are created. Shape product must equal data size.
     void write(const std::string& dataset, const std::vector<float>& data, const std::vector<int64_t>& shape);
+    void write(const std::string& dataset, const std::vector<double>& data, const std::vector<int64_t>& shape);
     void write(const std::string& dataset, const std::vector<int32_t>& data, const std::vector<int64_t>& shape);
     void write(const std::string& dataset, const std::vector<int64_t>& data, const std::vector<int64_t>& shape);
     void write(const std::string& dataset, const std::vector<uint8_t>& data, const std::vector<int64_t>& shape);
