@@ -92,7 +92,13 @@ if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
   sed -n '/^policy/,$p' "$TMP/out" >"$TMP/whole-table"
   "$HS" -q retrieval "${Q[@]}" --checkpoint-seconds 0 --pause-after-batch 500 --out "$TMP/k.h5" >/dev/null 2>&1 &
   kpid=$!
-  for _ in $(seq 600); do has "$TMP/k.h5" retrieval/kv_compare/partial && break; sleep 0.05; done
+  # Polled until the partial state appears or the run ends, however slow the machine (the scan before
+  # the comparison takes seconds alone and minutes beside other suites); capped at about 10 minutes.
+  for _ in $(seq 3000); do
+    has "$TMP/k.h5" retrieval/kv_compare/partial && break
+    kill -0 "$kpid" 2>/dev/null || break
+    sleep 0.2
+  done
   kill -9 "$kpid" 2>/dev/null; wait "$kpid" 2>/dev/null
   mid_comparison() { has "$1" retrieval/kv_compare/partial && ! has "$1" retrieval/kv_compare/accuracy; }
   check "killed during the comparison: its partial state, no table yet" -- mid_comparison "$TMP/k.h5"
