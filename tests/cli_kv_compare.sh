@@ -30,6 +30,13 @@ expect "score not computed" 2 "--kv-score r2: this run does not compute it" -- "
 expect "signed importance" 2 "--kv-score locos: .*non-negative" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare headkv --kv-score locos --out "$O"
 expect "bad window" 2 "--duo-window: 'x' is not SINK,RECENT" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --duo-window x --out "$O"
 expect "even kernel" 2 "--snapkv-kernel: 4 is even" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare snapkv --snapkv-kernel 4 --out "$O"
+expect "capacity not a number" 2 "--kv-capacity: 'x' is not a whole number of tokens" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare snapkv --kv-capacity 16,x --out "$O"
+expect "capacity not whole" 2 "--kv-capacity: '12.5' is not a whole number of tokens" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare snapkv --kv-capacity 12.5 --out "$O"
+expect "capacity 0" 2 "--kv-capacity: 0 is not at least 1 token" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --kv-capacity 0 --out "$O"
+expect "capacity twice" 2 "--kv-capacity: 16 given twice" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --kv-capacity 16,16 --out "$O"
+expect "capacity within SnapKV's window" 2 "--kv-capacity: 8 is not above the SnapKV observation window \(8, --snapkv-window\) that snapkv keeps" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full,snapkv --kv-capacity 16,8 --out "$O"
+expect "tail of no token" 2 "--kv-compress-at: 'tail:0' is not tail:N" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --kv-compress-at tail:0 --out "$O"
+expect "unknown compression point" 2 "--kv-compress-at: 'end' is not prompt, question, tail or tail:N" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --kv-compress-at end --out "$O"
 expect "sharded" 2 "--kv-compare: not sharded" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare full --shard 0/2 --out "$O"
 no_file "$O"
 # A file that lacks the score a policy needs, and a gate file of another model (the gemma2 fixture: 3 x 4).
@@ -42,25 +49,59 @@ no_file "$O"
 
 # Budgets 0.2, 0.31, 0.42 keep 1, 2 and 3 of the 8 KV groups whole under the order policies (streamed
 # groups hold 5 keys of 44-116); at larger budgets random sets hold a retrieval head too and both
-# saturate (0.75: LOCOS order 0.975, random mean 0.979 with seed 2), which the comparison shows.
-P=(full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.31,0.42,1 --random-orders 8 --seed 2 --razor-preset reference "${K[@]}")
-ok "compressed at the prompt's end (the references)" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --out "$TMP/prompt.h5"
+# saturate (0.75: LOCOS order 0.975, random mean 0.979 with seed 2), which the comparison shows. Razor's
+# order is golden-stick's selection (--razor-preset reference, the default). Table columns: policy,
+# budget, capacity, kv_kept, kv_KiB, accuracy, ROUGE-L F, same, groups, random orders' accuracies.
+P=(full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.31,0.42,1 --random-orders 8 --seed 2 "${K[@]}")
+# Fixed capacities beside the budgets: the prompts hold 51, 83 and 123 tokens, so capacity 51 is C = F for
+# the shortest (HeadKV compresses there, SnapKV keeps all; tests/kv_reference_check.py recomputes both).
+ok "compressed at the prompt's end (the references)" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --kv-capacity 16,51,83 --out "$TMP/prompt.h5"
 sed -n '/^KV-cache policies/,$p' "$TMP/out"
-base=$(awk '$1 == "full" && $2 == "1.000" { print $4 }' "$TMP/out")
+base=$(awk '$1 == "full" && $2 == "1.000" && $3 == "-" { print $6 }' "$TMP/out")
 check "every policy keeps the one-token answer from the whole prefill (all accuracies = $base)" -- \
-  awk -v b="$base" '/^(snapkv|headkv|razor|stream)/ && $4 != b { bad = 1 } END { exit bad }' "$TMP/out"
+  awk -v b="$base" '/^(snapkv|headkv|razor|stream)/ && $6 != b { bad = 1 } END { exit bad }' "$TMP/out"
+check "the table shows each capacity column and its measured KiB" -- \
+  awk '$1 == "snapkv" && $3 == "16" && $5 > 0 { c16 = 1 } $1 == "headkv" && $3 == "51" { c51 = 1 } END { exit !(c16 && c51) }' "$TMP/out"
+if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
+  ok "the measured caches equal the references' rules (tests/kv_reference_check.py)" -- "$PY" "$ROOT/tests/kv_reference_check.py" "$TMP/prompt.h5" "$TOY"
+  cat "$TMP/out"
+  check "HeadKV compresses at C = F (capacity 51 keeps less than the whole cache; SnapKV keeps all of the 51-token prompts)" -- "$PY" - "$TMP/prompt.h5" <<'PYEOF'
+import h5py, sys
+g = h5py.File(sys.argv[1], 'r')['retrieval/kv_compare']
+pol = [p.decode() if isinstance(p, bytes) else p for p in g['policies'][()]]
+cap = list(g['capacities'][()])
+assert cap == [-1, -1, -1, -1, 16, 51, 83], cap
+assert g['kv_fraction'][pol.index('headkv'), 5] < g['kv_fraction'][pol.index('snapkv'), 5], g['kv_fraction'][()]
+PYEOF
+  # DuoAttention's LongBench setting: compressed before the prompt's last 4 tokens (the question and the
+  # separator), which decode through the compressed cache: the policies now change answers.
+  ok "compressed before the prompt's tail" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --kv-capacity 16,51 --kv-compress-at tail:4 --out "$TMP/tail.h5"
+  sed -n '/^policy/,$p' "$TMP/out" >"$TMP/tail-table"
+  check "compressed before the tail, uniform SnapKV at budget 0.2 loses trials" -- \
+    awk '$1 == "snapkv" && $2 == "0.200" && $3 == "-" { s = $6 } $1 == "full" && $2 == "1.000" { f = $6 } END { exit !(s < f) }' "$TMP/tail-table"
+  ok "the tail's measured caches equal the references' rules" -- "$PY" "$ROOT/tests/kv_reference_check.py" "$TMP/tail.h5" "$TOY"
+  check "the tail's file says where it compressed" -- "$PY" -c "import h5py, sys; a = h5py.File(sys.argv[1], 'r')['retrieval/kv_compare'].attrs; sys.exit(0 if str(a['compress_at']) in ('tail', \"b'tail'\") and int(a['tail_tokens']) == 4 else 1)" "$TMP/tail.h5"
+  # Razor without the mean token, its window left to the default: golden-stick's 4 sinks + 252 recent.
+  ok "razor without the mean token" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare razor --razor-no-compensate --kv-budgets 1 --out "$TMP/nocomp.h5"
+  check "razor without the mean token keeps 4 + 252 = 256, as golden-stick (attributes razor_sink, razor_recent)" -- "$PY" - "$TMP/nocomp.h5" <<'PYEOF'
+import h5py, sys
+a = h5py.File(sys.argv[1], 'r')['retrieval/kv_compare'].attrs
+assert (int(a['razor_sink']), int(a['razor_recent'])) == (4, 252), dict(a)
+assert 'preset reference' in str(a['score_sources']), a['score_sources']
+PYEOF
+fi
 
 ok "compressed before the question" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --kv-compress-at question --out "$O"
 sed -n '/^KV-cache policies/,$p' "$TMP/out" | tee "$TMP/table"
 "$HS" top "$O" --probe locos -k 3 >"$TMP/top" 2>&1
 check "LOCOS's top three are the retrieval heads L1H0-2" -- test "$(awk 'NR > 1 { print $2 }' "$TMP/top" | sort | tr '\n' ,)" = "L1H0,L1H1,L1H2,"
 for b in 0.200 0.310 0.420; do
-  read -r kept acc rmean < <(awk -v b="$b" '$1 == "stream:locos" && $2 == b { s = 0; for (i = 8; i <= NF; i++) s += $i; print $3, $4, s / (NF - 7) }' "$TMP/table")
+  read -r kept acc rmean < <(awk -v b="$b" '$1 == "stream:locos" && $2 == b && $3 == "-" { s = 0; for (i = 10; i <= NF; i++) s += $i; print $4, $6, s / (NF - 9) }' "$TMP/table")
   echo "budget $b: LOCOS order $acc (kept $kept), random orders' mean $rmean"
   check "budget $b: keeping the retrieval heads beats random orders ($acc > $rmean + 0.05)" -- awk -v a="$acc" -v r="$rmean" 'BEGIN { exit !(a > r + 0.05) }'
   check "budget $b: the order policy stays within its budget ($kept <= $b)" -- awk -v k="$kept" -v b="$b" 'BEGIN { exit !(k <= b + 1e-6) }'
 done
-read -r hk sk < <(awk '$2 == "0.200" && $1 == "headkv" { h = $4 } $2 == "0.200" && $1 == "snapkv" { s = $4 } END { print h, s }' "$TMP/table")
+read -r hk sk < <(awk '$2 == "0.200" && $1 == "headkv" { h = $6 } $2 == "0.200" && $1 == "snapkv" { s = $6 } END { print h, s }' "$TMP/table")
 echo "budget 0.2: HeadKV (R2) $hk, uniform SnapKV $sk"
 check "HeadKV's budgets by R2 beat uniform SnapKV at budget 0.2 ($hk > $sk)" -- awk -v h="$hk" -v s="$sk" 'BEGIN { exit !(h > s) }'
 if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
@@ -70,6 +111,7 @@ g = h5py.File(sys.argv[1], 'r')['retrieval/kv_compare']
 pol = [p.decode() if isinstance(p, bytes) else p for p in g['policies'][()]]
 assert pol == ['full', 'snapkv', 'headkv', 'razor', 'stream:locos'], pol
 assert g['accuracy'].shape == (5, 4) and g['random_accuracy'].shape == (5, 4, 8)
+assert list(g['capacities'][()]) == [-1] * 4
 assert np.isnan(g['random_accuracy'][1]).all() and np.isfinite(g['random_accuracy'][4]).all()
 assert (g['kv_bytes'][0] == g.attrs['full_bytes'].round()).all()
 assert (g['same_as_full'][0] == 1).all() and g['random_same_as_full'].shape == (5, 4, 8)

@@ -217,6 +217,151 @@ TEST_CASE("kv policy: SnapKV's kept positions, HeadKV's capacities and RazorAtte
     CHECK(!razor_keep_mask(full, 6, 2, 3, false).all().item<bool>());
 }
 
+namespace {
+
+// golden-stick attention_wrappers.py _compress (AW:188-204) transcribed on the positions of a T-entry
+// cache: the kept positions, and the positions averaged into the virtual (mean) token.
+std::pair<std::vector<int64_t>, std::vector<int64_t>> golden_stick_compress(int64_t T, int64_t sink_size, int64_t local_capacity,
+                                                                            bool use_virtual_token) {
+    std::vector<int64_t> cache(static_cast<size_t>(T));
+    for (int64_t i = 0; i < T; ++i) cache[static_cast<size_t>(i)] = i;
+    if (T <= local_capacity) return {cache, {}};                         // if cache_len <= local_capacity: return cache
+    auto slice = [&](int64_t a, int64_t b) {                             // cache[a:b,] (non-negative a <= b here)
+        return std::vector<int64_t>(cache.begin() + std::min(a, T), cache.begin() + std::min(b, T));
+    };
+    std::vector<int64_t> kept = slice(0, sink_size), middle;            // left = cache[:sink_size,]
+    int64_t drop_cache_len;
+    if (!use_virtual_token) {
+        drop_cache_len = T - local_capacity;                             // cache_len - local_capacity
+    } else {
+        drop_cache_len = T - local_capacity + 1;                         // cache_len - local_capacity + 1
+        middle = slice(sink_size, drop_cache_len + sink_size);           // cache[sink_size:drop_cache_len+sink_size,]
+    }
+    const auto right = slice(drop_cache_len + sink_size, T);             // cache[drop_cache_len + sink_size:,]
+    kept.insert(kept.end(), right.begin(), right.end());
+    return {kept, middle};
+}
+
+Trial trial_of(int64_t P, int needle = 0) {
+    Trial t;
+    t.prompt.assign(static_cast<size_t>(P), 1);
+    t.needle = needle;
+    return t;
+}
+
+}  // namespace
+
+TEST_CASE("kv policy: razor's compressed heads keep what golden-stick's _compress keeps: 256 with or without the mean token") {
+    // ra_config.py:57-58 sink_size 4, local_capacity 256; headscope's defaults (KvCompareSpec, and the tool's
+    // when --razor-window is not given) are the reference's with the mean token and without it.
+    CHECK(KvCompareSpec{}.razor_sink == 4);
+    CHECK(KvCompareSpec{}.razor_recent == 251);
+    CHECK(KvCompareSpec{}.razor_compensate);
+    CHECK(razor_reference_recent(true) == 251);
+    CHECK(razor_reference_recent(false) == 252);
+    CHECK(KvCompareSpec{}.razor_preset == "reference");
+    auto full = torch::tensor({false, true}).view({1, 2});  // head 0 compressed, head 1 kept whole
+    for (const bool virt : {false, true})
+        for (const auto& [sink, local] : std::vector<std::pair<int64_t, int64_t>>{{4, 256}, {1, 5}, {2, 9}, {0, 7}}) {
+            const int64_t recent = sink == 4 && local == 256 ? razor_reference_recent(virt) : local - sink - (virt ? 1 : 0);
+            for (int64_t T = 1; T <= local + 40; ++T) {
+                CAPTURE(virt);
+                CAPTURE(local);
+                CAPTURE(T);
+                const auto [kept, middle] = golden_stick_compress(T, sink, local, virt);
+                const auto mask = razor_keep_mask(full, T, sink, recent, virt);
+                REQUIRE(mask.sizes() == at::IntArrayRef({1, 2, T}));
+                CHECK(mask[0][1].all().item<bool>());
+                std::vector<int64_t> got, dropped;
+                const auto row = mask[0][0].contiguous();
+                for (int64_t p = 0; p < T; ++p) (row.data_ptr<bool>()[p] ? got : dropped).push_back(p);
+                CHECK(got == kept);
+                // The mean token averages exactly what the cache drops (Hooks::keep's compensation: the dropped keys).
+                if (virt && T > local) CHECK(dropped == middle);
+                // What the cache holds: min(T, local_capacity) entries, the mean token among them.
+                CHECK(static_cast<int64_t>(kept.size()) + (virt && T > local ? 1 : 0) == std::min(T, local));
+            }
+        }
+}
+
+TEST_CASE("kv policy: SnapKV and HeadKV leave a prompt whole exactly where their references do (HeadKV compresses at C = F)") {
+    for (int64_t w : {1, 2, 8})
+        for (int64_t B = w + 1; B <= 40; ++B)
+            for (int64_t P = w; P <= 45; ++P) {
+                CAPTURE(B);
+                CAPTURE(P);
+                CHECK(kv_snapkv_whole(B, P) == (P < B));                           // SnapKV: if q_len < max_capacity_prompt
+                const int64_t base_capacity = B - w, attn_score_len = P - w;        // HeadKV: self.base_capacity, attn_score.size(-1)
+                CHECK(kv_headkv_whole(B, P) == (base_capacity > attn_score_len));   // if self.base_capacity > attn_score.size(-1)
+            }
+    // Through the policies: one layer, two heads (K = H), window 2, prompts of 10 and 20 tokens.
+    KvCompareSpec spec;
+    spec.snap = SnapKVSettings{2, 1};
+    spec.headkv_beta = 2.0;
+    const std::vector<Trial> trials = {trial_of(10), trial_of(20)};
+    const KvShape sh{1, 2, 2, 1, 2};
+    KvContext ctx{spec, sh, trials, nullptr};
+    KvPolicySpec snap{find_kv_policy("snapkv"), "snapkv", {}, ""};
+    KvPolicySpec head{find_kv_policy("headkv"), "headkv", torch::tensor({3.0, 1.0}).view({1, 2}), ""};
+    // Budget 1 with K = H: C = F for every trial. SnapKV's selection keeps everything; HeadKV (B' = C - 2, p =
+    // floor(B' / 2), caps = round(s p 2 + B' - p), s = (0.75, 0.25)) gives head 1 fewer than F - w.
+    CHECK(snap.policy->config(snap, 1.0, ctx).frac == std::vector<double>{1.0, 1.0});
+    // F = 10: B' = 8, p = 4, caps round(6 + 4) = 10 -> 8 (all of F - w), round(2 + 4) = 6: kept 10 + 8 of 20.
+    // F = 20: B' = 18, p = 9, caps round(13.5 + 9) = 22 -> 18, round(4.5 + 9) = 14 (half to even): kept 20 + 16 of 40.
+    const auto hf = head.policy->config(head, 1.0, ctx).frac;
+    REQUIRE(hf.size() == 2);
+    CHECK(hf[0] == doctest::Approx(18.0 / 20.0));
+    CHECK(hf[1] == doctest::Approx(36.0 / 40.0));
+    // A fixed capacity of 10 tokens a head: the 10-token prompt is compressed by HeadKV (C = F), the same caps.
+    ctx.capacity = 10;
+    const auto hc = head.policy->config(head, kv_capacity_fraction(spec, trials, 10, 2, 2), ctx).frac;
+    CHECK(hc[0] == doctest::Approx(18.0 / 20.0));
+    // F = 20, C = 10: B' = 8, p = 4, caps 10 and 6 (below F - w = 18): (10 + 2) + (6 + 2) = 20 of 40.
+    CHECK(hc[1] == doctest::Approx(20.0 / 40.0));
+    // Capacity 11: the 10-token prompt is left whole by both (C > F).
+    ctx.capacity = 11;
+    const auto h11 = head.policy->config(head, 0.5, ctx).frac;
+    CHECK(h11[0] == 1.0);
+    const auto s11 = snap.policy->config(snap, 0.5, ctx).frac;
+    CHECK(s11[0] == 1.0);
+    CHECK(s11[1] == doctest::Approx(22.0 / 40.0));  // SnapKV: C = 11 positions a head of F = 20
+    // The configurations of a capacity and of a budget are told apart (identical keys decode once).
+    CHECK(snap.policy->config(snap, 0.5, ctx).key != snap.policy->config(snap, 0.5, KvContext{spec, sh, trials, nullptr}).key);
+}
+
+TEST_CASE("kv policy: a fixed capacity per head as a column, and the fraction of the cache it is") {
+    KvCompareSpec spec;
+    spec.budgets = {0.25, 1.0};
+    spec.capacities = {8, 64};
+    const std::vector<Trial> trials = {trial_of(16), trial_of(32), trial_of(128)};
+    // H = 8 query heads, K = 2 KV heads (GQA): C H / (K P), at most 1.
+    CHECK(kv_capacity_fraction(spec, trials, 8, 8, 2) == doctest::Approx((1.0 + 1.0 + 32.0 / 128.0) / 3.0));
+    CHECK(kv_capacity_fraction(spec, trials, 8, 4, 4) == doctest::Approx((8.0 / 16 + 8.0 / 32 + 8.0 / 128) / 3.0));
+    const auto cols = kv_columns(spec, trials, 4, 4);
+    REQUIRE(cols.size() == 4);
+    CHECK(cols[0].budget == 0.25);
+    CHECK(cols[0].capacity == 0);
+    CHECK(cols[1].budget == 1.0);
+    CHECK(cols[2].capacity == 8);
+    CHECK(cols[2].budget == doctest::Approx((0.5 + 0.25 + 0.0625) / 3.0));
+    CHECK(cols[3].capacity == 64);
+    CHECK(cols[3].budget == doctest::Approx((1.0 + 1.0 + 0.5) / 3.0));
+    // Compressed before the question (4 question tokens): the fraction of the context's cache.
+    spec.question_tokens = {4};
+    CHECK(kv_capacity_fraction(spec, trials, 8, 4, 4) == doctest::Approx((8.0 / 12 + 8.0 / 28 + 8.0 / 124) / 3.0));
+    // DuoAttention's LongBench setting (pred.py l. 125: simulation_start_idx = len - decoding_simulation_length):
+    // compressed before the prompt's last tail_tokens (at least one position compressed).
+    spec.question_tokens.clear();
+    spec.tail_tokens = 50;
+    CHECK(std::string(spec.compress_at_name()) == "tail");
+    CHECK(!spec.compresses_prompt_end());
+    CHECK(spec.compress_at(trials[2]) == 78);
+    CHECK(spec.compress_at(trials[0]) == 1);
+    spec.tail_tokens = 0;
+    CHECK(std::string(spec.compress_at_name()) == "prompt");
+    CHECK(spec.compress_at(trials[2]) == 128);
+}
+
 TEST_CASE("kv policy: the registry holds each policy once and finds it by the name --kv-compare lists") {
     CHECK(kv_policy_names() == "full, snapkv, headkv, duo, razor, stream:SCORE");
     std::set<std::string> seen;

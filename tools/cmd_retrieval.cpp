@@ -71,7 +71,9 @@ struct RetrievalOptions {
     StreamWindow window;
     bool stream_sweep = false;
     std::string order = "locos";
-    std::string razor_preset = "headscope";  // --order razor's scoring and selection (probes/needle/kv/razor.h, RazorPreset)
+    // --order razor's and --kv-compare razor's scoring and selection (probes/needle/kv/razor.h, RazorPreset):
+    // golden-stick's by default (issue 43), headscope's own as a named preset.
+    std::string razor_preset = "reference";
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
     int64_t sweep_rows = 8;
@@ -410,8 +412,9 @@ static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
                     "stream sweep: locos, retrieval or r2 (this run's score), FILE.h5:DATASET (an [L, H] score), or razor")
         ->capture_default_str();
     sub->add_option("--razor-preset", o->razor_preset,
-                    "--order razor: headscope (its own scores and order), reference (golden-stick's scoring and "
-                    "selection as it runs, quirks included) or paper (the same, echo and induction heads' full union)")
+                    "--order razor and --kv-compare razor: reference (golden-stick's scoring and selection as it runs, "
+                    "quirks included: the default), paper (the same, echo and induction heads' full union) or headscope "
+                    "(headscope's own causal scores and rank order)")
         ->capture_default_str();
     sub->add_option("--full-fractions", o->full_fractions, "stream sweep: fractions of heads kept full")->capture_default_str();
     sub->add_option("--random-orders", o->random_orders, "stream sweep: random head orders (controls, seeded by --seed)")
@@ -469,12 +472,12 @@ void setup_retrieval(CLI::App& app) {
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
         "--max-new-tokens 1 --stream-sweep --order locos --sink 1 --recent 4 --full-fractions 0,0.25,0.5,1 --out stream.h5\n"
-        "KV-cache policies at equal memory (uniform SnapKV, HeadKV by R2, RazorAttention, streaming by LOCOS), the context "
-        "compressed before the question:\n"
+        "KV-cache policies at equal memory (uniform SnapKV, HeadKV by R2, RazorAttention, streaming by LOCOS), at two "
+        "budgets and two fixed capacities per head, the context compressed before the question:\n"
         "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,80,120 "
-        "--max-new-tokens 1 --score locos,r2 --kv-compare full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.42,1 "
-        "--kv-compress-at question --duo-window 1,4 --razor-window 1,3 --snapkv-window 2 --snapkv-kernel 1 "
+        "--max-new-tokens 1 --score locos,r2 --kv-compare full,snapkv,headkv,razor,stream:locos --kv-budgets 0.2,0.42 "
+        "--kv-capacity 12,40 --kv-compress-at question --duo-window 1,4 --razor-window 1,3 --snapkv-window 2 --snapkv-kernel 1 "
         "--random-orders 3 --out kv.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);

@@ -27,19 +27,27 @@ void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a) {
                         kv_policy_names() +
                         " (SCORE: locos, retrieval, r2 or FILE.h5:DATASET); writes /retrieval/kv_compare (docs/methods.md, "
                         "\"KV-cache policies\")");
-    sub->add_option("--kv-budgets", a.budgets, "kv compare: budgets as fractions of the full prompt cache, in (0, 1]")
-        ->capture_default_str();
+    sub->add_option("--kv-budgets", a.budgets,
+                    fmt::format("kv compare: budgets as fractions of the full prompt cache, in (0, 1] (default {} when "
+                                "--kv-capacity is not given)",
+                                kDefaultBudgets));
+    sub->add_option("--kv-capacity", a.capacities,
+                    "kv compare: fixed capacities in tokens per query head, comma-separated whole numbers >= 1 (HeadKV's "
+                    "and SnapKV's max_capacity_prompt, e.g. 128,256,512,1024,2048 as their run scripts); columns after "
+                    "--kv-budgets' (given alone: no default budgets); the order policies keep within the fraction of the "
+                    "cache a capacity is (docs/methods.md)");
     sub->add_option("--kv-score", a.score, "kv compare: headkv's importance: r2, retrieval, locos (this run) or FILE.h5:DATASET")
         ->capture_default_str();
     sub->add_option("--duo-gates", a.duo_gates,
                     "kv compare: duo's gates, FILE.h5:DATASET [L, H] (e.g. a duo-gates study's /ablation/<study>/duo/alpha)");
     sub->add_option("--duo-window", a.duo_window, "kv compare: SINK,RECENT cached keys of duo's and stream's streaming heads")
         ->capture_default_str();
-    sub->add_option("--razor-window", a.razor_window, "kv compare: SINK,RECENT keys razor's compressed heads keep (+ 1 mean token)")
-        ->capture_default_str();
+    sub->add_option("--razor-window", a.razor_window,
+                    "kv compare: SINK,RECENT keys razor's compressed heads keep (+ 1 mean token); default golden-stick's "
+                    "local_capacity 256: 4,251 with the mean token, 4,252 with --razor-no-compensate");
     sub->add_flag("--razor-no-compensate", a.razor_no_compensate,
-                  "kv compare: razor's heads drop the rest without the mean token (they keep sink + recent, 4 + 251 = 255 "
-                  "by default; golden-stick keeps 256 without it)");
+                  "kv compare: razor's heads drop the rest without the mean token (golden-stick's use_virtual_token=False: "
+                  "4 sinks + 252 recent = 256 by default)");
     sub->add_option("--snapkv-window", a.snap_window, "kv compare: SnapKV's observation window (kept whole)")
         ->capture_default_str()
         ->check(at_least(1));
@@ -49,13 +57,26 @@ void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a) {
         ->check(at_least(1));
     sub->add_option("--headkv-temp", a.temp, "kv compare: HeadKV's temperature on the normalised scores")->capture_default_str();
     sub->add_option("--kv-compress-at", a.compress_at,
-                    "kv compare: prompt (the references: the whole prompt prefilled, then compressed) or question (the "
-                    "context compressed before the question's tokens, which decode through it: query-agnostic)")
-        ->capture_default_str()
-        ->check(CLI::IsMember({"prompt", "question"}));
+                    "kv compare: prompt (the references' needle settings: the whole prompt prefilled, then compressed), "
+                    "question (the context compressed before the question's tokens, which decode through it: "
+                    "query-agnostic) or tail[:N] (DuoAttention's LongBench setting: compressed before the prompt's last N "
+                    "tokens, default 50, which decode one by one through the compressed cache)")
+        ->capture_default_str();
 }
 
 namespace {
+
+// --kv-compress-at: prompt, question, tail or tail:N (N >= 1); the tail's length, 0 for prompt and question.
+int64_t parse_compress_at(const std::string& text) {
+    if (text == "prompt" || text == "question") return 0;
+    if (text == "tail") return 50;  // pred.py's --decoding_simulation_length default
+    if (text.rfind("tail:", 0) == 0) {
+        const auto n = parse_int64(text.substr(5));
+        if (!n || *n < 1) throw UsageError(fmt::format("--kv-compress-at: '{}' is not tail:N with N a whole number >= 1", text));
+        return *n;
+    }
+    throw UsageError(fmt::format("--kv-compress-at: '{}' is not prompt, question, tail or tail:N", text));
+}
 
 std::pair<int64_t, int64_t> parse_window(const std::string& flag, const std::string& text) {
     const auto parts = split(text, ',');
@@ -68,6 +89,22 @@ std::pair<int64_t, int64_t> parse_window(const std::string& flag, const std::str
     const auto w = std::make_pair(num(parts[0]), num(parts[1]));
     if (w.second < 1) throw UsageError(fmt::format("{}: recent {} must be at least 1", flag, w.second));
     return w;
+}
+
+// --kv-capacity: whole numbers >= 1, each once.
+std::vector<int64_t> parse_capacities(const std::string& text) {
+    std::vector<int64_t> out;
+    for (const auto& part : split(text, ',')) {
+        const auto p = trim(part);
+        if (p.empty()) continue;
+        const auto v = parse_int64(p);
+        if (!v) throw UsageError(fmt::format("--kv-capacity: '{}' is not a whole number of tokens", p));
+        if (*v < 1) throw UsageError(fmt::format("--kv-capacity: {} is not at least 1 token", p));
+        if (std::find(out.begin(), out.end(), *v) != out.end()) throw UsageError(fmt::format("--kv-capacity: {} given twice", p));
+        out.push_back(*v);
+    }
+    if (out.empty()) throw UsageError("--kv-capacity: no capacity given");
+    return out;
 }
 
 std::vector<double> parse_budgets(const std::string& text) {
@@ -134,10 +171,16 @@ KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const Need
                               int64_t sweep_rows, uint64_t seed, const std::string& razor_preset) {
     KvComparePlan plan;
     auto& s = plan.spec;
-    s.budgets = parse_budgets(a.budgets);
+    // --kv-budgets and --kv-capacity combine (budgets' columns first); the default budgets only when neither is given.
+    if (!a.capacities.empty()) s.capacities = parse_capacities(a.capacities);
+    if (!a.budgets.empty() || a.capacities.empty()) s.budgets = parse_budgets(a.budgets.empty() ? kDefaultBudgets : a.budgets);
     std::tie(s.duo_sink, s.duo_recent) = parse_window("--duo-window", a.duo_window);
-    std::tie(s.razor_sink, s.razor_recent) = parse_window("--razor-window", a.razor_window);
     s.razor_compensate = !a.razor_no_compensate;
+    s.tail_tokens = parse_compress_at(a.compress_at);
+    if (a.razor_window.empty())  // golden-stick's _compress: local_capacity 256 with or without the mean token
+        s.razor_sink = kRazorSink, s.razor_recent = razor_reference_recent(s.razor_compensate);
+    else
+        std::tie(s.razor_sink, s.razor_recent) = parse_window("--razor-window", a.razor_window);
     s.razor_preset = razor_preset;
     s.snap.window = a.snap_window, s.snap.kernel = a.snap_kernel;
     s.headkv_beta = a.beta, s.headkv_temp = a.temp;
@@ -162,6 +205,13 @@ KvComparePlan plan_kv_compare(const KvCompareArgs& a, const Model& m, const Need
         plan.run_scores.push_back(from_run);
     }
     if (s.policies.empty()) throw UsageError("--kv-compare: no policy named");
+    // SnapKVCluster asserts max_capacity_prompt - window_size > 0 (snapkv_utils.py:106).
+    for (const auto& p : s.policies)
+        for (int64_t C : s.capacities)
+            if (p.policy->needs_snapkv() && C <= s.snap.window)
+                throw UsageError(fmt::format("--kv-capacity: {} is not above the SnapKV observation window ({}, --snapkv-window) "
+                                             "that {} keeps besides it",
+                                             C, s.snap.window, p.name));
     return plan;
 }
 
@@ -173,10 +223,15 @@ void warn_over_budget(const KvCompare& k) {
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const size_t i = static_cast<size_t>(p * B + b);
-            if (k.kv_fraction[i] > k.budgets[static_cast<size_t>(b)] + 0.02)
-                log_warn(fmt::format("{} at budget {}: keeps {:.3f} of the cache at least (its window or observation window "
-                                     "alone); reported as measured",
-                                     k.policies[static_cast<size_t>(p)], k.budgets[static_cast<size_t>(b)], k.kv_fraction[i]));
+            if (k.kv_fraction[i] > k.budgets[static_cast<size_t>(b)] + 0.02) {
+                const int64_t C = k.capacities[static_cast<size_t>(b)];
+                log_warn(fmt::format("{} at {}: keeps {:.3f} of the cache (its window or observation window alone{}); reported "
+                                     "as measured",
+                                     k.policies[static_cast<size_t>(p)],
+                                     C > 0 ? fmt::format("capacity {} ({:.3f} of the cache)", C, k.budgets[static_cast<size_t>(b)])
+                                           : fmt::format("budget {}", k.budgets[static_cast<size_t>(b)]),
+                                     k.kv_fraction[i], C > 0 ? ", or a per-query-head cache above the KV heads' full one" : ""));
+            }
         }
 }
 
@@ -186,8 +241,10 @@ void print_kv_compare(const KvCompare& k) {
                 static_cast<long long>(k.trials), static_cast<long long>(k.distinct_sets), k.full_bytes / 1024.0);
     int wid = 16;  // the policy column: as wide as the longest name
     for (const auto& p : k.policies) wid = std::max(wid, static_cast<int>(p.size()));
-    std::printf("%-*s %7s %9s %9s %9s %9s %6s  %s\n", wid, "policy", "budget", "kv_kept", "accuracy", "ROUGE-L F", "same", "groups",
-                "random orders' accuracy");
+    // budget: the column's fraction (a capacity column's: the fraction its capacity is); capacity: tokens per
+    // query head ("-": a budget column); kv_kept, kv_KiB: the prompt cache measured, mean over trials.
+    std::printf("%-*s %7s %8s %9s %9s %9s %9s %9s %6s  %s\n", wid, "policy", "budget", "capacity", "kv_kept", "kv_KiB", "accuracy",
+                "ROUGE-L F", "same", "groups", "random orders' accuracy");
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const int64_t i = p * B + b;
@@ -195,9 +252,10 @@ void print_kv_compare(const KvCompare& k) {
             for (int64_t r = 0; r < R; ++r)
                 if (std::isfinite(k.random_accuracy[static_cast<size_t>(i * R + r)]))
                     rnd += fmt::format("{}{:.3f}", rnd.empty() ? "" : " ", k.random_accuracy[static_cast<size_t>(i * R + r)]);
-            const int64_t g = k.full_groups[static_cast<size_t>(i)];
-            std::printf("%-*s %7.3f %9.3f %9.3f %9.3f %9.3f %6s  %s\n", wid, k.policies[static_cast<size_t>(p)].c_str(),
-                        k.budgets[static_cast<size_t>(b)], k.kv_fraction[static_cast<size_t>(i)], k.accuracy[static_cast<size_t>(i)],
+            const int64_t g = k.full_groups[static_cast<size_t>(i)], C = k.capacities[static_cast<size_t>(b)];
+            std::printf("%-*s %7.3f %8s %9.3f %9.1f %9.3f %9.3f %9.3f %6s  %s\n", wid, k.policies[static_cast<size_t>(p)].c_str(),
+                        k.budgets[static_cast<size_t>(b)], C > 0 ? std::to_string(C).c_str() : "-", k.kv_fraction[static_cast<size_t>(i)],
+                        k.kv_bytes[static_cast<size_t>(i)] / 1024.0, k.accuracy[static_cast<size_t>(i)],
                         k.rougeL_f[static_cast<size_t>(i)], k.same_as_full[static_cast<size_t>(i)],
                         g < 0 ? "-" : std::to_string(g).c_str(), rnd.empty() ? "-" : rnd.c_str());
         }

@@ -16,17 +16,20 @@
 
 namespace hs::cli {
 
+inline constexpr const char* kDefaultBudgets = "0.1,0.25,0.5,0.75,1";
+
 struct KvCompareArgs {
     std::string policies;  // --kv-compare: empty = off
-    std::string budgets = "0.1,0.25,0.5,0.75,1";
+    std::string budgets;     // --kv-budgets; empty: kDefaultBudgets unless --kv-capacity is given
+    std::string capacities;  // --kv-capacity: tokens per query head
     std::string score = "r2";      // --kv-score: HeadKV's importance
     std::string duo_gates;         // --duo-gates FILE.h5:DATASET
     std::string duo_window = "64,256";
-    std::string razor_window = "4,251";
+    std::string razor_window;  // empty: golden-stick's, 4,251 with the mean token, 4,252 without (256 in all)
     bool razor_no_compensate = false;
     int64_t snap_window = 8, snap_kernel = 7;
     double beta = 1.5, temp = 1.0;
-    std::string compress_at = "prompt";  // or "question"
+    std::string compress_at = "prompt";  // or "question", "tail", "tail:N"
     bool on() const { return !policies.empty(); }
 };
 
@@ -35,7 +38,8 @@ void add_kv_compare_args(CLI::App* sub, KvCompareArgs& a);
 // The comparison's spec before the scan: files read, flags parsed; scores of this run left undefined
 // (filled by run_kv_compare_args). UsageError (exit 2) naming the flag for a bad value, an unknown
 // policy, a score this run does not compute (`run`: the scores this run's scan computes), a budget
-// outside (0, 1]; the file errors of read_head_score (a missing file or dataset, a score of another
+// outside (0, 1], a capacity not a whole number >= 1 (or not above SnapKV's window when snapkv or headkv
+// is listed); the file errors of read_head_score (a missing file or dataset, a score of another
 // shape: another model).
 struct KvComparePlan {
     KvCompareSpec spec;

@@ -143,6 +143,7 @@ const PathEntry kLayout[] = {
     {"/retrieval/kv_compare", K::kGroup, "kv_compare"},
     {"/retrieval/kv_compare/policies", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/budgets", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/capacities", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/accuracy", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/rougeL_f", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/kv_fraction", K::kDataset, "kv_compare"},
@@ -481,6 +482,7 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
     if (w.exists(retrieval_kv_compare())) w.remove(retrieval_kv_compare());  // the partial state, in the same commit
     put(w, retrieval_kv_compare("policies"), k.policies);
     put(w, retrieval_kv_compare("budgets"), k.budgets, {k.B});
+    put(w, retrieval_kv_compare("capacities"), k.capacities, {k.B});
     put(w, retrieval_kv_compare("accuracy"), k.accuracy, {k.P, k.B});
     put(w, retrieval_kv_compare("rougeL_f"), k.rougeL_f, {k.P, k.B});
     put(w, retrieval_kv_compare("kv_fraction"), k.kv_fraction, {k.P, k.B});
@@ -493,7 +495,9 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
     put(w, retrieval_kv_compare("random_kv_fraction"), k.random_kv_fraction, {k.P, k.B, k.R});
     Attrs a = k.attrs;
     a["description"] = std::string(
-        "accuracy, rougeL_f [policy, budget] over the ablation trials; kv_fraction: the prompt cache a policy keeps / the full "
+        "accuracy, rougeL_f [policy, column] over the ablation trials (columns: the budgets, then the capacities); "
+        "capacities: tokens per query head (-1: a budget column), budgets: the fraction of the cache each column asks "
+        "(a capacity's: mean over trials of min(1, C H / (K P))); kv_fraction: the prompt cache a policy keeps / the full "
         "cache (L K P entries), mean over trials; kv_bytes: the same in bytes (K and V, the model's dtype); full_groups: KV "
         "groups kept whole by an order policy (-1: not one); random_*: [policy, budget, order], random KV-group orders at the "
         "same count (NaN: no order); same_as_full: the fraction of trials whose generated tokens equal the full cache's; "
@@ -514,6 +518,10 @@ KvCompareRecord read_kv_compare(const ResultReader& r) {
     k.policies = r.read(retrieval_kv_compare("policies")).strings;
     const auto bud = r.read(retrieval_kv_compare("budgets"));
     k.budgets = f(bud);
+    if (r.exists(retrieval_kv_compare("capacities")))  // a file before --kv-capacity: every column a budget
+        for (double v : r.read(retrieval_kv_compare("capacities")).values) k.capacities.push_back(static_cast<int64_t>(v));
+    else
+        k.capacities.assign(k.budgets.size(), -1);
     k.rougeL_f = f(r.read(retrieval_kv_compare("rougeL_f")));
     k.kv_fraction = f(r.read(retrieval_kv_compare("kv_fraction")));
     k.same_as_full = f(r.read(retrieval_kv_compare("same_as_full")));
@@ -525,7 +533,8 @@ KvCompareRecord read_kv_compare(const ResultReader& r) {
     k.random_accuracy = f(ra);
     k.random_rougeL_f = f(r.read(retrieval_kv_compare("random_rougeL_f")));
     k.random_kv_fraction = f(r.read(retrieval_kv_compare("random_kv_fraction")));
-    if (static_cast<int64_t>(k.policies.size()) != k.P || static_cast<int64_t>(k.budgets.size()) != k.B)
+    if (static_cast<int64_t>(k.policies.size()) != k.P || static_cast<int64_t>(k.budgets.size()) != k.B ||
+        static_cast<int64_t>(k.capacities.size()) != k.B)
         throw StorageError(fmt::format("{}: policies or budgets do not match accuracy", retrieval_kv_compare()));
     k.attrs = r.attrs(retrieval_kv_compare());
     return k;

@@ -214,6 +214,7 @@ struct KvCompareRecord {
     int64_t P = 0, B = 0, R = 0;            // policies, budgets, random orders
     std::vector<std::string> policies;      // [P]
     std::vector<float> budgets;             // [B]
+    std::vector<int64_t> capacities;        // [B]: tokens per query head, -1 for a budget column (empty: a file before them)
     std::vector<float> accuracy, rougeL_f, kv_fraction, same_as_full;  // [P, B]
     std::vector<int64_t> kv_bytes;          // [P, B]: rounded to the byte
     std::vector<int64_t> full_groups;       // [P, B]

@@ -55,7 +55,8 @@ public:
         const at::Tensor score = p.score;
         const int64_t w = ctx.spec.snap.window;
         const double beta = ctx.spec.headkv_beta, temp = ctx.spec.headkv_temp;
-        return snapkv_config(p.name, budget, ctx, [score, w, beta, temp](int64_t B) { return headkv_caps(score, B, w, beta, temp); });
+        return snapkv_config(
+            p.name, budget, ctx, [score, w, beta, temp](int64_t B) { return headkv_caps(score, B, w, beta, temp); }, kv_headkv_whole);
     }
 };
 

@@ -24,18 +24,35 @@ namespace hs {
 
 int64_t KvCompareSpec::compress_at(const Trial& t) const {
     const int64_t P = static_cast<int64_t>(t.prompt.size());
+    if (tail_tokens > 0) return std::max<int64_t>(1, P - tail_tokens);
     if (question_tokens.empty()) return P;
     const int64_t q = question_tokens.at(static_cast<size_t>(t.needle));
     return std::max<int64_t>(1, P - q);
 }
 
+double kv_capacity_fraction(const KvCompareSpec& s, const std::vector<Trial>& trials, int64_t C, int64_t H, int64_t K) {
+    HS_REQUIRE(!trials.empty() && C > 0, "kv_capacity_fraction: no trial or a capacity below 1");
+    double f = 0;
+    for (const auto& t : trials)
+        f += std::min(1.0, static_cast<double>(C * H) / static_cast<double>(K * s.compress_at(t)));
+    return f / static_cast<double>(trials.size());
+}
+
+std::vector<KvColumn> kv_columns(const KvCompareSpec& s, const std::vector<Trial>& trials, int64_t H, int64_t K) {
+    std::vector<KvColumn> out;
+    for (double b : s.budgets) out.push_back({b, 0});
+    for (int64_t C : s.capacities) out.push_back({kv_capacity_fraction(s, trials, C, H, K), C});
+    return out;
+}
+
 namespace {
 
-// Every (policy, budget) configuration and its controls ([P, B] indices in *main_out, [P, B, R] in
+// Every (policy, column) configuration and its controls ([P, B] indices in *main_out, [P, B, R] in
 // *rnd_out, -1 where none).
 std::vector<KvConfig> make_configs(const KvContext& ctx, std::vector<int64_t>* main_out, std::vector<int64_t>* rnd_out) {
     const KvCompareSpec& spec = ctx.spec;
-    const int64_t Pn = static_cast<int64_t>(spec.policies.size()), Bn = static_cast<int64_t>(spec.budgets.size()), R = spec.random_orders;
+    const auto columns = kv_columns(spec, ctx.trials, ctx.sh.H, ctx.sh.K);
+    const int64_t Pn = static_cast<int64_t>(spec.policies.size()), Bn = static_cast<int64_t>(columns.size()), R = spec.random_orders;
     std::vector<KvConfig> configs;
     std::vector<int64_t>& main_idx = *main_out;
     std::vector<int64_t>& rnd_idx = *rnd_out;
@@ -43,10 +60,12 @@ std::vector<KvConfig> make_configs(const KvContext& ctx, std::vector<int64_t>* m
     for (int64_t pi = 0; pi < Pn; ++pi) {
         const auto& p = spec.policies[static_cast<size_t>(pi)];
         for (int64_t bi = 0; bi < Bn; ++bi) {
-            const double budget = spec.budgets[static_cast<size_t>(bi)];
+            const KvColumn col = columns[static_cast<size_t>(bi)];
+            KvContext cc = ctx;
+            cc.capacity = col.capacity;
             main_idx[static_cast<size_t>(pi * Bn + bi)] = static_cast<int64_t>(configs.size());
-            configs.push_back(p.policy->config(p, budget, ctx));
-            auto controls = p.policy->controls(p, budget, ctx);
+            configs.push_back(p.policy->config(p, col.budget, cc));
+            auto controls = p.policy->controls(p, col.budget, cc);
             HS_REQUIRE(controls.empty() || static_cast<int64_t>(controls.size()) == R, "KvPolicy::controls: one a random order");
             for (size_t r = 0; r < controls.size(); ++r) {
                 rnd_idx[static_cast<size_t>((pi * Bn + bi) * R) + r] = static_cast<int64_t>(configs.size());
@@ -80,6 +99,7 @@ Attrs compare_attrs(const KvCompareSpec& s, double full_bytes, int64_t trials) {
     a.insert({"score_sources", sources});
     a.insert({"random_orders", s.random_orders});
     a.insert({"compress_at", std::string(s.compress_at_name())});
+    a.insert({"tail_tokens", s.tail_tokens});
     a.insert({"random_order_seeds", fmt::format("seed + 3 + r (seed {}), heads.h random_subset over the L x K KV groups", s.seed)});
     a.insert({"full_bytes", full_bytes});
     a.insert({"trials", trials});
@@ -232,8 +252,10 @@ void decode_items(const KvPlan& pl, const NeedleTest& test, const KvCompareSpec&
         if (st->done[static_cast<size_t>(g)])
             for (size_t k = 0; k < batches[static_cast<size_t>(g)].size() * pl.sets.size(); ++k) prog.tick();
     // Compressed at the prompt's end, every policy acts past the prefill: the trials' unablated prefills
-    // are shared (scope decode). Compressed before the question, the prefill carries the policies.
-    const AblationScope scope = spec.question_tokens.empty() ? AblationScope::kDecode : AblationScope::kAll;
+    // are shared (scope decode). Compressed before the question or the prompt's tail, the prefill carries
+    // the policies: its queries from the compression point on see what the compressed cache holds, as
+    // decoding those tokens one by one through it would (the masked model is exact, kv_policy.h).
+    const AblationScope scope = spec.compresses_prompt_end() ? AblationScope::kDecode : AblationScope::kAll;
     const size_t full_set = pl.set_of[pl.full_config];
     for (size_t j = 0; j < todo.size(); ++j) {
         const int64_t g = todo[j];
@@ -261,6 +283,7 @@ Attrs kv_compare_params(const NeedleTest& test, const Model& m, const KvCompareS
     for (const auto& p : spec.policies) names.push_back(p.name);
     a["policies"] = names;
     a["budgets"] = spec.budgets;
+    a["capacities"] = spec.capacities;
     a["sweep_rows"] = spec.sweep_rows;
     return a;
 }
@@ -287,13 +310,14 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
     const KvShape sh = kv_shape(m);
     const auto& trials = test.ablation_trials();
     const int64_t N = static_cast<int64_t>(trials.size()), Pn = static_cast<int64_t>(spec.policies.size());
-    const int64_t Bn = static_cast<int64_t>(spec.budgets.size()), R = spec.random_orders;
-    HS_REQUIRE(N > 0 && Pn > 0 && Bn > 0, "run_kv_compare: no trial, policy or budget");
+    const auto columns = kv_columns(spec, trials, sh.H, sh.K);
+    const int64_t Bn = static_cast<int64_t>(columns.size()), R = spec.random_orders;
+    HS_REQUIRE(N > 0 && Pn > 0 && Bn > 0, "run_kv_compare: no trial, policy, budget or capacity");
     check_scores(spec, sh);
     bool need_snap = false;
     for (const auto& p : spec.policies) need_snap |= p.policy->needs_snapkv();
     KvCompare out;
-    out.budgets = spec.budgets;
+    for (const auto& col : columns) out.budgets.push_back(col.budget), out.capacities.push_back(col.capacity > 0 ? col.capacity : -1);
     out.trials = N, out.random_orders = R;
     for (const auto& p : spec.policies) out.policies.push_back(p.name);
 
@@ -345,6 +369,7 @@ schema::KvCompareRecord KvCompare::stored(double baseline_accuracy) const {
     rec.P = static_cast<int64_t>(policies.size()), rec.B = static_cast<int64_t>(budgets.size()), rec.R = random_orders;
     rec.policies = policies;
     rec.budgets.assign(budgets.begin(), budgets.end());
+    rec.capacities = capacities;
     rec.accuracy = accuracy, rec.rougeL_f = rougeL_f, rec.kv_fraction = kv_fraction, rec.same_as_full = same_as_full;
     rec.random_same_as_full = random_same_as_full;
     for (double b : kv_bytes) rec.kv_bytes.push_back(std::llround(b));

@@ -17,14 +17,17 @@
 //                                                              importance score (R2 by default): headkv_caps
 //   duo      mit-han-lab/duo-attention                          full KV heads by the gates' order; the others
 //                                                              sink + a sliding recent window (64 + 256)
-//   razor    mindspore-ai/golden-stick RazorAttention           full KV heads by the razor order; the others
-//                                                              compressed once: 4 sink + 1 mean token + 251 recent
+//   razor    mindspore-ai/golden-stick RazorAttention           full KV heads by the razor order (golden-stick's
+//                                                              selection by default); the others compressed once:
+//                                                              4 sink + 1 mean token + 251 recent (4 + 252 without it)
 //   stream:S any [L, H] score S                                as duo, ordered by S
 //
-// A budget is a fraction of the full cache (L K P entries; P: the positions compressed, the prompt or
-// its context, KvCompareSpec::question_tokens). snapkv/headkv get capacity
-// B = round(budget P K / H) per query head (both references select per query head after repeat_kv);
-// the order policies keep whole the most KV groups whose measured cache stays within the budget.
+// A column of the comparison is a budget, a fraction of the full cache (L K P entries; P: the positions
+// compressed, the prompt or its context, KvCompareSpec::question_tokens), or a capacity C in tokens per
+// query head (--kv-capacity, as the references' run scripts give it). snapkv/headkv get capacity
+// B = round(budget P K / H) per query head at a budget (both references select per query head after
+// repeat_kv), C itself at a capacity; the order policies keep whole the most KV groups whose measured
+// cache stays within the budget (at a capacity: the fraction C is of the cache, kv_capacity_fraction).
 //
 // Each policy is a KvPolicy in its own file, kv_<name>.cpp (what it needs, how a budget becomes the
 // positions each (layer, KV head) keeps, its settings' attributes), with one row in kv_policies()
@@ -71,11 +74,17 @@ at::Tensor snapkv_keep(const at::Tensor& pooled, const std::vector<int64_t>& cap
 // pool across layers). scores [L, H] >= 0 (NaN counts as 0). [L, H] int64.
 at::Tensor headkv_caps(const at::Tensor& scores, int64_t base, int64_t window, double beta, double temp);
 
-// RazorAttention's compressed cache (golden-stick attention_wrappers.py _compress): heads not kept
-// `full` ([L, H] bool) keep [0, sink) and [P - recent, P) of P positions (the rest averaged into one
-// mean key and value when compensating: Hooks::keep); a cache of at most sink + recent + 1 positions
-// is left whole, as _compress leaves T <= local_capacity. [L, H, P] bool.
+// RazorAttention's compressed cache (golden-stick attention_wrappers.py _compress, AW:188-204): heads
+// not kept `full` ([L, H] bool) keep [0, sink) and [P - recent, P) of P positions (the rest averaged
+// into one mean key and value when compensating: Hooks::keep); a cache of at most local_capacity =
+// sink + recent (+ 1 with the mean token) positions is left whole, as _compress leaves T <=
+// local_capacity. [L, H, P] bool.
 at::Tensor razor_keep_mask(const at::Tensor& full, int64_t P, int64_t sink, int64_t recent, bool compensate);
+// golden-stick's _compress keeps local_capacity = 256 positions of a compressed head (ra_config.py:57-58:
+// sink_size 4, local_capacity 256), the mean token among them when compensating: the recent window is
+// local_capacity - sink - 1 = 251 with it (AW:198-202), local_capacity - sink = 252 without (AW:193-196).
+constexpr int64_t kRazorSink = 4, kRazorLocalCapacity = 256;
+constexpr int64_t razor_reference_recent(bool compensate) { return kRazorLocalCapacity - kRazorSink - (compensate ? 1 : 0); }
 
 class KvPolicy;
 
@@ -91,27 +100,50 @@ struct KvPolicySpec {
 struct KvCompareSpec {
     std::vector<KvPolicySpec> policies;
     std::vector<double> budgets;  // fractions of the full cache, in (0, 1]
+    // Fixed capacities in tokens per query head (--kv-capacity; HeadKV's and SnapKV's max_capacity_prompt /
+    // base_capacity), each a column after the budgets' (kv_columns).
+    std::vector<int64_t> capacities;
     SnapKVSettings snap;
     double headkv_beta = 1.5, headkv_temp = 1.0;  // run_longbench.py's argparse defaults
     // DuoAttention's deployment (scripts/niah.sh): sink 64, recent 256 cached keys (the query sees
     // those and itself); also stream:S's window.
     int64_t duo_sink = 64, duo_recent = 256;
-    // RazorAttention's _compress (ra_config.py): sink 4, one compensation token, 251 recent (256 in all).
-    int64_t razor_sink = 4, razor_recent = 251;
+    // RazorAttention's _compress (ra_config.py): sink 4, one compensation token, 251 recent (256 in all);
+    // without the compensation token the reference keeps 4 + 252: razor_reference_recent(false).
+    int64_t razor_sink = kRazorSink, razor_recent = razor_reference_recent(true);
     bool razor_compensate = true;
-    std::string razor_preset = "headscope";  // how razor's order is found (razor.h RazorPreset)
+    // How razor's order is found (razor.h RazorPreset): golden-stick's scoring and selection by default.
+    std::string razor_preset = "reference";
     // Where the cache is compressed: empty, at the prompt's end (every reference: the whole prompt is
     // prefilled, the first token comes from it); else per needle the question's tokens, and the cache
     // is compressed before them (the context cached alone, the question and the answer decoded through
     // the compressed cache: a query-agnostic test, --kv-compress-at question).
     std::vector<int64_t> question_tokens;
+    // > 0: DuoAttention's LongBench setting (eval/LongBench/pred.py l. 125-142, decoding_simulation_length
+    // 50): the cache compressed before the prompt's last tail_tokens tokens, which decode one by one
+    // through it (--kv-compress-at tail[:N]); exclusive with question_tokens.
+    int64_t tail_tokens = 0;
     int64_t random_orders = 0;  // random KV-group orders for each order policy (seed + 3 + r)
     uint64_t seed = 0;
     int64_t sweep_rows = 8;
     // The position trial t's cache is compressed at (its prompt's length, or before its question).
     int64_t compress_at(const Trial& t) const;
-    const char* compress_at_name() const { return question_tokens.empty() ? "prompt" : "question"; }
+    const char* compress_at_name() const { return !question_tokens.empty() ? "question" : tail_tokens > 0 ? "tail" : "prompt"; }
+    // Compressed at the prompt's end: the policies act past a shared, unablated prefill.
+    bool compresses_prompt_end() const { return question_tokens.empty() && tail_tokens == 0; }
 };
+
+// One column of the comparison: a budget (capacity 0) or a fixed capacity C (budget then the fraction of
+// the cache C is, kv_capacity_fraction, which the order policies keep within).
+struct KvColumn {
+    double budget = 0;
+    int64_t capacity = 0;
+};
+// The spec's columns: its budgets, then its capacities.
+std::vector<KvColumn> kv_columns(const KvCompareSpec& s, const std::vector<Trial>& trials, int64_t H, int64_t K);
+// The fraction of the full prompt cache (L K P) a capacity C per query head is, mean over the trials:
+// min(1, C H / (K P)) each (P: the trial's compressed positions).
+double kv_capacity_fraction(const KvCompareSpec& s, const std::vector<Trial>& trials, int64_t C, int64_t H, int64_t K);
 
 // The model's heads as the policies count them: layers, query heads, KV heads, the query heads of a
 // KV group (g = H / K) and the KV groups of the model (M = L K).
@@ -135,6 +167,9 @@ struct KvContext {
     // SnapKV's pooled observation-window scores per trial [L, H, P - w] (filled when a listed policy
     // needs_snapkv()).
     std::shared_ptr<const std::map<const Trial*, at::Tensor>> pooled;
+    // > 0: this column's fixed capacity in tokens per query head (the budget passed beside it is then
+    // kv_capacity_fraction of it); 0: the column is the budget alone.
+    int64_t capacity = 0;
 };
 
 // Where a policy's [L, H] score comes from; the tool reads it from the flag that carries it.
@@ -214,16 +249,25 @@ protected:
     const char* key_name() const override { return "duo"; }
 };
 
-// snapkv / headkv at one budget: per trial, capacity B = round(budget P K / H) per query head, caps(B) the
-// [L, H] prefix positions each query head keeps besides the window (the references leave a prompt
-// no longer than B whole).
+// snapkv / headkv at one budget: per trial, capacity B = round(budget P K / H) per query head (or the
+// column's fixed capacity, ctx.capacity), caps(B) the [L, H] prefix positions each query head keeps
+// besides the window; `whole(B, P)`: the reference's condition for leaving a P-token prompt whole
+// (default: SnapKV's, kv_snapkv_whole).
 KvConfig snapkv_config(const std::string& key_name, double budget, const KvContext& ctx,
-                       std::function<at::Tensor(int64_t B)> caps);
+                       std::function<at::Tensor(int64_t B)> caps, std::function<bool(int64_t B, int64_t P)> whole = {});
+// SnapKV's condition (FasterDecoding/SnapKV snapkv_utils.py:42, FYYFU/HeadKV SnapKVCluster l. 148):
+// `q_len < max_capacity_prompt` leaves the prompt whole, P < B. (At P = B SnapKV's selection keeps every
+// position, so P <= B and P < B give the same cache.)
+bool kv_snapkv_whole(int64_t B, int64_t P);
+// HeadKV's (ReasonSnapKVCluster.update_kv l. 444): `base_capacity > attn_score.size(-1)`, i.e.
+// B - w > P - w: P < B. At P = B HeadKV compresses: a head whose capacity is below P - w drops positions.
+bool kv_headkv_whole(int64_t B, int64_t P);
 
-// Configuration c = policy * B + budget; random controls [P, B, R].
+// Configuration c = policy * B + column (budgets, then capacities); random controls [P, B, R].
 struct KvCompare {
     std::vector<std::string> policies;
-    std::vector<double> budgets;
+    std::vector<double> budgets;             // [B]: each column's budget (a capacity's: kv_capacity_fraction)
+    std::vector<int64_t> capacities;         // [B]: each column's capacity in tokens per query head, -1 for a budget
     std::vector<float> accuracy, rougeL_f;   // [P, B] over the ablation trials
     // [P, B]: the fraction of trials whose generated tokens equal the full cache's (the output kept,
     // whether or not the model solves the task)

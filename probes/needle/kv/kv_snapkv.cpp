@@ -56,16 +56,21 @@ at::Tensor snapkv_keep(const at::Tensor& pooled, const std::vector<int64_t>& cap
     return keep;
 }
 
+bool kv_snapkv_whole(int64_t B, int64_t P) { return P < B; }
+bool kv_headkv_whole(int64_t B, int64_t P) { return B > P; }  // B - w > P - w
+
 KvConfig snapkv_config(const std::string& key_name, double budget, const KvContext& ctx,
-                       std::function<at::Tensor(int64_t B)> caps) {
+                       std::function<at::Tensor(int64_t B)> caps, std::function<bool(int64_t B, int64_t P)> whole) {
     KvConfig c;
-    c.key = fmt::format("{} {}", key_name, budget);
+    const int64_t capacity = ctx.capacity;
+    c.key = capacity > 0 ? fmt::format("{} capacity {}", key_name, capacity) : fmt::format("{} {}", key_name, budget);
     const KvCompareSpec s = ctx.spec;  // copied: the head set's functions keep what they read
     const KvShape sh = ctx.sh;
     const int64_t w = s.snap.window;
-    auto caps_for = [caps, budget, sh](int64_t P) -> at::Tensor {  // [L, H] prefix caps; undefined: no compression
-        const int64_t B = std::llround(budget * static_cast<double>(P * sh.K) / static_cast<double>(sh.H));
-        if (B >= P) return {};  // the references leave a prompt shorter than the budget whole
+    if (!whole) whole = kv_snapkv_whole;
+    auto caps_for = [caps, budget, capacity, sh, whole](int64_t P) -> at::Tensor {  // [L, H] prefix caps; undefined: whole
+        const int64_t B = capacity > 0 ? capacity : std::llround(budget * static_cast<double>(P * sh.K) / static_cast<double>(sh.H));
+        if (whole(B, P)) return {};  // the reference leaves this prompt whole
         return caps(B);
     };
     for (const auto& t : ctx.trials) {
@@ -108,8 +113,9 @@ public:
     KvConfig config(const KvPolicySpec& p, double budget, const KvContext& ctx) const override {
         const KvShape sh = ctx.sh;
         const int64_t w = ctx.spec.snap.window;
-        return snapkv_config(p.name, budget, ctx,
-                             [sh, w](int64_t B) { return torch::full({sh.L, sh.H}, std::max<int64_t>(0, B - w), torch::kLong); });
+        return snapkv_config(
+            p.name, budget, ctx, [sh, w](int64_t B) { return torch::full({sh.L, sh.H}, std::max<int64_t>(0, B - w), torch::kLong); },
+            kv_snapkv_whole);
     }
 };
 
