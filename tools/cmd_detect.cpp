@@ -32,6 +32,9 @@ struct DetectOptions {
     bool exclude_current_token = false;
     bool samples = false;
     int64_t max_rows = 64;
+    double sink_epsilon = 0.3;
+    bool sink_epsilon_given = false;
+    int64_t first_tokens = 0;  // detector: keep each sequence's first N tokens (0: all)
 };
 
 static std::vector<std::string> parse_probes(const std::string& s) {
@@ -65,6 +68,13 @@ static std::vector<std::vector<int64_t>> read_sequences(const DetectOptions& o, 
         for (auto id : ids)
             if (id < 0 || id >= cfg.vocab_size)
                 throw DataError(fmt::format("{}: token id {} out of range [0, {})", where, id, cfg.vocab_size));
+        if (o.first_tokens > 0) {
+            // As sail-sg/Attention-Sink eval_sink_open_source.py:19-21: every sequence at least N long, cut to N.
+            if (static_cast<int64_t>(ids.size()) < o.first_tokens)
+                throw DataError(fmt::format("{}: --first-tokens {}: the sequence has only {} tokens", where, o.first_tokens,
+                                            ids.size()));
+            ids.resize(o.first_tokens);
+        }
         if (static_cast<int64_t>(ids.size()) > cfg.max_seq_len)
             throw DataError(fmt::format("{}: sequence of {} tokens exceeds the model's context of {}", where,
                                         ids.size(), cfg.max_seq_len));
@@ -100,6 +110,13 @@ static void print_top(const ProbeScores& r, int k) {
     }
     if (r.baseline_loss) line += fmt::format("  (baseline {:.4f})", *r.baseline_loss);
     std::printf("%s\n", line.c_str());
+    if (!r.sink) return;
+    // Gu et al.'s rates, in percent as the reference prints them.
+    std::string layers;
+    const auto lr = r.sink->layer_rate.contiguous();
+    for (int64_t l = 0; l < lr.size(0); ++l) layers += fmt::format(" L{} {:.1f}", l, 100 * lr[l].item<double>());
+    std::printf("%-16s model %.2f%% of heads have alpha_0 > %g; per layer:%s\n", "sink rate", 100 * r.sink->model_rate,
+                r.sink->epsilon, layers.c_str());
 }
 
 static void write_results(ResultWriter& w, const Model& m, const DetectOptions& o, const schema::HeadProbeRun& run,
@@ -151,6 +168,7 @@ static std::vector<Result> compute(const DetectOptions& o, const Model& m, const
     const bool stripe = stripe_tokens.defined();
     ProbeInput in_p;
     in_p.stripe_tokens = stripe_tokens, in_p.n = n, in_p.seqs = seqs, in_p.max_rows = o.max_rows;
+    in_p.sink_epsilon = o.sink_epsilon;
     in_p.detector = {o.error_measure == "abs" ? ErrorMeasure::kAbs : ErrorMeasure::kMul, o.exclude_bos, o.exclude_current_token};
     const int64_t L = m.config.n_layers, H = m.config.n_heads;
     std::vector<Result> results;
@@ -161,7 +179,10 @@ static std::vector<Result> compute(const DetectOptions& o, const Model& m, const
         r.score = host_floats(s.score);
         if (o.samples) r.n_samples = s.samples.size(0), r.samples = host_floats(s.samples);
         r.baseline_loss = s.baseline_loss;
-        r.detector_options = !stripe && p.pattern != StripeKind::kAttentionSink;
+        r.detector_options = !stripe && p.pattern != StripeKind::kAttentionSink && p.pattern != StripeKind::kFirstToken;
+        if (s.sink)
+            r.sink = schema::HeadProbeRecord::SinkRates{s.sink->epsilon, s.sink->model_rate, host_floats(s.sink->head_rate),
+                                                        host_floats(s.sink->layer_rate)};
         results.push_back({s, std::move(r)});
     }
     return results;
@@ -169,6 +190,10 @@ static std::vector<Result> compute(const DetectOptions& o, const Model& m, const
 
 void run_detect(const DetectOptions& o) {
     const auto probes = parse_probes(o.probes);
+    if (o.first_tokens > 0 && o.tokens_file.empty() && o.text_file.empty())
+        throw UsageError("--first-tokens: cuts given sequences; give --tokens-file or --text-file");
+    if (o.sink_epsilon_given && std::find(probes.begin(), probes.end(), "sink-rate") == probes.end())
+        throw UsageError("--sink-epsilon: only the probe sink-rate reads it (add sink-rate to --probe)");
     const WriteMode mode = write_mode(o.out);
     const bool stripe = o.tokens_file.empty() && o.text_file.empty();
     for (const auto& p : probes)
@@ -223,12 +248,18 @@ void setup_detect(CLI::App& app) {
         "    of A[q,q-n+1]; previous-token = mean over q in [1,2n] of A[q,q-1]; duplicate-token = mean over\n"
         "    q in [n+1,2n] of A[q,q-n]; attention-sink = mean over q >= 1 of A[q,0]. induction-loss = mean\n"
         "    cross-entropy on tokens n+2..2n with one head's z zeroed (attribute baseline_loss: none).\n"
+        "  sink-rate (either convention; Gu et al. 2025): alpha_0 = mean over every q (q = 0 counted) of A[q,0];\n"
+        "    a head sinks in a sequence when alpha_0 > --sink-epsilon (0.3); the layer's and the model's sink\n"
+        "    rate are the shares of (sequence, head) and (sequence, layer, head) above it. The reference runs it\n"
+        "    on the first 64 tokens of natural text (--text-file).\n"
         "  detector (--tokens-file or --text-file, one sequence a line): TransformerLens head_detector\n"
         "    scores against a detection pattern D, --error-measure mul = sum(A*D)/sum(A) or\n"
         "    abs = 1 - mean_i |A_i - D_i|_1, averaged over sequences; --exclude-bos / --exclude-current-token\n"
         "    zero column 0 / the diagonal first. Top 5 heads per probe go to stdout (L5H1 = layer 5, head 1).\n"
         "Example: headscope detect ../shared/testdata/stories260K/stories260K.bin "
-        "--probe induction,previous-token,induction-loss --out scores.h5");
+        "--probe induction,previous-token,induction-loss --out scores.h5\n"
+        "Example: headscope detect ../shared/testdata/stories260K/stories260K.bin --probe sink-rate "
+        "--text-file datasets/needles/haystack.txt --first-tokens 64 --out sinks.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--probe", o->probes, "comma-separated: " + fmt::format("{}", fmt::join(detector_probe_names(), ",")))
@@ -241,13 +272,21 @@ void setup_detect(CLI::App& app) {
     sub->add_option("--token-range", o->token_range, "stripe: ids lo,hi to draw R from, [lo, hi) (default: whole vocabulary)");
     auto* tokens_file = sub->add_option("--tokens-file", o->tokens_file, "detector: one sequence of comma-separated token ids a line");
     sub->add_option("--text-file", o->text_file, "detector: one text a line, encoded with the model's tokenizer")->excludes(tokens_file);
+    sub->add_option("--first-tokens", o->first_tokens,
+                    "detector: keep each sequence's first N tokens; a shorter one is an error (sink-rate's reference: 64)")
+        ->check(at_least(1));
     sub->add_option("--error-measure", o->error_measure, "detector: mul or abs")->capture_default_str();
     sub->add_flag("--exclude-bos", o->exclude_bos, "detector: ignore attention to position 0");
     sub->add_flag("--exclude-current-token", o->exclude_current_token, "detector: ignore attention to the query itself");
     sub->add_flag("--samples", o->samples, "also write per-sequence scores /scores/<probe>/samples [N, L, H]");
     sub->add_option("--max-rows", o->max_rows, "batch rows per forward pass (memory)")->capture_default_str();
-    sub->callback([o, seq_len] {
+    auto* sink_eps = sub->add_option("--sink-epsilon", o->sink_epsilon,
+                                     "sink-rate: a head is a sink in a sequence when its alpha_0 exceeds this (Gu et al.'s epsilon)")
+                         ->check(in_range(0, 1))
+                         ->capture_default_str();
+    sub->callback([o, seq_len, sink_eps] {
         o->seq_len_given = seq_len->count() > 0;
+        o->sink_epsilon_given = sink_eps->count() > 0;
         run_detect(*o);
     });
 }

@@ -23,6 +23,9 @@ const std::vector<HeadProbe>& head_probes() {
         {"previous-token", StripeKind::kPreviousToken, false, "stripe: mean over q in [1, 2n] of A[q, q-1] on [BOS, R, R]"},
         {"duplicate-token", StripeKind::kDuplicateToken, false, "stripe: mean over q in [n+1, 2n] of A[q, q-n] on [BOS, R, R]"},
         {"attention-sink", StripeKind::kAttentionSink, false, "mean attention to position 0 over query positions q >= 1"},
+        {"sink-rate", StripeKind::kFirstToken, false,
+         "Gu et al.'s alpha_0: mean attention to position 0 over every query position q in [0, T-1] (q = 0 counted, "
+         "as sail-sg/Attention-Sink divides column 0 by T); rate: the share of sequences whose alpha_0 exceeds epsilon"},
         {"induction-loss", std::nullopt, true,
          "mean cross-entropy on the repeated half of [BOS, R, R] (predicting tokens n+2..2n) with head "
          "(layer, head)'s z zeroed; compare with attribute baseline_loss"},
@@ -46,7 +49,8 @@ const HeadProbe& find_head_probe(const std::string& name) {
 }
 
 std::string probe_description(const HeadProbe& p, bool stripe) {
-    if (stripe || p.repeated_only || p.pattern == StripeKind::kAttentionSink) return p.stripe_description;
+    if (stripe || p.repeated_only || p.pattern == StripeKind::kAttentionSink || p.pattern == StripeKind::kFirstToken)
+        return p.stripe_description;
     return std::string("detector: TransformerLens head_detector score against the ") + p.name +
            " detection pattern, averaged over sequences";
 }
@@ -63,12 +67,16 @@ std::vector<ProbeScores> run_head_probes(const Model& m, const std::vector<std::
     if (!kinds.empty()) {
         auto scores = stripe ? stripe_scores(m, in.stripe_tokens, in.n, kinds, in.max_rows)
                              : detector_scores(m, in.seqs, kinds, in.detector);
-        for (auto& s : scores) out.push_back({s.probe, s.score, s.samples, std::nullopt});
+        for (auto& s : scores) {
+            ProbeScores r{s.probe, s.score, s.samples, std::nullopt, std::nullopt};
+            if (s.probe == stripe_name(StripeKind::kFirstToken)) r.sink = sink_rates(s.samples, in.sink_epsilon);
+            out.push_back(std::move(r));
+        }
     }
     for (const auto& name : probes)
         if (find_head_probe(name).repeated_only) {  // induction-loss
             auto il = induction_loss(m, in.stripe_tokens, in.n, in.max_rows);
-            out.push_back({name, il.ablated, il.samples, il.baseline});
+            out.push_back({name, il.ablated, il.samples, il.baseline, std::nullopt});
         }
     return out;
 }
@@ -79,6 +87,7 @@ std::string stripe_name(StripeKind k) {
         case StripeKind::kPreviousToken: return "previous-token";
         case StripeKind::kDuplicateToken: return "duplicate-token";
         case StripeKind::kAttentionSink: return "attention-sink";
+        case StripeKind::kFirstToken: return "sink-rate";
     }
     return "?";
 }
@@ -99,7 +108,8 @@ at::Tensor stripe_scores_layer(const at::Tensor& pattern, StripeKind kind, int64
 }
 
 at::Tensor detection_pattern(const at::Tensor& tokens, StripeKind kind) {
-    if (kind == StripeKind::kAttentionSink) throw UsageError("attention-sink has no detection pattern");
+    if (kind == StripeKind::kAttentionSink || kind == StripeKind::kFirstToken)
+        throw UsageError(fmt::format("{} has no detection pattern", stripe_name(kind)));
     const int64_t T = tokens.size(0);
     auto t = tokens.to(torch::kCPU, torch::kLong).reshape({T});
     if (kind == StripeKind::kPreviousToken) {
@@ -245,23 +255,27 @@ std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<s
         const int64_t T = t.size(0);
         std::vector<at::Tensor> det(kinds.size());
         for (size_t k = 0; k < kinds.size(); ++k)
-            if (kinds[k] != StripeKind::kAttentionSink) det[k] = detection_pattern(t, kinds[k]);
-        // Partial sums per kind and layer, [2, 1, H] (detection patterns) or [1, H] (sink), added
-        // over the query blocks of each layer's pattern.
+            if (kinds[k] != StripeKind::kAttentionSink && kinds[k] != StripeKind::kFirstToken)
+                det[k] = detection_pattern(t, kinds[k]);
+        // Column 0's query range: q >= 1 (attention-sink) or every q (sink-rate's alpha_0).
+        auto first_q = [&](size_t k) -> int64_t { return kinds[k] == StripeKind::kFirstToken ? 0 : 1; };
+        // Partial sums per kind and layer, [2, 1, H] (detection patterns) or [1, H] (column 0),
+        // added over the query blocks of each layer's pattern.
         std::vector<std::vector<at::Tensor>> acc(kinds.size(), std::vector<at::Tensor>(L));
         Hooks hooks;
         hooks.capture_rows(Point::kAttnPattern, [&](int l, int64_t q0, const at::Tensor& p) {  // p [1, H, n, T]
             for (size_t k = 0; k < kinds.size(); ++k) {
                 auto part = det[k].defined() ? detector_sums_rows(p, q0, det[k], opts)
-                                             : column_sum_rows(p, q0, 1, T - 1, 0);
+                                             : column_sum_rows(p, q0, first_q(k), T - 1, 0);
                 acc[k][l] = acc[k][l].defined() ? acc[k][l] + part : part;
             }
         });
         m.forward(t.unsqueeze(0), &hooks, nullptr, fo);
         for (size_t k = 0; k < kinds.size(); ++k)
             for (int64_t l = 0; l < L; ++l) {
+                const int64_t count = T - first_q(k);  // the queries column 0's sum ran over
                 auto v = det[k].defined() ? detector_score_finish(acc[k][l], T, opts)
-                         : T > 1          ? acc[k][l] / static_cast<double>(T - 1)
+                         : count > 0      ? acc[k][l] / static_cast<double>(count)
                                           : torch::ones({1, H});
                 samples[k][s][l].copy_(v[0].cpu());
             }
@@ -269,6 +283,24 @@ std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<s
     }
     prog.finish();
     return finish(kinds, samples);
+}
+
+SinkRates sink_rates(const at::Tensor& alpha, double epsilon) {
+    if (!(epsilon >= 0 && epsilon <= 1))
+        throw UsageError(fmt::format("sink epsilon {}: need a number in [0, 1]", epsilon), "sink_epsilon");
+    if (alpha.dim() != 3 || alpha.size(0) == 0)
+        throw DataError(fmt::format("sink rates: alpha_0 {} is not [N, L, H] with N >= 1", shape_str(alpha.sizes().vec())));
+    // sail-sg/Attention-Sink eval_sink_open_source.py:48: (importance_scores > epsilon).mean(dim=(0,1,2)):
+    // the indicator per (sequence, layer, head), then its means. The comparison is in float32, as the
+    // reference's (its scores are float32, and torch compares a float32 tensor with a Python float in
+    // float32: alpha_0 = 0.3f is not above epsilon 0.3).
+    auto above = alpha.to(torch::kCPU, torch::kFloat).gt(epsilon).to(torch::kDouble);  // [N, L, H]
+    SinkRates r;
+    r.epsilon = epsilon;
+    r.head_rate = above.mean(0).to(torch::kFloat);         // [L, H]
+    r.layer_rate = above.mean(at::IntArrayRef{0, 2}).to(torch::kFloat);  // [L]
+    r.model_rate = above.mean().item<double>();
+    return r;
 }
 
 at::Tensor induction_loss_rows(const at::Tensor& logits, const at::Tensor& tokens, int64_t n) {

@@ -97,7 +97,8 @@ RowCaptureFn stripe_capture(const std::vector<StripeKind>& kinds, int64_t n, std
 std::vector<LayerHeadScores> stripe_scores(const Model& m, const at::Tensor& tokens, int64_t n,
                                            const std::vector<StripeKind>& kinds, int64_t max_rows = 64);
 // Sequences of any lengths, run one at a time (no padding to get wrong). attention-sink is scored
-// with its stripe formula (mean A[q, 0] over q >= 1); the other kinds by detection pattern.
+// with its stripe formula (mean A[q, 0] over q >= 1), sink-rate as mean A[q, 0] over every q of the
+// sequence (its own T); the other kinds by detection pattern.
 std::vector<LayerHeadScores> detector_scores(const Model& m, const std::vector<std::vector<int64_t>>& seqs,
                                              const std::vector<StripeKind>& kinds, const DetectorOptions& opts);
 
@@ -124,11 +125,27 @@ struct ProbeInput {
     std::vector<std::vector<int64_t>> seqs;  // when stripe_tokens is undefined
     DetectorOptions detector;
     int64_t max_rows = 64;
+    double sink_epsilon = 0.3;  // sink-rate: Gu et al.'s epsilon
 };
+
+// Attention-sink rates (Gu et al., ICLR 2025; sail-sg/Attention-Sink eval_sink_open_source.py:41-49):
+// from alpha_0 [N, L, H] (sink-rate's samples: a sequence's mean attention to position 0 over all its
+// query positions), the indicator alpha_0 > epsilon per (sequence, layer, head), averaged. The
+// reference's one number is model_rate (it prints it x 100); head_rate and layer_rate are its means
+// over the other axes. UsageError (param sink_epsilon) outside [0, 1].
+struct SinkRates {
+    double epsilon = 0.3;
+    at::Tensor head_rate;   // [L, H] float32: share of sequences where the head's alpha_0 > epsilon
+    at::Tensor layer_rate;  // [L] float32: share of (sequence, head) pairs of the layer
+    double model_rate = 0;  // share of (sequence, layer, head) triples
+};
+SinkRates sink_rates(const at::Tensor& alpha, double epsilon);
+
 struct ProbeScores {
     std::string probe;
     at::Tensor score, samples;            // [L, H], [N, L, H]
     std::optional<double> baseline_loss;  // induction-loss
+    std::optional<SinkRates> sink;        // sink-rate
 };
 // Every pattern probe in one pass (stripe_scores or detector_scores), then induction-loss if
 // asked. UsageError when a repeated-only probe meets given sequences. Results: the pattern probes

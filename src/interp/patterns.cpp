@@ -16,6 +16,7 @@ StripeSpec stripe_spec(StripeKind kind, int64_t n) {
         case StripeKind::kPreviousToken: return {1, 2 * n, 1, -1};
         case StripeKind::kDuplicateToken: return {n + 1, 2 * n, n, -1};
         case StripeKind::kAttentionSink: return {1, 2 * n, 0, 0};
+        case StripeKind::kFirstToken: return {0, 2 * n, 0, 0};
     }
     return {};
 }

@@ -20,6 +20,7 @@ enum class StripeKind {
     kPreviousToken,   // mean over q in [1, 2n]   of A[q, q-1]  (q = 1 attends to BOS)
     kDuplicateToken,  // mean over q in [n+1, 2n] of A[q, q-n]
     kAttentionSink,   // mean over q in [1, 2n]   of A[q, 0]    (q = 0 has no choice)
+    kFirstToken,      // mean over q in [0, 2n]   of A[q, 0]    (Gu et al.'s alpha_0: q = 0 counted)
 };
 struct StripeSpec {
     int64_t q_lo = 0, q_hi = 0;  // inclusive query range

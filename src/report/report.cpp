@@ -37,7 +37,7 @@ std::string render_file(FileView& f, const ReportOptions& o) {
     if (r.is_group(schema::scores_root())) {
         // The head-role probes first, in the order people read them; the rest alphabetically.
         std::vector<std::string> probes = r.children(schema::scores_root());
-        const std::vector<std::string> order{"induction", "previous-token", "duplicate-token", "induction-loss", "attention-sink",
+        const std::vector<std::string> order{"induction", "previous-token", "duplicate-token", "induction-loss", "attention-sink", "sink-rate",
                                              "retrieval", "locos"};
         auto rank = [&](const std::string& p) { return std::find(order.begin(), order.end(), p) - order.begin(); };
         std::stable_sort(probes.begin(), probes.end(), [&](const std::string& x, const std::string& y) { return rank(x) < rank(y); });
@@ -50,6 +50,7 @@ std::string render_file(FileView& f, const ReportOptions& o) {
                 std::string body = score_group(f, p, o.top_k);
                 Dataset sc = r.read_numbers(schema::scores(p, "score"));
                 if (p == "dla" && is_lh(sc, -1, -1)) body += dla_extra(f, sc.shape[0], sc.shape[1]);
+                if (p == "sink-rate") body += sink_rates(f);
                 s += section(f, "Score: " + p, body);
                 ++f.known;
             }

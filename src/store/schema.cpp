@@ -26,6 +26,8 @@ const PathEntry kLayout[] = {
     {"/scores/<probe>/score", K::kDataset, "scores"},
     {"/scores/<probe>/samples", K::kDataset, "scores"},
     {"/scores/<probe>/baseline", K::kDataset, "scores"},
+    {"/scores/sink-rate/rate", K::kDataset, "scores"},
+    {"/scores/sink-rate/layer_rate", K::kDataset, "scores"},
     {"/scores/qk_rank/singular_values", K::kDataset, "scores"},
     {"/scores/dla/per_prompt", K::kDataset, "scores"},
     {"/scores/dla/mlp", K::kDataset, "scores"},

@@ -61,6 +61,18 @@ void write_head_probe(ResultWriter& w, const HeadProbeRun& run, const HeadProbeR
     if (!r.samples.empty()) g.datasets.push_back({"samples", {{r.n_samples, r.L, r.H}, r.samples, {}}});
     if (r.baseline_loss)
         g.datasets.push_back({"baseline", {{1}, std::vector<float>{static_cast<float>(*r.baseline_loss)}, {}}});
+    if (r.sink) {
+        // Gu et al.'s sink rates (sail-sg/Attention-Sink eval_sink_open_source.py:46-49).
+        g.attrs["epsilon"] = r.sink->epsilon;
+        g.attrs["model_rate"] = r.sink->model_rate;
+        g.attrs["model_rate_description"] =
+            std::string("share of (sequence, layer, head) triples whose alpha_0 exceeds epsilon (the reference prints it x 100)");
+        g.datasets.push_back({"rate", {{r.L, r.H}, r.sink->head_rate,
+                                       {{"description", std::string("share of sequences whose alpha_0 of this head exceeds epsilon")}}}});
+        g.datasets.push_back({"layer_rate", {{r.L}, r.sink->layer_rate,
+                                             {{"description", std::string("the layer's sink rate: share of (sequence, head) pairs "
+                                                                          "whose alpha_0 exceeds epsilon")}}}});
+    }
     write_scores(w, g);
 }
 

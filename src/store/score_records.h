@@ -50,6 +50,13 @@ struct HeadProbeRecord {
     std::vector<float> samples;          // [n_samples, L, H]; empty: not written
     std::optional<double> baseline_loss; // induction-loss: the loss with no head zeroed
     bool detector_options = false;       // the run's error measure and exclusions shaped this score
+    // sink-rate: Gu et al.'s rates from the per-sequence alpha_0 (probes/detect SinkRates)
+    struct SinkRates {
+        double epsilon = 0, model_rate = 0;
+        std::vector<float> head_rate;   // [L, H]
+        std::vector<float> layer_rate;  // [L]
+    };
+    std::optional<SinkRates> sink;
 };
 // The group /scores/<probe> (replaced): score, samples, baseline, and the run's attributes.
 void write_head_probe(ResultWriter& w, const HeadProbeRun& run, const HeadProbeRecord& r);
