@@ -4,8 +4,10 @@
 # the 16 rows that end in a recall answer above the 16 that end in filler (>= 14 of the top 16
 # selected); the file's scores are (masked - loss) / loss of its own losses; `export --table influence`
 # writes the ranked table; the report draws the section; --from/--top takes the heads from a score
-# file; two shards merged equal the unsharded run and --resume keeps finished chunks; bad corpora and
-# flags are one line, the documented exit code, and no file left behind.
+# file; two shards merged equal the unsharded run and --resume keeps finished chunks; --masking (the
+# default zero-query, and zero) is recorded and a resume or merge across maskings is refused;
+# --select-by tokens (the default) selects the samples a recomputation from the file's rank and
+# lengths selects; bad corpora and flags are one line, the documented exit code, and no file left behind.
 # Usage: cli_influence.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -17,9 +19,12 @@ PY=$(bash scripts/find_python.sh h5py numpy) || { echo "FAIL: no Python with h5p
 C=datasets/examples/toy-recall-influence.jsonl
 
 "$HS" influence --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no example"; }
+"$HS" influence --help | grep -q -- "--masking zero --select-by samples" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no --masking example"; }
 ok "influence (toy, recall heads, last token)" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --loss-tokens last \
   --select-fraction 0.5 --random-controls 3 --out "$TMP/i.h5"
 check "prints the heads and 3 controls" -- grep -qE "^heads +L1H0,L1H1,L1H2 +mean score" "$TMP/out"
+check "prints the masking" -- grep -q "heads masked by zero-query$" "$TMP/out"
+check "prints the selection" -- grep -qE "^selected 16 of 32 samples, 1040 of 2080 tokens \(the top 0.5 by tokens\)$" "$TMP/out"
 check "the ranking selects the recall rows" -- "$PY" -c "
 import h5py, numpy as np, sys
 f = h5py.File(sys.argv[1]); g = f['influence']
@@ -29,7 +34,46 @@ assert np.allclose(s, (ml - loss[None]) / loss[None], rtol=1e-6, atol=0)
 n = int(sel[0::2].sum()); print('recall rows selected:', n, 'of', int(sel.sum()))
 assert sel.sum() == 16 and n >= 14
 assert list(g['rank'][()][:1]) == [int(np.argmax(s[0]))]
+assert g.attrs['masking'] == 'zero-query' and g.attrs['select_by'] == 'tokens', dict(g.attrs)
 " "$TMP/i.h5"
+# --masking zero (z = 0): the same losses unmasked, other masked losses, recorded; both maskings rank the recall rows first.
+ok "influence --masking zero --select-by samples" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --loss-tokens last \
+  --select-fraction 0.5 --random-controls 3 --masking zero --select-by samples --out "$TMP/iz.h5"
+check "zero: recorded, same unmasked losses, other masked ones" -- "$PY" -c "
+import h5py, numpy as np, sys
+a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+assert b.attrs['masking'] == 'zero' and b.attrs['select_by'] == 'samples', dict(b.attrs)
+assert 'HeadKV' in a.attrs['masking_description'] and 'output z' in b.attrs['masking_description']
+assert np.array_equal(a['loss'][()], b['loss'][()])
+assert np.abs(a['masked_loss'][()] - b['masked_loss'][()]).max() > 1e-3
+sel = b['selected'][()]; assert sel.sum() == 16 and sel[0::2].sum() >= 14
+" "$TMP/i.h5" "$TMP/iz.h5"
+# Selection by tokens on samples of unequal lengths: the file's selection is the shortest prefix of its
+# rank whose summed lengths reach the share (the sample that reaches it kept whole); by samples, ceil(f n).
+"$PY" -c "
+import random
+random.seed(3)
+for i in range(12): print('{\"tokens\": [%s]}' % ', '.join(str(random.randrange(1, 20)) for _ in range(random.randrange(3, 40))))
+" >"$TMP/uneven.jsonl"
+ok "influence --select-by tokens (uneven lengths)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" --heads L1H0,L1H1,L1H2 \
+  --random-controls 0 --select-fraction 0.4 --out "$TMP/t.h5"
+ok "influence --select-by samples (uneven lengths)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" --heads L1H0,L1H1,L1H2 \
+  --random-controls 0 --select-fraction 0.4 --select-by samples --out "$TMP/t2.h5"
+check "token share and sample share as recomputed from the files" -- "$PY" -c "
+import h5py, json, math, numpy as np, sys
+g, h = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+lens = [len(json.loads(l)['tokens']) for l in open(sys.argv[3])]
+assert list(g['length'][()]) == lens, (list(g['length'][()]), lens)
+want, acc = set(), 0
+for i in g['rank'][()]:
+    if acc >= 0.4 * sum(lens): break
+    want.add(int(i)); acc += lens[i]
+got = set(int(i) for i in np.nonzero(g['selected'][()])[0])
+assert got == want, (got, want)
+assert g.attrs['tokens_selected'] == acc and g.attrs['tokens_done'] == sum(lens)
+assert set(int(i) for i in np.nonzero(h['selected'][()])[0]) == set(int(i) for i in h['rank'][()][:math.ceil(0.4 * 12)])
+print('tokens: %d samples, %d of %d tokens; samples: %d' % (len(got), acc, sum(lens), h['selected'][()].sum()))
+" "$TMP/t.h5" "$TMP/t2.h5" "$TMP/uneven.jsonl"
 ok "export --table influence" -- "$HS" export "$TMP/i.h5" --table influence --format csv --out "$TMP/i.csv"
 check "the table is ranked, one row a sample" -- "$PY" -c "
 import csv, sys
@@ -63,6 +107,9 @@ for k in ['loss', 'masked_loss', 'score', 'rank', 'selected', 'done', 'n_tokens'
 assert b.attrs['shard'] == 'merged'" "$TMP/u.h5" "$TMP/m.h5"
 expect "merge: a shard given twice" 6 "shard 0/2 given twice" -- "$HS" merge "$TMP/s0.h5" "$TMP/s0.h5" --out "$TMP/m2.h5"
 no_file "$TMP/m2.h5"
+ok "shard 1/2, masking zero" -- "$HS" influence "${A[@]}" --shard 1/2 --masking zero --out "$TMP/s1z.h5"
+expect "merge: shards of two maskings" 6 "a shard of another influence run .*\(masking: zero-query vs zero\)" -- "$HS" merge "$TMP/s0.h5" "$TMP/s1z.h5" --out "$TMP/m2.h5"
+no_file "$TMP/m2.h5"
 ok "resume a finished file" -- "$HS" influence "${A[@]}" --resume --out "$TMP/u.h5"
 check "resume computed nothing" -- grep -q "(0 forwards)" "$TMP/err"
 check "resume changed nothing" -- "$PY" -c "
@@ -70,6 +117,7 @@ import h5py, numpy as np, sys
 a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
 assert np.array_equal(a['score'][()], b['score'][()])" "$TMP/u.h5" "$TMP/m.h5"
 expect "resume another run's file" 6 "--resume: another run's file \(heads" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --chunk 5 --resume --out "$TMP/u.h5"
+expect "resume with another masking" 6 "--resume: another run's file \(masking: zero-query vs zero\)" -- "$HS" influence "${A[@]}" --masking zero --resume --out "$TMP/u.h5"
 
 # Bad input: one line, exit code, nothing left.
 printf '{"text": "1a2b"}\nnot json\n' >"$TMP/bad.jsonl"
@@ -87,6 +135,9 @@ expect "no heads" 2 "give --heads, or --from FILE.h5:DATASET with --top K" -- "$
 expect "head outside the model" 2 "--heads" -- "$HS" influence "$TOY" --corpus "$C" --heads L9H0 --out "$TMP/b.h5"
 expect "--heads with --from" 2 "excludes" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --from "$TMP/d.h5:scores/induction/score" --top 1 --out "$TMP/b.h5"
 expect "bad --loss-tokens" 2 "--loss-tokens" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --loss-tokens first --out "$TMP/b.h5"
+expect "bad --masking" 2 "headscope: error: --masking: 'mean': expected zero-query or zero$" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --masking mean --out "$TMP/b.h5"
+expect "bad --select-by" 2 "headscope: error: --select-by: 'words': expected tokens or samples$" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --select-by words --out "$TMP/b.h5"
+expect "--select-fraction above 1" 2 "--select-fraction" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --select-fraction 1.5 --out "$TMP/b.h5"
 expect "--top too large" 2 "--top: 99 is more than the model's 8 heads" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/d.h5:scores/induction/score" --top 99 --out "$TMP/b.h5"
 no_file "$TMP/b.h5"
 echo "cli-influence: $pass passed, $fail failed"

@@ -149,7 +149,7 @@ TEST_CASE("schema: each result type's write and read round-trip") {
         inf.N = 2, inf.S = 1, inf.L = 1, inf.H = 2;
         inf.loss = {2.f, 3.f}, inf.masked_loss = {2.5f, 3.f}, inf.score = {0.25f, 0.f}, inf.n_tokens = {4, 9};
         inf.line = {1, 3}, inf.rank = {0, 1}, inf.selected = {1, 0}, inf.truncated = {0, 1}, inf.masks = {1, 0};
-        inf.done = {1, 1};
+        inf.done = {1, 1}, inf.length = {5, 12};
         inf.preview = {"Once", "Tom"}, inf.attrs = {{"corpus", std::string("c.jsonl")}};
         schema::write_influence(w, inf);
         w.commit();
@@ -191,6 +191,7 @@ TEST_CASE("schema: each result type's write and read round-trip") {
     CHECK((inf.N == 2 && inf.S == 1 && inf.L == 1 && inf.H == 2));
     CHECK(inf.masked_loss == std::vector<float>{2.5f, 3.f});
     CHECK(inf.truncated == std::vector<uint8_t>{0, 1});
+    CHECK(inf.length == std::vector<int64_t>{5, 12});
     CHECK(inf.preview == std::vector<std::string>{"Once", "Tom"});
     CHECK(attr_to_string(inf.attrs.at("corpus")) == "c.jsonl");
 }

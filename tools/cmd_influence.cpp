@@ -27,6 +27,8 @@ struct InfluenceCliOptions {
     std::string corpus, heads, from;
     int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 8, show = 3;
     double select_fraction = 0.3;
+    std::string select_by = "tokens";   // select_by_names(): the paper's share of tokens by default
+    std::string masking = "zero-query"; // influence_masking_names(): the retrieval-head lineage's by default
     std::string loss_tokens = "all";
     int64_t chunk = 64;          // samples a work item (the unit a shard owns and a checkpoint completes)
     std::string shard;           // "I/N" or slurm forms (jobs.h parse_shard)
@@ -43,7 +45,8 @@ static std::pair<std::vector<Head>, std::string> chosen_heads(const InfluenceCli
     return {top_heads(score, o.top), fmt::format("top {} of {}", o.top, o.from)};
 }
 
-static void print_influence(const schema::InfluenceRecord& x, const std::vector<std::string>& names, int64_t show) {
+static void print_influence(const schema::InfluenceRecord& x, const std::vector<std::string>& names, int64_t show,
+                            const InfluenceStudySpec& spec) {
     auto mean = [&](int64_t s) {
         double a = 0;
         int64_t n = 0;
@@ -55,7 +58,8 @@ static void print_influence(const schema::InfluenceRecord& x, const std::vector<
     };
     double loss = 0;
     for (float v : x.loss) loss += v;
-    std::printf("%lld samples, mean loss %.4f\n", static_cast<long long>(x.N), loss / static_cast<double>(x.N));
+    std::printf("%lld samples, mean loss %.4f; heads masked by %s\n", static_cast<long long>(x.N), loss / static_cast<double>(x.N),
+                intervention_name(spec.masking));
     std::printf("heads    %-24s mean score %+.4f\n", names[0].c_str(), mean(0));
     for (int64_t s = 1; s < x.S; ++s) std::printf("control  %-24s mean score %+.4f\n", names[static_cast<size_t>(s)].c_str(), mean(s));
     auto row = [&](const char* what, int64_t k) {
@@ -66,6 +70,15 @@ static void print_influence(const schema::InfluenceRecord& x, const std::vector<
     };
     for (int64_t k = 0; k < std::min(show, x.N); ++k) row("top   ", k);
     for (int64_t k = std::max<int64_t>(std::min(show, x.N), x.N - show); k < x.N; ++k) row("bottom", k);
+    int64_t n_sel = 0, tok_sel = 0, tok_done = 0, n_done = 0;
+    for (int64_t i = 0; i < x.N; ++i) {
+        const auto k = static_cast<size_t>(i);
+        if (x.done[k]) ++n_done, tok_done += x.length[k];
+        if (x.selected[k]) ++n_sel, tok_sel += x.length[k];
+    }
+    std::printf("selected %lld of %lld samples, %lld of %lld tokens (the top %g by %s)\n", static_cast<long long>(n_sel),
+                static_cast<long long>(n_done), static_cast<long long>(tok_sel), static_cast<long long>(tok_done), spec.select_fraction,
+                name_in(select_by_names(), spec.select_by));
 }
 
 // The spec from the flags (the heads and their controls chosen, the corpus read).
@@ -76,6 +89,8 @@ static InfluenceStudySpec influence_spec(InfluenceCliOptions& o, const Loaded& l
     if (o.max_tokens > m.config.max_seq_len)
         throw UsageError(fmt::format("--max-tokens: {} is over the model's context of {}", o.max_tokens, m.config.max_seq_len));
     InfluenceStudySpec s;
+    s.masking = with_flag("--masking", [&] { return parse_name(influence_masking_names(), o.masking, ""); });
+    s.select_by = with_flag("--select-by", [&] { return parse_name(select_by_names(), o.select_by, ""); });
     auto [heads, source] = chosen_heads(o, L, H);
     s.corpus_path = o.corpus;
     s.corpus = read_corpus(o.corpus, l.tokenizer.get(), m.config.vocab_size, o.max_tokens);
@@ -124,7 +139,7 @@ void run_influence(InfluenceCliOptions o) {
     write();
     std::vector<std::string> names;
     for (const auto& s : spec.sets) names.push_back(format_heads(s));
-    print_influence(study.record(), names, o.show);
+    print_influence(study.record(), names, o.show, spec);
     log_info("wrote {} ({} forwards)", o.out.out, forwards);
 }
 
@@ -156,9 +171,13 @@ void setup_influence(CLI::App& app) {
     auto o = std::make_shared<InfluenceCliOptions>();
     auto* sub = app.add_subcommand(
         "influence", "AttentionInfluence (Hua et al. 2025): rank a JSONL corpus by the relative rise of each sample's loss\n"
-                     "when the given (retrieval) heads are masked, with random head sets of the same size as controls\n"
+                     "when the given (retrieval) heads are masked, with random head sets of the same size as controls,\n"
+                     "and select the top share of it (by default 0.3 of the tokens, heads masked by a zeroed query)\n"
                      "Example: headscope influence ../shared/testdata/tinystories-656k --corpus "
-                     "datasets/examples/influence-corpus.jsonl --heads L1H1,L1H6 --out influence.h5");
+                     "datasets/examples/influence-corpus.jsonl --heads L1H1,L1H6 --out influence.h5\n"
+                     "Example (the heads a retrieval scan found, z = 0 masking, a share of samples): headscope influence MODEL "
+                     "--corpus C.jsonl --from scan.h5:scores/retrieval/score --top 8 --masking zero --select-by samples "
+                     "--out influence.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--corpus", o->corpus, "JSONL: {\"text\": ...} or {\"tokens\": [ids]} a line")->required();
@@ -171,8 +190,16 @@ void setup_influence(CLI::App& app) {
     sub->add_option("--max-tokens", o->max_tokens, "cut each sample to this many tokens (0: the model's context)")
         ->check(at_least(0))->capture_default_str();
     sub->add_option("--max-rows", o->max_rows, "rows a forward (samples x head sets)")->check(at_least(1))->capture_default_str();
-    sub->add_option("--select-fraction", o->select_fraction, "the top fraction of the ranking marked selected")
+    sub->add_option("--masking", o->masking,
+                    "how a head is masked: zero-query (its query zeroed: pre-softmax scores 0, uniform attention over the\n"
+                    "causal prefix, as the retrieval-head code (HeadKV's modeling_llama.py) masks) or zero (its output z = 0)")
+        ->capture_default_str();
+    sub->add_option("--select-fraction", o->select_fraction, "the top share of the ranking marked selected, counted as --select-by says")
         ->check(in_range(0, 1))->capture_default_str();
+    sub->add_option("--select-by", o->select_by,
+                    "what --select-fraction counts: tokens (the paper's: 73B of 241B tokens; each sample's corpus length, "
+                    "whole samples\nin rank order until the share is reached) or samples")
+        ->capture_default_str();
     sub->add_option("--loss-tokens", o->loss_tokens, "all (the paper's: every token after the first) or last (the last token alone)")
         ->check(CLI::IsMember({"all", "last"}))->capture_default_str();
     sub->add_option("--chunk", o->chunk, "samples a work item: what a shard owns and a checkpoint completes")

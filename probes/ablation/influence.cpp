@@ -9,6 +9,9 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
+#include <cmath>
+
 namespace hs {
 
 std::vector<CorpusSample> read_corpus(const std::string& path, const Tokenizer* tok, int64_t vocab, int64_t max_tokens) {
@@ -34,6 +37,7 @@ std::vector<CorpusSample> read_corpus(const std::string& path, const Tokenizer* 
         } else {
             throw DataError(fmt::format("{}: has neither a string \"text\" nor a list \"tokens\"", where));
         }
+        s.length = static_cast<int64_t>(s.tokens.size());
         if (static_cast<int64_t>(s.tokens.size()) > max_tokens) {
             s.tokens.resize(static_cast<size_t>(max_tokens));
             s.truncated = true;
@@ -50,6 +54,16 @@ std::vector<CorpusSample> read_corpus(const std::string& path, const Tokenizer* 
     return out;
 }
 
+const std::vector<Intervention>& influence_maskings() {
+    static const std::vector<Intervention> v = {Intervention::kZeroQuery, Intervention::kZero};
+    return v;
+}
+
+const NameTable<Intervention>& influence_masking_names() {
+    static const NameTable<Intervention> t = subset_of(intervention_names(), influence_maskings());
+    return t;
+}
+
 InfluenceResult attention_influence(const Model& m, const std::vector<CorpusSample>& corpus,
                                     const std::vector<std::vector<Head>>& sets, const InfluenceOptions& o) {
     const int L = m.config.n_layers, H = m.config.n_heads;
@@ -63,7 +77,9 @@ InfluenceResult attention_influence(const Model& m, const std::vector<CorpusSamp
     }
     AblationData data = sequence_data("corpus", seqs);
     AblationSetup setup;
-    setup.mode = Intervention::kZero;
+    HS_REQUIRE(std::find(influence_maskings().begin(), influence_maskings().end(), o.masking) != influence_maskings().end(),
+               "attention_influence: a masking outside influence_maskings()");
+    setup.mode = o.masking;
     setup.metric = MetricKind::kLoss;
     setup.positions = Positions::kAll;
     if (o.last_only) {  // the loss of the last token alone: the rows as prompts, the last token their answer
@@ -82,6 +98,32 @@ InfluenceResult attention_influence(const Model& m, const std::vector<CorpusSamp
     r.masked_loss = rows.narrow(0, 1, S).clone();
     r.score = (r.masked_loss - r.loss.unsqueeze(0)) / r.loss.unsqueeze(0);
     return r;
+}
+
+const NameTable<SelectBy>& select_by_names() {
+    static const NameTable<SelectBy> t = {{SelectBy::kTokens, "tokens"}, {SelectBy::kSamples, "samples"}};
+    return t;
+}
+
+Selection select_top_share(const std::vector<int64_t>& rank, const std::vector<uint8_t>& done,
+                           const std::vector<int64_t>& length, double fraction, SelectBy by) {
+    const size_t N = done.size();
+    HS_REQUIRE(rank.size() == N && length.size() == N, "select_top_share: rank, done and length differ in size");
+    HS_REQUIRE(fraction >= 0 && fraction <= 1, "select_top_share: fraction outside [0, 1]");
+    Selection s;
+    s.selected.assign(N, 0);
+    for (size_t i = 0; i < N; ++i)
+        if (done[i]) ++s.n_done, s.tokens_done += length[i];
+    const auto n_sel = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(s.n_done) - 1e-9));
+    const double budget = fraction * static_cast<double>(s.tokens_done) - 1e-9 * std::max<double>(1, static_cast<double>(s.tokens_done));
+    for (int64_t i : rank) {
+        const auto k = static_cast<size_t>(i);
+        if (!done[k]) continue;
+        const bool more = by == SelectBy::kSamples ? s.n_selected < n_sel : static_cast<double>(s.tokens_selected) < budget;
+        if (!more) break;
+        s.selected[k] = 1, ++s.n_selected, s.tokens_selected += length[k];
+    }
+    return s;
 }
 
 }  // namespace hs

@@ -39,6 +39,7 @@ schema::InfluenceRecord empty_record(const InfluenceStudySpec& o, const Model& m
     schema::InfluenceParams p;
     for (const auto& c : o.corpus) {
         x.line.push_back(c.line);
+        x.length.push_back(c.length);
         x.truncated.push_back(c.truncated ? 1 : 0);
         x.preview.push_back(c.preview);
         p.n_truncated += c.truncated;
@@ -52,13 +53,14 @@ schema::InfluenceRecord empty_record(const InfluenceStudySpec& o, const Model& m
     p.heads_source = o.heads_source, p.distinct_controls_possible = o.distinct_controls_possible;
     p.control_seed = o.control_seed, p.max_tokens = o.max_tokens, p.max_rows = o.max_rows, p.chunk = o.chunk;
     p.last_only = o.last_only, p.select_fraction = o.select_fraction;
+    p.masking = intervention_name(o.masking), p.select_by = name_in(select_by_names(), o.select_by);
     x.attrs = schema::influence_attrs(p);
     return x;
 }
 
 // The ranking by set 0's score over the done samples (highest first; NaN, then samples not done,
-// last; ties keep corpus order) and the selected top fraction of the done samples.
-void rank_and_select(schema::InfluenceRecord& x, double fraction) {
+// last; ties keep corpus order) and the selected top share of the done samples (select_top_share).
+void rank_and_select(schema::InfluenceRecord& x, double fraction, SelectBy by) {
     x.rank.resize(static_cast<size_t>(x.N));
     std::iota(x.rank.begin(), x.rank.end(), 0);
     auto key = [&](int64_t i) {  // 0: a score, 1: NaN, 2: not done
@@ -69,12 +71,9 @@ void rank_and_select(schema::InfluenceRecord& x, double fraction) {
         if (ka != kb) return ka < kb;
         return ka == 0 && x.score[static_cast<size_t>(a)] > x.score[static_cast<size_t>(b)];
     });
-    int64_t n_done = 0;
-    for (auto d : x.done) n_done += d;
-    const auto n_sel = static_cast<int64_t>(std::ceil(fraction * static_cast<double>(n_done) - 1e-9));
-    x.selected.assign(static_cast<size_t>(x.N), 0);
-    for (int64_t k = 0; k < n_sel; ++k) x.selected[static_cast<size_t>(x.rank[static_cast<size_t>(k)])] = 1;
-    set_attrs(x, schema::influence_ranking_attrs(n_sel, n_done));
+    auto sel = select_top_share(x.rank, x.done, x.length, fraction, by);
+    x.selected = std::move(sel.selected);
+    set_attrs(x, schema::influence_ranking_attrs(sel.n_selected, sel.n_done, sel.tokens_selected, sel.tokens_done));
 }
 
 // Sample i's values from another record of the same corpus and sets.
@@ -151,7 +150,7 @@ int64_t InfluenceStudy::run(jobs::Checkpoint& checkpoint) {
     jobs::run_items(spec_.shard, n_chunks(), done, [&](int64_t k) {
         const int64_t a = k * chunk, n = chunk_size(N, k, chunk);
         const std::vector<CorpusSample> samples(spec_.corpus.begin() + a, spec_.corpus.begin() + a + n);
-        const auto r = attention_influence(m_, samples, spec_.sets, {spec_.max_rows, spec_.last_only});
+        const auto r = attention_influence(m_, samples, spec_.sets, {spec_.max_rows, spec_.last_only, spec_.masking});
         forwards_ += r.forwards;
         const auto loss = host_floats(r.loss), masked = host_floats(r.masked_loss), score = host_floats(r.score);
         for (int64_t j = 0; j < n; ++j) {
@@ -170,7 +169,7 @@ int64_t InfluenceStudy::run(jobs::Checkpoint& checkpoint) {
 }
 
 const schema::InfluenceRecord& InfluenceStudy::record() {
-    rank_and_select(x_, spec_.select_fraction);
+    rank_and_select(x_, spec_.select_fraction, spec_.select_by);
     set_attrs(x_, jobs::shard_attrs(spec_.shard, finished_));
     set_attrs(x_, schema::influence_run_attrs(forwards_));
     return x_;
@@ -210,7 +209,10 @@ int64_t InfluenceMerge::missing() const {
 schema::InfluenceRecord InfluenceMerge::record(const std::vector<std::string>& inputs) {
     const auto fraction = schema::influence_select_fraction(all_.attrs);
     if (!fraction) throw StorageError(fmt::format("{}: /influence has no select_fraction; damaged file", first_.path()));
-    rank_and_select(all_, *fraction);
+    const std::string by = schema::influence_select_by(all_.attrs);
+    const auto select_by = find_in(select_by_names(), by);
+    if (!select_by) throw StorageError(fmt::format("{}: /influence's select_by '{}' is not tokens or samples; damaged file", first_.path(), by));
+    rank_and_select(all_, *fraction, *select_by);
     set_attrs(all_, jobs::merged_attrs(inputs, missing() == 0));
     return all_;
 }

@@ -27,8 +27,10 @@ struct InfluenceStudySpec {
     int64_t control_seed = 0, max_tokens = 0;
     int64_t max_rows = 8;                   // rows a forward (samples x sets)
     bool last_only = false;                 // the last token's loss alone, not every token's
+    Intervention masking = Intervention::kZeroQuery;  // how a head is masked (influence_maskings())
     int64_t chunk = 64;                     // samples a work item
-    double select_fraction = 0.3;           // the top fraction of the done samples marked selected
+    double select_fraction = 0.3;           // the top share of the done samples marked selected,
+    SelectBy select_by = SelectBy::kTokens; // counted in tokens (the paper's 73B of 241B) or samples
     jobs::Shard shard;
 };
 
@@ -77,8 +79,9 @@ public:
     schema::InfluenceShardInfo add(const ResultReader& r);
     // The samples in none of the shards added.
     int64_t missing() const;
-    // The merged record: ranked and selected (the first shard's select_fraction: StorageError when it
-    // has none), the merge's shard attributes (jobs::merged_attrs).
+    // The merged record: ranked and selected (the first shard's select_fraction and select_by:
+    // StorageError when it has no fraction or an unknown select_by), the merge's shard attributes
+    // (jobs::merged_attrs).
     schema::InfluenceRecord record(const std::vector<std::string>& inputs);
 
 private:

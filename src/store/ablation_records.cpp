@@ -121,18 +121,26 @@ Attrs influence_attrs(const InfluenceParams& p) {
                {"loss_tokens", std::string(p.last_only ? "last" : "all")},
                {"max_tokens", p.max_tokens},
                {"n_truncated", p.n_truncated},
+               {"masking", p.masking},
                {"select_fraction", p.select_fraction},
+               {"select_by", p.select_by},
                {"max_rows", p.max_rows},
                {"chunk", p.chunk}};
-    for (const auto& [k, v] : influence_descriptions(p.last_only)) a[k] = v;
+    for (const auto& [k, v] : influence_descriptions(p.masking, p.last_only)) a[k] = v;
     a["heads_source"] = p.heads_source;
     a["distinct_controls_possible"] = p.distinct_controls_possible;
     return a;
 }
 
-Attrs influence_descriptions(bool last_only) {
-    return {{"masking", std::string("zero: the heads' attention output z set to 0 in every position (their attention "
-                                    "weights zeroed), through the ablation engine's per-row masks")},
+Attrs influence_descriptions(const std::string& masking, bool last_only) {
+    const std::string how =
+        masking == "zero-query"
+            ? "zero-query: the heads' query zeroed after RoPE, so their pre-softmax scores are 0 on every key the causal "
+              "(and sliding-window) mask shows: uniform attention over the prefix (the retrieval-head lineage's masking, "
+              "FYYFU/HeadKV Important_Head/source/modeling_llama.py lines 554-557)"
+        : masking == "zero" ? "zero: the heads' attention output z set to 0 in every position"
+                            : masking;
+    return {{"masking_description", how + "; through the ablation engine's per-row masks"},
             {"loss", std::string(last_only ? "next-token cross-entropy of each sample's last token alone (--loss-tokens last)"
                                            : "mean next-token cross-entropy over positions 1..T-1 of each sample (every token "
                                              "after the first; text samples start with the tokenizer's BOS)")},
@@ -140,12 +148,14 @@ Attrs influence_descriptions(bool last_only) {
 }
 
 const std::vector<std::string>& influence_identity_keys() {
-    static const std::vector<std::string> keys = {"corpus_sha256", "heads", "control_seed", "loss_tokens", "max_tokens",
-                                                  "chunk", "max_rows"};
+    static const std::vector<std::string> keys = {"corpus_sha256", "heads", "masking", "control_seed", "loss_tokens",
+                                                  "max_tokens", "chunk", "max_rows"};
     return keys;
 }
 
-Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done) { return {{"n_selected", n_selected}, {"n_done", n_done}}; }
+Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done, int64_t tokens_selected, int64_t tokens_done) {
+    return {{"n_selected", n_selected}, {"n_done", n_done}, {"tokens_selected", tokens_selected}, {"tokens_done", tokens_done}};
+}
 
 Attrs influence_run_attrs(int64_t forwards) { return {{"forwards", forwards}}; }
 
@@ -167,5 +177,10 @@ InfluenceShardInfo influence_shard_info(const Attrs& a) {
 }
 
 std::optional<double> influence_select_fraction(const Attrs& a) { return parse_double(text_of(a, "select_fraction")); }
+
+std::string influence_select_by(const Attrs& a) {
+    const std::string s = text_of(a, "select_by");
+    return s.empty() ? "samples" : s;
+}
 
 }  // namespace hs::schema

@@ -51,18 +51,22 @@ struct InfluenceParams {
     int64_t distinct_controls_possible = 0;  // random_head_sets' count of distinct control sets
     int64_t control_seed = 0, max_tokens = 0, n_truncated = 0, max_rows = 0, chunk = 0;
     bool last_only = false;                  // loss_tokens "last" (the last token alone), else "all"
+    std::string masking;                     // the intervention's name: "zero-query" or "zero"
     double select_fraction = 0;
+    std::string select_by;                   // "tokens" or "samples": what the fraction counts
 };
 // /influence's attributes for them, the descriptions included (the shard's, the ranking's counts and
 // the forwards are added as the job runs).
 Attrs influence_attrs(const InfluenceParams& p);
-// /influence's description attributes (masking, loss, score); last_only: --loss-tokens last.
-Attrs influence_descriptions(bool last_only);
+// /influence's description attributes (masking_description, loss, score) for the masking's name
+// ("zero-query", "zero"); last_only: --loss-tokens last.
+Attrs influence_descriptions(const std::string& masking, bool last_only);
 // The attributes two files of one influence job agree on (a resume and a merge compare them), in the
 // order a difference is reported.
 const std::vector<std::string>& influence_identity_keys();
-// The ranking's counts (n_selected, n_done), recomputed by every write and by a merge.
-Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done);
+// The ranking's counts (n_selected, n_done, tokens_selected, tokens_done), recomputed by every write
+// and by a merge.
+Attrs influence_ranking_attrs(int64_t n_selected, int64_t n_done, int64_t tokens_selected, int64_t tokens_done);
 // The forward passes this run made (a merge keeps the first shard's).
 Attrs influence_run_attrs(int64_t forwards);
 // A stored /influence's shard attributes (jobs::shard_attrs, jobs::merged_attrs) as a merge reads them:
@@ -76,5 +80,7 @@ struct InfluenceShardInfo {
 InfluenceShardInfo influence_shard_info(const Attrs& a);
 // Its select_fraction (nullopt when absent: a damaged file).
 std::optional<double> influence_select_fraction(const Attrs& a);
+// Its select_by ("samples" for a file written before the attribute existed, which selected by samples).
+std::string influence_select_by(const Attrs& a);
 
 }  // namespace hs::schema

@@ -134,6 +134,7 @@ const PathEntry kLayout[] = {
     {"/influence/done", K::kDataset, "influence"},
     {"/influence/masks", K::kDataset, "influence"},
     {"/influence/preview", K::kDataset, "influence"},
+    {"/influence/length", K::kDataset, "influence"},
     {"/retrieval/streaming", K::kGroup, "streaming"},
     {"/retrieval/streaming/fractions", K::kDataset, "streaming"},
     {"/retrieval/streaming/full_heads", K::kDataset, "streaming"},
@@ -748,6 +749,7 @@ void write_influence(ResultWriter& w, const InfluenceRecord& r) {
     put(w, influence("done"), r.done, {r.N});
     put(w, influence("masks"), r.masks, {r.S, r.L, r.H});
     put(w, influence("preview"), r.preview);
+    put(w, influence("length"), r.length, {r.N});
     attrs(w, influence(), r.attrs);
 }
 
@@ -869,6 +871,8 @@ InfluenceRecord read_influence(const ResultReader& r) {
     for (double v : need(r, influence("done"), {x.N}).values) x.done.push_back(static_cast<uint8_t>(v));
     for (double v : mk.values) x.masks.push_back(static_cast<uint8_t>(v));
     const Dataset pv = r.read(influence("preview"));
+    // length: absent in files written before selection by tokens (0 each: such a file selected by samples)
+    x.length = r.exists(influence("length")) ? longs(need(r, influence("length"), {x.N})) : std::vector<int64_t>(static_cast<size_t>(x.N), 0);
     if (!pv.is_string || static_cast<int64_t>(pv.strings.size()) != x.N)
         throw StorageError(r.path() + ": " + influence("preview") + " is not " + std::to_string(x.N) + " strings; damaged file");
     x.preview = pv.strings;

@@ -312,6 +312,7 @@ struct InfluenceRecord {
     std::vector<float> loss;                  // [N] mean next-token loss, no head masked
     std::vector<float> masked_loss, score;    // [S, N]; score = (masked_loss - loss) / loss
     std::vector<int64_t> n_tokens, line;      // [N] tokens scored, the corpus line
+    std::vector<int64_t> length;              // [N] tokens in the corpus (before the cut; 0: a file from before it was kept)
     std::vector<int64_t> rank;                // [N] sample indices by set 0's score, highest first
     std::vector<uint8_t> selected, truncated; // [N]
     std::vector<uint8_t> done;                // [N] the sample's losses were computed (a shard's own)
