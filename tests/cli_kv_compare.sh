@@ -8,7 +8,8 @@
 # L1H0-2) beats the mean of random orders at every budget that keeps up to those three whole, at the
 # same measured memory; HeadKV (R2) beats uniform SnapKV at the smallest budget. Killed (SIGKILL) mid-
 # comparison, --resume finishes it to the uninterrupted file and table, and refuses a partial comparison
-# of other budgets in one line. Prints the tables it gets.
+# of other budgets in one line. Ada-KV and CriticalAdaKV keep exactly snapkv's memory, and kvpress's code
+# step by step recomputes the fixture their selection is tested against. Prints the tables it gets.
 # Usage: cli_kv_compare.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -123,6 +124,35 @@ ok "the study from its YAML file" -- "$HS" -q retrieval --config "$ROOT/datasets
 check "the YAML study prints the same table as the command line" -- diff <(sed -n '/^policy/,$p' "$TMP/out") <(sed -n '/^policy/,$p' "$TMP/table")
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws accuracy against the KV cache kept" -- grep -q "KV-cache policies at equal memory" "$TMP/r.html"
+
+# Ada-KV and CriticalAdaKV (kvpress's AdaKVPress, CriticalAdaKVPress): SnapKV's scores selected across a
+# layer's KV heads, at the memory per-head SnapKV keeps; their selection equals kvpress's code run step
+# by step (tests/adakv_reference.py: the fixture unit_kv_adakv compares with is what it computes).
+ok "adakv and critical-adakv beside snapkv" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80,120 --score retrieval \
+  --kv-compare full,snapkv,adakv,critical-adakv --kv-budgets 0.2,0.31,0.42 --kv-compress-at question "${K[@]}" --out "$TMP/ada.h5"
+sed -n '/^KV-cache policies/,$p' "$TMP/out"
+if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
+  check "adakv and critical-adakv keep the memory snapkv keeps, at every budget (the table, the file)" -- "$PY" - "$TMP/ada.h5" <<'PYEOF'
+import h5py, numpy as np, sys
+g = h5py.File(sys.argv[1], 'r')['retrieval/kv_compare']
+pol = [p.decode() if isinstance(p, bytes) else p for p in g['policies'][()]]
+assert pol == ['full', 'snapkv', 'adakv', 'critical-adakv'], pol
+f = g['kv_fraction'][()]
+assert (f[2] == f[1]).all() and (f[3] == f[1]).all() and (f[1] < 0.45).all(), f
+assert (g['kv_bytes'][2] == g['kv_bytes'][1]).all() and (g['kv_bytes'][3] == g['kv_bytes'][1]).all()
+for a in ('adakv_alpha', 'critical_epsilon', 'critical_first_stage_ratio'):
+    assert a in g.attrs, a
+assert g.attrs['adakv_alpha'] == 0.2 and g.attrs['critical_first_stage_ratio'] == 0.5
+PYEOF
+fi
+ok "report of the Ada-KV comparison" -- "$HS" -q report "$TMP/ada.h5" --out "$TMP/ada.html"
+check "the report's chart names adakv and critical-adakv" -- grep -q "critical-adakv" "$TMP/ada.html"
+if [ -x /usr/bin/python3 ] && /usr/bin/python3 -c "import torch" 2>/dev/null; then
+  ok "kvpress's selection, step by step, recomputes the fixture unit_kv_adakv checks headscope against" -- \
+    /usr/bin/python3 "$ROOT/tests/adakv_reference.py" check "$ROOT/tests/fixtures/adakv/reference.json"
+else
+  echo "skipped the Ada-KV reference harness: no /usr/bin/python3 with torch"
+fi
 
 # Killed (SIGKILL) during the comparison, after a checkpoint of its partial state, then --resume: the
 # scan re-runs nothing and the comparison decodes only the work items the kill left, to the

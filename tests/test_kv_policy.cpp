@@ -363,7 +363,7 @@ TEST_CASE("kv policy: a fixed capacity per head as a column, and the fraction of
 }
 
 TEST_CASE("kv policy: the registry holds each policy once and finds it by the name --kv-compare lists") {
-    CHECK(kv_policy_names() == "full, snapkv, headkv, duo, razor, stream:SCORE");
+    CHECK(kv_policy_names() == "full, snapkv, headkv, duo, razor, stream:SCORE, adakv, critical-adakv");
     std::set<std::string> seen;
     for (const KvPolicy* p : kv_policies()) CHECK(seen.insert(p->name()).second);
     for (const KvPolicy* p : kv_policies())

@@ -314,8 +314,8 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
     const int64_t Bn = static_cast<int64_t>(columns.size()), R = spec.random_orders;
     HS_REQUIRE(N > 0 && Pn > 0 && Bn > 0, "run_kv_compare: no trial, policy, budget or capacity");
     check_scores(spec, sh);
-    bool need_snap = false;
-    for (const auto& p : spec.policies) need_snap |= p.policy->needs_snapkv();
+    bool need_snap = false, need_vo = false;
+    for (const auto& p : spec.policies) need_snap |= p.policy->needs_snapkv(), need_vo |= p.policy->needs_vo_norms();
     KvCompare out;
     for (const auto& col : columns) out.budgets.push_back(col.budget), out.capacities.push_back(col.capacity > 0 ? col.capacity : -1);
     out.trials = N, out.random_orders = R;
@@ -333,8 +333,20 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
         prog.finish();
         out.score_passes = N;
     }
+    // CriticalKV's value norms, one more whole prefill per trial (critical-adakv).
+    auto vo = std::make_shared<std::map<const Trial*, at::Tensor>>();
+    if (need_vo) {
+        Progress prog("CriticalKV value norms", N);
+        for (const auto& t : trials) {
+            const std::vector<int64_t> head(t.prompt.begin(), t.prompt.begin() + spec.compress_at(t));
+            (*vo)[&t] = critical_vo_norms(m, head, test.config().decode.prefill_chunk);
+            prog.tick();
+        }
+        prog.finish();
+        out.score_passes += N;
+    }
 
-    const KvContext ctx{spec, sh, trials, pooled};
+    const KvContext ctx{spec, sh, trials, pooled, vo};
     const KvPlan pl = plan_configs(ctx);
     out.distinct_sets = static_cast<int64_t>(pl.sets.size());
     schema::KvComparePartialRecord st = start_state(pl, test, m, spec, job);

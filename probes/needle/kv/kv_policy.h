@@ -21,6 +21,11 @@
 //                                                              selection by default); the others compressed once:
 //                                                              4 sink + 1 mean token + 251 recent (4 + 252 without it)
 //   stream:S any [L, H] score S                                as duo, ordered by S
+//   adakv    NVIDIA/kvpress AdaKVPress (FFY0/AdaKV)             a layer's K C entries (C = g B per KV head) by
+//                                                              SnapKV's score across its KV heads, each head
+//                                                              at least its int(0.2 C) best (kv_adakv.h)
+//   critical-adakv  kvpress CriticalAdaKVPress                 as adakv, half of each head's budget then
+//                                                              refilled by score x ||v W_O||_1
 //
 // A column of the comparison is a budget, a fraction of the full cache (L K P entries; P: the positions
 // compressed, the prompt or its context, KvCompareSpec::question_tokens), or a capacity C in tokens per
@@ -63,6 +68,11 @@ struct SnapKVSettings {
 // the window queries (ReasonSnapKVCluster: mean; SnapKVCluster sums, the same order), max-pooled over
 // positions. [L, H, P - window] float, CPU; width 0 when P <= window.
 at::Tensor snapkv_scores(const Model& m, const std::vector<int64_t>& prompt, const SnapKVSettings& s, int64_t chunk);
+
+// CriticalKV's value norms (kvpress criticalkv_press.py l. 57-76, vwl1norm) of a prompt (one whole,
+// unablated prefill): per layer, KV head and position, ||v W_O^h||_1 (W_O without the output bias)
+// averaged over the group's query heads. [L, K, P] float, CPU (kv_critical-adakv.cpp).
+at::Tensor critical_vo_norms(const Model& m, const std::vector<int64_t>& prompt, int64_t chunk);
 
 // One layer's kept positions [H, P] bool: head h keeps its cap[h] best prefix positions (descending
 // pooled score; ties to the earlier position) and the window [P - w, P). pooled [H, P - w].
@@ -167,6 +177,8 @@ struct KvContext {
     // SnapKV's pooled observation-window scores per trial [L, H, P - w] (filled when a listed policy
     // needs_snapkv()).
     std::shared_ptr<const std::map<const Trial*, at::Tensor>> pooled;
+    // CriticalKV's value norms per trial [L, K, P] (filled when a listed policy needs_vo_norms()).
+    std::shared_ptr<const std::map<const Trial*, at::Tensor>> vo_norms;
     // > 0: this column's fixed capacity in tokens per query head (the budget passed beside it is then
     // kv_capacity_fraction of it); 0: the column is the budget alone.
     int64_t capacity = 0;
@@ -195,6 +207,7 @@ public:
     // kOwn: the score and *source (where it came from); UsageError with param razor_preset for a bad preset.
     virtual at::Tensor own_score(const Model& m, const KvCompareSpec& s, std::string* source) const;
     virtual bool needs_snapkv() const { return false; }  // SnapKV's pooled scores, one prefill per trial
+    virtual bool needs_vo_norms() const { return false; }  // CriticalKV's value norms, one prefill per trial
     // The spec's settings of this policy, checked whether or not it is listed: UsageError with the
     // setting's name as param (snapkv_kernel, headkv_temp).
     virtual void check_settings(const KvCompareSpec&) const {}

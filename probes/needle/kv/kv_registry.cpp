@@ -13,6 +13,8 @@ const KvPolicy& kv_headkv();
 const KvPolicy& kv_duo();
 const KvPolicy& kv_razor();
 const KvPolicy& kv_stream();
+const KvPolicy& kv_adakv();
+const KvPolicy& kv_critical_adakv();
 
 const std::vector<const KvPolicy*>& kv_policies() {
     static const std::vector<const KvPolicy*> rows = {
@@ -22,6 +24,8 @@ const std::vector<const KvPolicy*>& kv_policies() {
         &kv_duo(),    // DuoAttention, whole groups by the gates
         &kv_razor(),  // RazorAttention, whole groups by its head selection
         &kv_stream(), // stream:S, DuoAttention's deployment by any score
+        &kv_adakv(),  // Ada-KV, SnapKV's scores selected across a layer's KV heads
+        &kv_critical_adakv(),  // CriticalAdaKV, Ada-KV with the value norms' second stage
     };
     return rows;
 }
