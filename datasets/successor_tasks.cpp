@@ -13,10 +13,13 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& successor_t
                                       "eighteen", "nineteen", "twenty"}});
         t.push_back({"cardinal_words", {"first", "second", "third", "fourth", "fifth", "sixth", "seventh", "eighth",
                                         "ninth", "tenth"}});
-        t.push_back({"days", {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"}});
-        t.push_back({"day_prefixes", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}});
+        // The reference's order and wrap-arounds (curt-tigges/circuits-over-time test_successor_head.py
+        // lines 11-19): days and months end on their first word again (Sunday -> Monday, December ->
+        // January); the prefixes do not wrap.
+        t.push_back({"days", {"Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday", "Monday"}});
         t.push_back({"months", {"January", "February", "March", "April", "May", "June", "July", "August", "September",
-                                "October", "November", "December"}});
+                                "October", "November", "December", "January"}});
+        t.push_back({"day_prefixes", {"Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"}});
         t.push_back({"month_prefixes", {"Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov",
                                         "Dec"}});
         std::vector<std::string> letters;

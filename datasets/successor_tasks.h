@@ -1,7 +1,9 @@
 // The ordinal sequences of the successor-head paper (Gould et al. 2023, "Successor Heads: Recurring,
-// Interpretable Attention Heads In The Wild", section 2): numbers 1-200, number words, cardinal
-// (ordinal) words, days and their prefixes, months and their prefixes, letters. `headscope successor`
-// scores heads on these unless --tasks names a file; `--print-tasks` writes them as that file's JSON.
+// Interpretable Attention Heads In The Wild", section 2) as the public reimplementation lists them
+// (curt-tigges/circuits-over-time test_successor_head.py lines 11-19): numbers 1-200, number words,
+// cardinal (ordinal) words, days and months (each wrapping: its first word again at the end), day and
+// month prefixes, letters. `headscope successor` scores heads on these unless --tasks names a file;
+// `--print-tasks` writes them as that file's JSON.
 #pragma once
 
 #include <string>

@@ -57,27 +57,54 @@ if [ -n "$TD" ]; then
   no_file "$TMP/q2.h5"
   expect "qk-spectrum no model" 4 "nonexistent" -- "$HS" qk-spectrum "$TMP/nonexistent.bin" --out "$TMP/q2.h5"
   no_file "$TMP/q2.h5"
-  # successor: tinystories-656k spells a word as "▁" then the word, so only the letters are single tokens
-  # (the "piece" form); every other default task is skipped and said so.
+  # successor: tinystories-656k spells a word as "▁" then the word (the "piece" form): the letters and
+  # the digits 1-9 are single tokens, so numbers keeps 8 of its 199 pairs (per-pair skipping) and the
+  # other tasks are skipped; each is said so.
   PY=$(bash "$(dirname "$0")/../scripts/find_python.sh" h5py numpy) || { echo "FAIL: no Python with h5py"; exit 1; }
+  ROOT="$(cd "$(dirname "$0")/.." && pwd)"
   ok "successor (default tasks)" -- "$HS" successor "$M" --out "$TMP/s.h5" --top 3
-  check "successor prints the scored task" -- grep -qE "^  L[0-9]+H[0-9]+ +[0-9.]+ +[0-9.]+$" "$TMP/out"
-  check "successor reports skipped tasks" -- grep -q "task 'days': 0 of 7 words are single tokens: skipped" "$TMP/err"
-  check "successor: task_score is [T, L, H]" -- "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); g=f['scores/successor']; assert g['task_score'].shape==(1,2,8), g['task_score'].shape; assert list(g.attrs['tasks'])==['letters']; assert g['successor_rank'].shape==(2,8,25)" "$TMP/s.h5"
+  check "successor prints the scored tasks" -- grep -qE "^  L[0-9]+H[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+$" "$TMP/out"
+  check "successor prints the pairs skipped" -- grep -q "^successor score (33 pairs in 2 tasks; 255 pairs skipped for a multi-token word)" "$TMP/out"
+  check "successor prints the heads above 0.4" -- grep -q "^successor heads (score > 0.4): none$" "$TMP/out"
+  check "successor reports a skipped task" -- grep -q "task 'days': 0 of 8 words are single tokens, no pair of two: skipped" "$TMP/err"
+  check "successor reports skipped pairs" -- grep -q "task 'numbers': 9 of 200 words are single tokens (piece form): 191 of 199 pairs skipped" "$TMP/err"
+  check "successor: the file's shapes and attributes" -- "$PY" -c "import h5py,sys; f=h5py.File(sys.argv[1]); g=f['scores/successor']; assert g['task_score'].shape==(2,2,8), g['task_score'].shape; assert list(g.attrs['tasks'])==['numbers','letters']; assert g['successor_rank'].shape==(2,8,33); assert g['successor_head'].shape==(2,8); assert g.attrs['threshold']==0.4; assert g.attrs['embedding']=='reference' and g.attrs['ties']=='success'; assert g.attrs['n_skipped_pairs']==255; assert list(g.attrs['task_skipped_pairs'])==[191,19,9,7,12,6,11,0]" "$TMP/s.h5"
+  # The independent check (tests/successor_check.py: test_successor_head.py's lines in numpy, its own BPE).
+  ok "successor_check: its BPE against the tokenizer vectors" -- "$PY" "$ROOT/tests/successor_check.py" "$M" --self-test "$TD/tokenizer_vectors.json"
+  ok "successor_check: the default run agrees with the reference lines" -- "$PY" "$ROOT/tests/successor_check.py" "$M" "$TMP/s.h5"
+  ok "successor --embedding headscope --ties fail" -- "$HS" successor "$M" --embedding headscope --ties fail --out "$TMP/s-former.h5" --top 0
+  ok "successor_check: headscope's options agree" -- "$PY" "$ROOT/tests/successor_check.py" "$M" "$TMP/s-former.h5" --embedding headscope --ties fail
+  check "successor_check: the two representations differ on the fixture" -- bash -c "! \"$PY\" \"$ROOT/tests/successor_check.py\" \"$M\" \"$TMP/s-former.h5\" >/dev/null"
+  # A planted copy (L1H3 a successor head on a task file with a wrap-around and a multi-token pair, L1H5
+  # zeroed): heads above 0.4, the wrap and ties, each checked against the reference lines.
+  printf '{"letter_cycle": ["A","B","C","D","E","F","G","H","A"], "digits": ["1","2","3","4","5","6","7","8","9"], "teens": ["8","9","10","11"]}' >"$TMP/cycle.json"
+  ok "successor_check --plant" -- "$PY" "$ROOT/tests/successor_check.py" "$M" --tasks "$TMP/cycle.json" --plant "$TMP/planted"
+  for ties in success fail; do
+    ok "successor on the planted copy (ties $ties)" -- "$HS" successor "$TMP/planted" --tasks "$TMP/cycle.json" --ties $ties --out "$TMP/p-$ties.h5" --top 2
+    ok "successor_check: planted, ties $ties" -- "$PY" "$ROOT/tests/successor_check.py" "$TMP/planted" "$TMP/p-$ties.h5" --tasks "$TMP/cycle.json" --ties $ties
+  done
+  check "planted: the successor head and the zeroed head (ties succeed) pass 0.4" -- "$PY" -c "import h5py,sys; g=h5py.File(sys.argv[1])['scores/successor']; assert list(g.attrs['successor_heads'])==['L1H3','L1H5'], g.attrs['successor_heads']; assert g['score'][1,3]==1.0 and g['score'][1,5]==1.0; assert g['successor_head'][()].sum()==2; assert list(g.attrs['task_skipped_pairs'])==[0,0,2]; assert list(g['target_tokens'][()])[7]==list(g['source_tokens'][()])[0]" "$TMP/p-success.h5"
+  check "planted: with --ties fail only the successor head passes" -- "$PY" -c "import h5py,sys; g=h5py.File(sys.argv[1])['scores/successor']; assert list(g.attrs['successor_heads'])==['L1H3']; assert g['score'][1,5]==0.0" "$TMP/p-fail.h5"
   ok "successor report" -- "$HS" report "$TMP/s.h5" --out "$TMP/s.html"
-  check "report: the successor per-task table and the skipped tasks" -- grep -q "<td>letters</td><td>26</td><td>piece</td>.*days (0 of 7 words single tokens)" "$TMP/s.html"
+  check "report: the successor per-task table and the skipped tasks" -- grep -q "<td>numbers</td><td>200</td><td>piece</td>.*<td>letters</td><td>26</td><td>piece</td>.*days (0 of 8 words single tokens)" "$TMP/s.html"
   "$HS" successor "$M" --print-tasks >"$TMP/tasks.json" 2>/dev/null
+  check "successor --print-tasks: days wrap" -- grep -qzE '"days": \[[^]]*"Sunday",[^]]*"Monday"' "$TMP/tasks.json"
   check "successor --print-tasks is a task file" -- "$HS" successor "$M" --tasks "$TMP/tasks.json" --out "$TMP/s2.h5" --top 0
   check "successor --tasks FILE = the default" -- "$PY" -c "import h5py,sys,numpy as np; a=h5py.File(sys.argv[1])['scores/successor/score'][()]; b=h5py.File(sys.argv[2])['scores/successor/score'][()]; assert np.array_equal(a,b)" "$TMP/s.h5" "$TMP/s2.h5"
   printf '{"days": ["Monday", "Tuesday"]}' >"$TMP/multi.json"
-  expect "successor: no single-token task" 5 "multi.json: no task's words are all single tokens" -- "$HS" successor "$M" --tasks "$TMP/multi.json" --out "$TMP/s3.h5"
+  expect "successor: no single-token pair" 5 "multi.json: no task has a pair of single-token words" -- "$HS" successor "$M" --tasks "$TMP/multi.json" --out "$TMP/s3.h5"
   no_file "$TMP/s3.h5"
   printf '{}' >"$TMP/empty.json"
   expect "successor: empty task list" 5 "empty.json: no tasks" -- "$HS" successor "$M" --tasks "$TMP/empty.json" --out "$TMP/s3.h5"
   printf '{"a": ["x", "y"' >"$TMP/trunc.json"
   expect "successor: truncated JSON" 5 "trunc.json:1: not valid JSON" -- "$HS" successor "$M" --tasks "$TMP/trunc.json" --out "$TMP/s3.h5"
+  printf '{"a": ["x", "y", "x", "z"]}' >"$TMP/twice.json"
+  expect "successor: a repeat that is not a wrap" 5 "twice.json: task \"a\" lists \"x\" twice" -- "$HS" successor "$M" --tasks "$TMP/twice.json" --out "$TMP/s3.h5"
   no_file "$TMP/s3.h5"
-  expect "successor: bad embedding" 2 "--embedding: 'foo' is not mlp0, effective or raw" -- "$HS" successor "$M" --embedding foo --out "$TMP/s3.h5"
+  expect "successor: bad embedding" 2 "--embedding: 'foo' is not reference, headscope, effective or raw" -- "$HS" successor "$M" --embedding foo --out "$TMP/s3.h5"
+  expect "successor: bad ties" 2 "--ties: 'maybe' is not success or fail" -- "$HS" successor "$M" --ties maybe --out "$TMP/s3.h5"
+  expect "successor: bad threshold" 2 "--threshold" -- "$HS" successor "$M" --threshold 2 --out "$TMP/s3.h5"
+  no_file "$TMP/s3.h5"
   expect "successor: no --out" 2 "--out is required" -- "$HS" successor "$M"
 else
   echo "skipped the test-data checks: ../shared/testdata not found"

@@ -44,6 +44,7 @@ const PathEntry kLayout[] = {
     {"/scores/maps/<relation>/target_rank", K::kDataset, "scores"},
     {"/scores/maps/<relation>/source_tokens", K::kDataset, "scores"},
     {"/scores/maps/<relation>/target_tokens", K::kDataset, "scores"},
+    {"/scores/successor/successor_head", K::kDataset, "scores"},
     {"/scores/successor/task_score", K::kDataset, "scores"},
     {"/scores/successor/successor_rank", K::kDataset, "scores"},
     {"/scores/successor/predicted", K::kDataset, "scores"},

@@ -238,17 +238,21 @@ void write_qk_rank(ResultWriter& w, const QkRankRecord& r) {
 void write_successor(ResultWriter& w, const SuccessorRecord& r) {
     const int64_t L = r.L, H = r.H, N = r.N;
     std::vector<std::string> used, skipped, names, forms;
-    std::vector<int64_t> n_words, n_single;
+    std::vector<int64_t> n_words, n_single, n_pairs, n_skipped;
+    int64_t skipped_pairs = 0;
     for (const auto& t : r.tasks) {
         (t.form.empty() ? skipped : used).push_back(t.name);
         names.push_back(t.name);
         forms.push_back(t.form.empty() ? "skipped" : t.form);
         n_words.push_back(t.words);
         n_single.push_back(t.single_tokens);
+        n_pairs.push_back(t.pairs);
+        n_skipped.push_back(t.skipped_pairs);
+        skipped_pairs += t.skipped_pairs;
     }
     const auto T = static_cast<int64_t>(used.size());
     Attrs a{{"probe", std::string("successor")},
-            {"tasks_source", r.tasks_file.empty() ? std::string("the paper's tasks (datasets/successor_tasks.cpp)")
+            {"tasks_source", r.tasks_file.empty() ? std::string("the reference's tasks (datasets/successor_tasks.cpp)")
                                                   : r.tasks_file},
             {"tasks", used},
             {"skipped_tasks", skipped},
@@ -256,14 +260,25 @@ void write_successor(ResultWriter& w, const SuccessorRecord& r) {
             {"task_form", forms},
             {"task_words", n_words},
             {"task_single_tokens", n_single},
+            {"task_pairs", n_pairs},
+            {"task_skipped_pairs", n_skipped},
+            {"n_skipped_pairs", skipped_pairs},
             {"embedding", r.embedding},
             {"source_representation", r.source_representation},
+            {"ties", r.ties},
+            {"threshold", r.threshold},
+            {"successor_heads", r.successor_heads},
             {"n_scored", N}};
     Attrs sa = a;
-    sa["description"] = std::string("fraction of scored tokens (every task word but the last) whose successor has the "
-                                    "largest logit of e(t) W_V W_O W_U^T among its task's tokens (ties count against)");
+    sa["description"] = std::string("fraction of scored pairs (each word of a task and the next, both one token) whose "
+                                    "successor's logit of e(t) W_V W_O W_U^T is the largest among its task's tokens "
+                                    "(the ties attribute: success when it equals the largest, fail unless it exceeds "
+                                    "every other)");
     ScoreGroup g{"successor", a, {}};
     g.datasets.push_back({"score", {{L, H}, r.score, sa}});
+    g.datasets.push_back({"successor_head", {{L, H}, r.successor_head,
+                                             {{"description", std::string("1 where score > threshold (a successor head), "
+                                                                          "else 0")}}}});
     sa["description"] = std::string("the same fraction per task (the tasks attribute's order)");
     g.datasets.push_back({"task_score", {{T, L, H}, r.task_score, sa}});
     g.datasets.push_back({"successor_rank", {{L, H, N}, r.successor_rank, {}}});

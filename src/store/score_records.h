@@ -127,18 +127,22 @@ struct QkRankRecord {
 };
 void write_qk_rank(ResultWriter& w, const QkRankRecord& r);
 
-// ---- `successor`: /scores/successor (N scored tokens over the tasks kept)
+// ---- `successor`: /scores/successor (N scored pairs over the tasks kept)
 struct SuccessorRecord {
     int64_t L = 0, H = 0, N = 0;
-    std::string tasks_file;                     // "": the paper's default tasks
+    std::string tasks_file;                     // "": the reference's default tasks
     struct Task {
         std::string name;
-        std::string form;                       // "": skipped (a word is not one token)
+        std::string form;                       // "": skipped (no pair of single-token words)
         int64_t words = 0, single_tokens = 0;
+        int64_t pairs = 0, skipped_pairs = 0;   // pairs dropped for a multi-token word
     };
     std::vector<Task> tasks;                    // every task, in order
-    std::string embedding, source_representation;
+    std::string embedding, source_representation, ties;
+    double threshold = 0.4;
+    std::vector<std::string> successor_heads;   // the heads above the threshold ("L1H7"), in (layer, head) order
     std::vector<float> score;                   // [L, H]
+    std::vector<int32_t> successor_head;        // [L, H] 1 where score > threshold
     std::vector<float> task_score;              // [T, L, H], T the tasks kept
     std::vector<int64_t> successor_rank;        // [L, H, N]
     std::vector<int32_t> predicted;             // [L, H, N]
