@@ -4,7 +4,7 @@
 # the 16 rows that end in a recall answer above the 16 that end in filler (>= 14 of the top 16
 # selected); the file's scores are (masked - loss) / loss of its own losses; `export --table influence`
 # writes the ranked table; the report draws the section; --from/--top takes the heads from a score
-# file; two shards merged equal the unsharded run and --resume keeps finished chunks; --masking (the
+# file (a detect result, and a retrieval scan: the paper's route, whose top 3 on the toy are the recall heads); two shards merged equal the unsharded run and --resume keeps finished chunks; --masking (the
 # default zero-query, and zero) is recorded and a resume or merge across maskings is refused;
 # --select-by tokens (the default) selects the samples a recomputation from the file's rank and
 # lengths selects; bad corpora and flags are one line, the documented exit code, and no file left behind.
@@ -87,6 +87,18 @@ check "report draws the AttentionInfluence section" -- grep -q "AttentionInfluen
 ok "detect for --from" -- "$HS" detect "$TOY" --out "$TMP/d.h5"
 ok "influence --from --top" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/d.h5:scores/induction/score" --top 2 --out "$TMP/i2.h5"
 check "--from recorded" -- "$PY" -c "import h5py,sys; a=h5py.File(sys.argv[1])['influence'].attrs['heads_source']; assert 'top 2 of' in str(a), a" "$TMP/i2.h5"
+# The paper's route to its heads: a retrieval scan (Wu et al.'s copy-paste score) first, its top 3 then
+# masked. On the toy the scan ranks the recall heads L1H0, L1H1, L1H2 first, so the run equals the named one.
+ok "retrieval scan for --from" -- "$HS" retrieval "$TOY" --haystack datasets/needles/toy_recall_haystack.txt \
+  --needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 24 --max-new-tokens 1 --out "$TMP/scan.h5"
+ok "influence --from the scan --top 3" -- "$HS" influence "$TOY" --corpus "$C" --from "$TMP/scan.h5:scores/retrieval/score" --top 3 \
+  --loss-tokens last --select-fraction 0.5 --random-controls 3 --out "$TMP/i3.h5"
+check "the scan's top 3 are the recall heads; the same scores as --heads" -- "$PY" -c "
+import h5py, numpy as np, sys
+a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+assert b.attrs['heads'][0] == 'L1H0,L1H1,L1H2', b.attrs['heads']
+assert np.array_equal(a['score'][()][0], b['score'][()][0]) and np.array_equal(a['selected'][()], b['selected'][()])
+" "$TMP/i.h5" "$TMP/i3.h5"
 
 # Shards and resume: two shards (chunks of 5 samples) merged equal the unsharded run bit for bit;
 # --resume of a finished file computes nothing and changes nothing; another run's file is refused.
