@@ -302,3 +302,35 @@ TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked att
         CHECK(fused < 5e-2);
     }
 }
+
+TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits independent of the rows beside it") {
+    // The kernel sums in another order than BLAS: within 1e-5 of the output's largest magnitude.
+    torch::manual_seed(7);
+    for (int64_t D : {5, 8, 64, 77}) {
+        const auto w = torch::randn({300, D}), b = torch::randn({300});
+        const auto x = torch::randn({8, D});
+        for (int64_t R = 1; R <= 8; ++R) {
+            const auto xs = x.narrow(0, 0, R);
+            for (bool bias : {false, true}) {
+                const auto ref = torch::matmul(xs.to(torch::kDouble), w.to(torch::kDouble).t()) +
+                                 (bias ? b.to(torch::kDouble) : torch::zeros({300}, torch::kDouble));
+                const auto y = blocks::gemv_rows(xs.view({R, 1, D}), w, bias ? b : at::Tensor());
+                REQUIRE(y.defined());
+                CHECK(y.sizes() == std::vector<int64_t>{R, 1, 300});
+                const double err = (y.view({R, 300}).to(torch::kDouble) - ref).abs().max().item<double>();
+                CHECK(err <= 1e-5 * std::max(1.0, ref.abs().max().item<double>()));
+                for (int64_t r = 0; r < R; ++r)  // alone == in the batch, bit for bit
+                    CHECK(torch::equal(blocks::gemv_rows(xs.narrow(0, r, 1), w, bias ? b : at::Tensor())[0],
+                                       y.view({R, 300})[r]));
+                // and linear() takes it for such rows
+                CHECK(torch::equal(blocks::linear(xs, w, bias ? b : at::Tensor(), false), y.view({R, 300})));
+            }
+        }
+    }
+    // Where it does not apply, the caller's GEMM runs: 9 rows, float64, autograd, a transposed weight.
+    const auto w = torch::randn({16, 8});
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({9, 8}), w, {}).defined());
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}, torch::kDouble), w.to(torch::kDouble), {}).defined());
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}).requires_grad_(true), w, {}).defined());
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 16}), w.t(), {}).defined());
+}

@@ -3,7 +3,10 @@
 #include "errors.h"
 #include "torch_compat.h"
 
+#include <ATen/Parallel.h>
+
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <tuple>
 
@@ -31,6 +34,84 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
     return x;
 }
 
+// At most this many rows go through gemv_rows instead of a GEMM (blocks::linear, unembed).
+constexpr int64_t kGemvRows = 8;
+
+namespace {
+
+// y[r, n] = sum_d w[n, d] x[r, d] for rows r < R of x, outputs n in [n0, n1): each weight row is
+// read once for every row of x. A row's sum is formed in the same order whatever R, so a row's bits
+// do not depend on the rows beside it (a row decoded alone equals itself in a batch).
+template <int R>
+inline __attribute__((always_inline)) void dot_rows(const float* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                    float* y, int64_t ldy) {
+    typedef float v8 __attribute__((vector_size(32)));
+    for (int64_t n = n0; n < n1; ++n) {
+        const float* wn = w + n * D;
+        v8 acc[R];
+        for (int r = 0; r < R; ++r) acc[r] = v8{0, 0, 0, 0, 0, 0, 0, 0};
+        int64_t d = 0;
+        for (; d + 8 <= D; d += 8) {
+            v8 wv;
+            std::memcpy(&wv, wn + d, sizeof wv);
+            for (int r = 0; r < R; ++r) {
+                v8 xv;
+                std::memcpy(&xv, x + r * D + d, sizeof xv);
+                acc[r] += wv * xv;
+            }
+        }
+        for (int r = 0; r < R; ++r) {
+            const v8 a = acc[r];
+            float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+            for (int64_t e = d; e < D; ++e) sum += wn[e] * x[r * D + e];
+            y[r * ldy + n] = sum;
+        }
+    }
+}
+
+// One clone for AVX2 machines and a baseline one, picked at load time (no CPU feature assumed); no
+// FMA contraction in either, so both give the same bits.
+__attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const float* w, const float* x,
+                                                                             int64_t D, int64_t n0, int64_t n1,
+                                                                             float* y, int64_t ldy) {
+    switch (R) {
+        case 1: dot_rows<1>(w, x, D, n0, n1, y, ldy); break;
+        case 2: dot_rows<2>(w, x, D, n0, n1, y, ldy); break;
+        case 3: dot_rows<3>(w, x, D, n0, n1, y, ldy); break;
+        case 4: dot_rows<4>(w, x, D, n0, n1, y, ldy); break;
+        case 5: dot_rows<5>(w, x, D, n0, n1, y, ldy); break;
+        case 6: dot_rows<6>(w, x, D, n0, n1, y, ldy); break;
+        case 7: dot_rows<7>(w, x, D, n0, n1, y, ldy); break;
+        default: dot_rows<8>(w, x, D, n0, n1, y, ldy); break;
+    }
+}
+
+}  // namespace
+
+// x [..., D] with 1..kGemvRows rows in all, w [N, D] (+ b [N]), float32 on the CPU, no autograd:
+// x w^T + b as [..., N]; otherwise an undefined tensor (the caller takes the GEMM).
+at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
+    if (x.dim() < 1 || w.dim() != 2) return {};
+    const int64_t D = x.size(-1), N = w.size(0);
+    const int64_t rows = D > 0 ? x.numel() / D : 0;
+    if (rows < 1 || rows > kGemvRows || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
+        x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat || !w.is_contiguous() ||
+        (b.defined() && (b.scalar_type() != torch::kFloat || b.numel() != N)) ||
+        (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))))
+        return {};
+    const auto xc = x.reshape({rows, D}).contiguous();
+    auto y = at::empty({rows, N}, x.options());
+    const float* wp = w.data_ptr<float>();
+    const float* xp = xc.data_ptr<float>();
+    float* yp = y.data_ptr<float>();
+    const int R = static_cast<int>(rows);
+    at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });
+    if (b.defined()) y.add_(b.reshape({1, N}));
+    auto sizes = x.sizes().vec();
+    sizes.back() = N;
+    return y.view(sizes);
+}
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
     if (x.dim() == 3 && x.size(0) > 1 && per_row) {
         // One GEMM per batch row: BLAS picks kernels by matrix size, so in a folded GEMM a row's
@@ -43,6 +124,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
         for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(b.defined() ? at::linear(x[r], w, b) : torch::matmul(x[r], w.t()));
         return torch::stack(rows);
     }
+    // A decode step's few rows on the CPU: gemv_rows streams the weight once for all of them. A GEMM
+    // of a few rows packs the whole weight into its panel buffers first (OpenBLAS's small-matrix
+    // kernels stop at 1200 output entries), which cost a one-row decode step more than the product
+    // itself, and a second row (DeCoRe's masked copy) ~1.4x (issue 44; docs/performance.md "Decoding
+    // with intervention rows").
+    if (auto y = gemv_rows(x, w, b); y.defined()) return y;
     // Folded: [B*T, D] x [D, N] in one GEMM (addmm with the bias).
     return b.defined() ? at::linear(x, w, b) : torch::matmul(x, w.t());
 }
@@ -57,6 +144,7 @@ at::Tensor Pass::finish(const at::Tensor& x) const {
 at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row) {
     const auto& w = m.weights;
     auto mul = [&](const at::Tensor& x) {  // one GEMM; a few rows (a decode step's batch) against [D, V]
+        if (auto y = gemv_rows(x, w.unembed, w.unembed_b); y.defined()) return y;
         const bool few = x.numel() <= 32 * x.size(-1) && w.unembed_t.defined() && x.scalar_type() == w.unembed_t.scalar_type();
         return few ? torch::matmul(x, w.unembed_t) : linear(x, w.unembed, w.unembed_b, false);
     };
