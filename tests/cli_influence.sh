@@ -7,7 +7,8 @@
 # file (a detect result, and a retrieval scan: the paper's route, whose top 3 on the toy are the recall heads); two shards merged equal the unsharded run and --resume keeps finished chunks; --masking (the
 # default zero-query, and zero) is recorded and a resume or merge across maskings is refused;
 # --select-by tokens (the default) selects the samples a recomputation from the file's rank and
-# lengths selects; bad corpora and flags are one line, the documented exit code, and no file left behind.
+# lengths selects; tests/influence_check.py (the reference lines in float64 torch) agrees with the
+# file's losses, scores and selection for both maskings and both losses; bad corpora and flags are one line, the documented exit code, and no file left behind.
 # Usage: cli_influence.sh path/to/headscope
 set -u
 HS="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
@@ -74,6 +75,14 @@ assert g.attrs['tokens_selected'] == acc and g.attrs['tokens_done'] == sum(lens)
 assert set(int(i) for i in np.nonzero(h['selected'][()])[0]) == set(int(i) for i in h['rank'][()][:math.ceil(0.4 * 12)])
 print('tokens: %d samples, %d of %d tokens; samples: %d' % (len(got), acc, sum(lens), h['selected'][()].sum()))
 " "$TMP/t.h5" "$TMP/t2.h5" "$TMP/uneven.jsonl"
+# The independent harness (tests/influence_check.py: modeling_llama.py's forward in float64 with the heads
+# masked as HeadKV's lines 554-557 do, or z = 0; the paper's score; the selection) against the files.
+PYT=$(bash scripts/find_python.sh h5py numpy torch) || { echo "FAIL: no Python with h5py, numpy and torch for tests/influence_check.py"; fail=$((fail+1)); }
+for mk in zero-query zero; do for lt in all last; do
+  ok "influence --masking $mk --loss-tokens $lt (uneven lengths)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" \
+    --heads L1H0,L1H1,L1H2 --random-controls 0 --select-fraction 0.4 --masking $mk --loss-tokens $lt --out "$TMP/c-$mk-$lt.h5"
+  [ -n "$PYT" ] && check "the reference harness agrees ($mk, $lt)" -- "$PYT" tests/influence_check.py "$TOY" "$TMP/uneven.jsonl" "$TMP/c-$mk-$lt.h5"
+done; done
 ok "export --table influence" -- "$HS" export "$TMP/i.h5" --table influence --format csv --out "$TMP/i.csv"
 check "the table is ranked, one row a sample" -- "$PY" -c "
 import csv, sys
