@@ -29,7 +29,7 @@ namespace hs {
 struct StreamOrderSpec {
     enum class Kind { kRunScore, kRazor, kFile } kind = Kind::kRunScore;
     NeedleScore score = NeedleScore::kLocos;  // kRunScore
-    RazorPreset preset = RazorPreset::kHeadscope;  // kRazor
+    RazorPreset preset = RazorPreset::kReference;  // kRazor: golden-stick's selection, as --razor-preset's default
     std::string file;  // kFile: FILE.h5:DATASET
 };
 
