@@ -36,7 +36,7 @@ std::string strip(std::string s) {
 // tables), plus, in the tables of objects (first column "object", "path" or "name"), each comma-
 // separated sibling of a row's first path, and names relative to the section heading's path.
 std::set<std::string> documented_paths(const std::string& doc) {
-    const std::regex token(R"((^|[^A-Za-z0-9_.:/])(/(meta|scores|inputs|logits|tokens|experiment|data|ablation|patching|retrieval|influence)(/[A-Za-z0-9_<>\-]+)*)/?)");
+    const std::regex token(R"((^|[^A-Za-z0-9_.:/])(/(meta|scores|inputs|logits|tokens|experiment|data|ablation|patching|retrieval|influence|atlas)(/[A-Za-z0-9_<>\-]+)*)/?)");
     const std::regex name(R"(^[A-Za-z_][A-Za-z0-9_<>/\-]*$)");
     std::set<std::string> out;
     std::istringstream in(doc);

@@ -26,5 +26,6 @@ void setup_ablate(CLI::App& app);
 void setup_patch(CLI::App& app);
 void setup_merge(CLI::App& app);
 void setup_report(CLI::App& app);
+void setup_atlas(CLI::App& app);
 
 }  // namespace hs::cli

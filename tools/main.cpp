@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     cli::setup_patch(app);
     cli::setup_merge(app);
     cli::setup_report(app);
+    cli::setup_atlas(app);
     cli::set_command_line(argc, argv);
     try {
         app.parse(argc, argv);

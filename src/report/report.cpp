@@ -34,6 +34,10 @@ namespace {
 std::string render_file(FileView& f, const ReportOptions& o) {
     auto& r = *f.r;
     std::string s = provenance(f);
+    if (r.is_group("/atlas")) {
+        s += section(f, "Head atlas", atlas_section(f));
+        ++f.known;
+    }
     if (r.is_group(schema::scores_root())) {
         // The head-role probes first, in the order people read them; the rest alphabetically.
         std::vector<std::string> probes = r.children(schema::scores_root());

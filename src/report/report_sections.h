@@ -31,6 +31,8 @@ std::string dla_extra(FileView& f, int64_t L, int64_t H);
 std::string maps_group(FileView& f, int top_k);
 // /scores/sink-rate's rates (report_sink.cpp): the model's and each layer's; "" without layer_rate.
 std::string sink_rates(FileView& f);
+// /atlas (report_atlas.cpp): the head atlas's table, multi-role heads, correlations.
+std::string atlas_section(FileView& f);
 // /patching/<name> (report_patching.cpp).
 std::string patching_group(FileView& f, const std::string& name, int top_k);
 // /ablation/<study> (report_ablation.cpp).
