@@ -46,6 +46,7 @@ expect "score the file lacks" 2 "ret.h5.*scores/r2/score" -- "$HS" -q retrieval 
 no_file "$O"
 ok "another model's scores" -- "$HS" -q qk-spectrum "$ROOT/tests/fixtures/families/gemma2" --out "$TMP/other.h5"
 expect "gates of another model" 2 "other.h5:/scores/qk_rank/score is \[3, 4\], expected \[2, 4\]" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare duo --duo-gates "$TMP/other.h5:scores/qk_rank/score" --out "$O"
+expect "unknown duo selection" 2 "--duo-select: 'count' is not sparsity or budget" -- "$HS" -q retrieval "${A[@]}" --lengths 24 --kv-compare duo --duo-gates "$TMP/ret.h5:scores/retrieval/score" --duo-select count --out "$O"
 no_file "$O"
 
 # Budgets 0.2, 0.31, 0.42 keep 1, 2 and 3 of the 8 KV groups whole under the order policies (streamed
@@ -65,6 +66,12 @@ check "the table shows each capacity column and its measured KiB" -- \
   awk '$1 == "snapkv" && $3 == "16" && $5 > 0 { c16 = 1 } $1 == "headkv" && $3 == "51" { c51 = 1 } END { exit !(c16 && c51) }' "$TMP/out"
 if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
   ok "the measured caches equal the references' rules (tests/kv_reference_check.py)" -- "$PY" "$ROOT/tests/kv_reference_check.py" "$TMP/prompt.h5" "$TOY"
+  cat "$TMP/out"
+  # DuoAttention deployed as its reference (--duo-select sparsity, the default): at budget b the KV groups
+  # at or above the 1 - b quantile of the gates (a retrieval score with ties, broken by the seeded noise)
+  # are kept whole; kv_reference_check.py checks that count and the measured cache.
+  ok "duo at the reference's sparsity" -- "$HS" -q retrieval "${A[@]}" --lengths 48,80 --kv-compare full,duo --duo-gates "$TMP/ret.h5:scores/retrieval/score" --kv-budgets 1,0.5,0.25 --kv-capacity 16 --kv-compress-at tail:4 "${K[@]}" --out "$TMP/duo.h5"
+  ok "duo's groups are the reference's selection (tests/kv_reference_check.py)" -- "$PY" "$ROOT/tests/kv_reference_check.py" "$TMP/duo.h5" "$TOY"
   cat "$TMP/out"
   check "HeadKV compresses at C = F (capacity 51 keeps less than the whole cache; SnapKV keeps all of the 51-token prompts)" -- "$PY" - "$TMP/prompt.h5" <<'PYEOF'
 import h5py, sys

@@ -20,14 +20,16 @@ or a fixed capacity C per query head (--kv-capacity). Written apart from headsco
   razor   mindspore-ai/golden-stick@a50ddc93 attention_wrappers.py _compress (l. 188-204), local_capacity =
           sink + recent (+ 1 with the virtual token): a compressed KV head holds len(_compress(cache)).
   duo     mit-han-lab/duo-attention: a streaming KV head holds min(F, sink + recent) (scripts/niah.sh's
-          sink 64, recent 256).
+          sink 64, recent 256); with the attribute duo_select = sparsity (the default) it keeps whole the
+          groups duo_attn/utils.py l. 353-373 selects at sparsity 1 - b (np.quantile over the gates made
+          distinct by the tie noise), whose count full_groups is checked to be.
 
 headscope's own choices the check follows as documented (docs/methods.md, "KV-cache policies"): a whole
 cache counts as the full one (fraction 1); SnapKV's and HeadKV's cache is counted per query head (after
 repeat_kv) against the KV heads' full cache L K F; a budget b gives C = round(b F K / H) (half away
 from zero); an order policy keeps whole the most KV groups whose mean measured fraction stays within
 the column's budget (a capacity column's budget: the mean of min(1, C H / (K F))), and full_groups is
-checked to be that count. The importance HeadKV reads is the file's score its score_sources attribute
+checked to be that count (duo under --duo-select sparsity: the reference's, above). The importance HeadKV reads is the file's score its score_sources attribute
 names (NaN as 0).
 
 Recomputed for `compress_at` = prompt (F = the prompt's length) and tail (F = the prompt's length less
@@ -171,7 +173,16 @@ def main():
                 else:
                     ent = lambda F: min(F, int(at["duo_sink"]) + int(at["duo_recent"]))
                 mean = lambda n: sum(order_fraction(n, M, F, ent(F)) for F in Fs) / N
-                groups = max(n for n in range(M + 1) if mean(n) <= b + 1e-6 or n == 0)
+                if name == "duo" and at.get("duo_select", "budget") == "sparsity":
+                    # duo-attention duo_attn/utils.py l. 353-373 at sparsity 1 - b: the gates (made distinct
+                    # by the tie noise) at or above np.quantile(gates, sparsity); the count does not depend
+                    # on their values
+                    sp = min(1.0, max(0.0, 1.0 - float(b)))
+                    vals = np.arange(M, dtype=float)
+                    thr = 2 if sp >= 1 else -1 if sp <= 0 else np.quantile(vals, sp)
+                    groups = int((vals >= thr).sum())
+                else:
+                    groups = max(n for n in range(M + 1) if mean(n) <= b + 1e-6 or n == 0)
                 fr = [order_fraction(int(full_groups[pi, bi]), M, F, ent(F)) for F in Fs]
             for F in Fs:
                 if name in ("razor", "duo", "stream"):
@@ -196,7 +207,7 @@ def main():
             if abs(round(ref_bytes) - int(kv_bytes[pi, bi])) > 1:
                 errs.append(f"kv_bytes {int(kv_bytes[pi, bi])}, reference {ref_bytes:.1f}")
             if groups is not None and groups != int(full_groups[pi, bi]):
-                errs.append(f"full_groups {int(full_groups[pi, bi])}, the most within the budget {groups}")
+                errs.append(f"full_groups {int(full_groups[pi, bi])}, the reference's {groups}")
             print(f"{pol:14s} {col:14s} kv_fraction {ref_fraction:.6f} kv_bytes {ref_bytes:10.1f}  " + ("; ".join(errs) if errs else "ok"))
             bad += bool(errs)
     print(f"kv_reference_check: {bad} (policy, column) entries differ")

@@ -25,6 +25,7 @@ struct KvCompareArgs {
     std::string score = "r2";      // --kv-score: HeadKV's importance
     std::string duo_gates;         // --duo-gates FILE.h5:DATASET
     std::string duo_window = "64,256";
+    std::string duo_select = "sparsity";  // --duo-select: the reference's sparsity quantile, or budget
     std::string razor_window;  // empty: golden-stick's, 4,251 with the mean token, 4,252 without (256 in all)
     bool razor_no_compensate = false;
     int64_t snap_window = 8, snap_kernel = 7;

@@ -69,7 +69,11 @@ KvConfig KvOrderPolicy::config(const KvPolicySpec& p, double budget, const KvCon
 }
 
 std::vector<KvConfig> KvOrderPolicy::controls(const KvPolicySpec&, double budget, const KvContext& ctx) const {
-    const int64_t M = ctx.sh.M, n = groups_within(budget, ctx);
+    return random_controls(groups_within(budget, ctx), ctx);
+}
+
+std::vector<KvConfig> KvOrderPolicy::random_controls(int64_t n, const KvContext& ctx) const {
+    const int64_t M = ctx.sh.M;
     std::vector<int64_t> all_groups(static_cast<size_t>(M));
     for (int64_t i = 0; i < M; ++i) all_groups[static_cast<size_t>(i)] = i;
     std::vector<KvConfig> out;

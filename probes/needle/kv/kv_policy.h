@@ -118,6 +118,11 @@ struct KvCompareSpec {
     // DuoAttention's deployment (scripts/niah.sh): sink 64, recent 256 cached keys (the query sees
     // those and itself); also stream:S's window.
     int64_t duo_sink = 64, duo_recent = 256;
+    // How duo picks its full KV groups at a column (--duo-select): "sparsity" (default), the reference's
+    // deployment (duo_attn/utils.py l. 353-373, probes/ablation/duo_sparsity.h) at sparsity 1 - b, the
+    // share of KV groups streamed, with tie noise seeded seed + 2; "budget": the most groups, in the
+    // gates' order (ties to the earlier group), whose measured cache stays within b.
+    std::string duo_select = "sparsity";
     // RazorAttention's _compress (ra_config.py): sink 4, one compensation token, 251 recent (256 in all);
     // without the compensation token the reference keeps 4 + 252: razor_reference_recent(false).
     int64_t razor_sink = kRazorSink, razor_recent = razor_reference_recent(true);
@@ -248,9 +253,10 @@ protected:
     // The configuration's key prefix (stream:S decodes as duo: the same order, the same configuration).
     virtual const char* key_name() const { return name(); }
 
-private:
     KvConfig keep_whole(const std::vector<int64_t>& order, int64_t n, const KvContext& ctx) const;
     int64_t groups_within(double budget, const KvContext& ctx) const;
+    // The random KV-group orders (seed + 3 + r) keeping n groups whole.
+    std::vector<KvConfig> random_controls(int64_t n, const KvContext& ctx) const;
 };
 
 // DuoAttention's deployment of a compressed group (duo and stream:S, kv_duo.cpp): the prefill whole,
