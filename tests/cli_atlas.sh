@@ -49,6 +49,11 @@ grep -q "^several roles:" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); 
 if cols=$(layout "$O"); then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL stories260K /atlas layout"; fi
 [ "$cols" = "induction previous-token duplicate-token sink-rate successor copy-suppression qk-rank" ] && pass=$((pass+1)) \
   || { fail=$((fail+1)); echo "FAIL columns: $cols"; }
+# MAPS on request: one more column a relation; a threshold the caller sets gives copy suppression roles.
+ok "with MAPS" -- "$HS" atlas "$M" --cs-tokens 64 --maps-relations "$(dirname "$0")/../datasets/examples/relations" \
+  --threshold copy-suppression=0.005 --out "$TMP/maps.h5"
+if mcols=$(layout "$TMP/maps.h5"); then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL MAPS /atlas layout"; fi
+[ "${mcols##* }" = "maps/next_letter" ] && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL MAPS columns: $mcols"; }
 ok "report" -- "$HS" report "$O" --out "$TMP/a.html"
 grep -q "Head atlas" "$TMP/a.html" && grep -q "heads with several roles" "$TMP/a.html" && grep -q "Spearman correlations" "$TMP/a.html" \
   && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL the report does not draw the atlas"; }

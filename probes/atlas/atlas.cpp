@@ -90,7 +90,8 @@ void add_successor(const Model& m, const Tokenizer* tok, AtlasResult& out) {
     out.columns.push_back({"successor", source, s.score, "successor", kSuccessorThreshold, "the reference's 0.4"});
 }
 
-void add_weights(const Model& m, const Tokenizer* tok, const AtlasSpec& spec, AtlasResult& out) {
+void add_weights(const Model& m, const Tokenizer* tok, const AtlasSpec& spec, const std::vector<Relation>& relations,
+                 AtlasResult& out) {
     CopySuppressionOptions co = spec.copy_suppression;
     if (co.n_tokens >= m.config.vocab_size) co.n_tokens = 0;  // every token: the whole vocabulary
     auto cs = copy_suppression_weights(m, co);
@@ -102,12 +103,12 @@ void add_weights(const Model& m, const Tokenizer* tok, const AtlasSpec& spec, At
     auto qk = qk_spectrum(m);
     out.columns.push_back({"qk-rank", "effective rank of W_Q W_K^T (Autonomy-of-Heads; RoPE left out)",
                            qk.effective_rank.to(torch::kFloat), "qk-rank", NAN, "none published"});
-    if (spec.maps_relations.empty()) return;
+    if (relations.empty()) return;
     if (!tok) {
         out.skipped.push_back("maps: no tokenizer (the relations are words)");
         return;
     }
-    for (const auto& rel : read_relations(spec.maps_relations)) {
+    for (const auto& rel : relations) {
         auto t = tokenize_relation(rel, *tok);
         if (t.src.empty()) {
             out.skipped.push_back(fmt::format("maps/{}: none of its {} pairs are single tokens", rel.name, t.n_total));
@@ -140,9 +141,11 @@ double spearman(const std::vector<double>& a, const std::vector<double>& b) {
 
 AtlasResult run_atlas(const Model& m, const Tokenizer* tok, const AtlasSpec& spec) {
     AtlasResult out;
+    // The relation files are read first: a bad one fails before any forward pass.
+    const auto relations = spec.maps_relations.empty() ? std::vector<Relation>{} : read_relations(spec.maps_relations);
     add_detectors(m, tok, spec, out);
     add_successor(m, tok, out);
-    add_weights(m, tok, spec, out);
+    add_weights(m, tok, spec, relations, out);
     for (const auto& [name, thr] : spec.thresholds) {
         auto it = std::find_if(out.columns.begin(), out.columns.end(), [&](const AtlasColumn& c) { return c.name == name; });
         if (it == out.columns.end()) {
