@@ -20,7 +20,7 @@ PY=$(bash scripts/find_python.sh h5py numpy) || { echo "FAIL: no Python with h5p
 C=datasets/examples/toy-recall-influence.jsonl
 
 "$HS" influence --help | grep -q "Example:" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no example"; }
-"$HS" influence --help | grep -q -- "--masking zero --select-by samples" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no --masking example"; }
+"$HS" influence --help | grep -q -- "^Example: .*--masking zero --select-by samples" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL influence --help has no --masking example"; }
 ok "influence (toy, recall heads, last token)" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --loss-tokens last \
   --select-fraction 0.5 --random-controls 3 --out "$TMP/i.h5"
 check "prints the heads and 3 controls" -- grep -qE "^heads +L1H0,L1H1,L1H2 +mean score" "$TMP/out"

@@ -175,14 +175,15 @@ void setup_influence(CLI::App& app) {
                      "and select the top share of it (by default 0.3 of the tokens, heads masked by a zeroed query)\n"
                      "Example: headscope influence ../shared/testdata/tinystories-656k --corpus "
                      "datasets/examples/influence-corpus.jsonl --heads L1H1,L1H6 --out influence.h5\n"
-                     "Example (the heads a retrieval scan found, z = 0 masking, a share of samples): headscope influence MODEL "
-                     "--corpus C.jsonl --from scan.h5:scores/retrieval/score --top 8 --masking zero --select-by samples "
-                     "--out influence.h5");
+                     "Example: headscope influence models/toy-recall --corpus datasets/examples/toy-recall-influence.jsonl "
+                     "--heads L1H0,L1H1,L1H2 --loss-tokens last --masking zero --select-by samples --select-fraction 0.5 "
+                     "--out influence-zero.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--corpus", o->corpus, "JSONL: {\"text\": ...} or {\"tokens\": [ids]} a line")->required();
     sub->add_option("--heads", o->heads, "the heads to mask, e.g. L1H0,L1H3")->excludes(
-        sub->add_option("--from", o->from, "a score to take the heads from, FILE.h5:DATASET (with --top)"));
+        sub->add_option("--from", o->from, "a score to take the heads from, FILE.h5:DATASET (with --top), e.g. a retrieval\n"
+                                           "scan's scan.h5:scores/retrieval/score (the paper's route to its heads)"));
     sub->add_option("--top", o->top, "with --from: mask the K best-scoring heads")->check(at_least(1));
     sub->add_option("--random-controls", o->random_controls, "random head sets of the same size (distinct, other heads)")
         ->check(at_least(0))->capture_default_str();
