@@ -31,18 +31,20 @@ at::Tensor final_hidden(const Model& m, const Ablator::ScoredRows& r, Hooks& h) 
     return m.final_norm(resid.index({r.row, r.pos})).to(torch::kFloat);
 }
 
-std::vector<Reference> references(const Model& m, const Ablator& ab) {
+Reference reference_of(const Model& m, const Ablator::ScoredRows& r) {
     torch::NoGradGuard ng;
+    Reference ref;
+    ref.rows = r;
+    ref.z.resize(m.config.n_layers);
+    Hooks h;
+    h.capture(Point::kAttnZ, [&](int l, const at::Tensor& x) { ref.z[l] = x; });
+    ref.hidden = final_hidden(m, r, h);
+    return ref;
+}
+
+std::vector<Reference> references(const Model& m, const Ablator& ab) {
     std::vector<Reference> out;
-    for (auto& r : ab.scored_rows()) {
-        Reference ref;
-        ref.rows = r;
-        ref.z.resize(m.config.n_layers);
-        Hooks h;
-        h.capture(Point::kAttnZ, [&](int l, const at::Tensor& x) { ref.z[l] = x; });
-        ref.hidden = final_hidden(m, r, h);
-        out.push_back(std::move(ref));
-    }
+    for (auto& r : ab.scored_rows()) out.push_back(reference_of(m, r));
     return out;
 }
 
@@ -118,8 +120,15 @@ DuoGateResult fit_duo_gates(const Model& m, const Ablator& ab, const DuoGateOpti
         torch::AutoGradMode grad(true);
         opt.zero_grad();
         double distill = 0;
-        for (const auto& ref : refs) {  // one backward per chunk: memory of one chunk's graph
-            auto e = gated_error(m, ref, o, alpha) / P;
+        std::vector<Reference> fresh;  // this step's own sample (o.sample), else the fixed prompts
+        if (o.sample) {
+            fresh.push_back(reference_of(m, o.sample(step)));
+            if (fresh.back().rows.row.size(0) == 0) throw ConfigError(fmt::format("duo-gates: step {}'s sample labels no position", step));
+        }
+        const auto& step_refs = o.sample ? fresh : refs;
+        const double step_P = o.sample ? static_cast<double>(positions(fresh)) : P;
+        for (const auto& ref : step_refs) {  // one backward per chunk: memory of one chunk's graph
+            auto e = gated_error(m, ref, o, alpha) / step_P;
             e.backward();
             distill += e.item<double>();
         }

@@ -39,6 +39,11 @@ struct DuoGateOptions {
     double lr = 0.02;
     double lambda = 0.05;    // weight of mean |alpha|
     double init = 1.0;       // the reference's initial_value
+    // When set, each step fits on sample(step), a fresh sample (the reference draws one a step:
+    // duo_data.h), and the unchanged copy runs on it that step (one more forward a step, no grad);
+    // empty: the study's fixed prompts every step. The losses at alpha = 1, 0 and the fitted alpha
+    // (distill_full, _stream, _final) are on the study's prompts either way.
+    std::function<Ablator::ScoredRows(int64_t step)> sample;
 };
 
 struct DuoGateResult {
