@@ -23,7 +23,7 @@ bash scripts/install_deps.sh
 bash scripts/build.sh
 HS=build/headscope
 
-RECIPE=2  # = kRecipeVersion in src/train/train.cpp
+RECIPE=$(grep -o 'kRecipeVersion = [0-9]*' src/train/train.cpp | grep -o '[0-9]*$')  # the training recipe's version
 # cached DIR STEPS: true when DIR/training_log.json records these steps, this seed and recipe.
 cached() {
   [ -f "$1/training_log.json" ] || return 1
