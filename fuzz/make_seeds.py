@@ -273,6 +273,43 @@ blocks = doc.split("```yaml")[1:]
 for i, b in enumerate(blocks):
     put("yaml", f"doc_block_{i}", b.split("```")[0].lstrip("\n"))
 
+# ---- Hugging Face cache trees (fuzz/targets/hub.cpp): the name, then one entry a part ----
+# "f PATH\nCONTENT" a file, "d PATH" a folder, "l PATH\nNAME" a link to ../../blobs/NAME, "s PATH\nNAME" a
+# link to NAME beside it; PATH relative to the cache root.
+def hub_seeds():
+    import hashlib
+    h = lambda s: hashlib.sha256(s.encode()).hexdigest()
+    A, B, C = h("A")[:40], h("B")[:40], h("C")[:40]
+    R = "models--tiny--stories"
+    cfg = '{"model_type": "llama"}'
+
+    def snap(commit, files, repo=R):
+        out = []
+        for name, content in files:
+            out += [f"f {repo}/blobs/{h(content)}\n{content}", f"l {repo}/snapshots/{commit}/{name}\n{h(content)}"]
+        return out
+    files = [("config.json", cfg), ("tokenizer.json", '{"model": {}}'), ("model.safetensors", "x")]
+    put("hub", "main", parts("tiny/stories", f"f {R}/refs/main\n{A}", *snap(A, files),
+                             f"l {R}/snapshots/{A}/README.md\n{'e' * 64}"))
+    put("hub", "tag_newline", parts("tiny/stories@v1", f"f {R}/refs/v1\n{B}\n", *snap(B, files[:1])))
+    put("hub", "commit_no_ref", parts(f"tiny/stories@{C}", f"f {R}/refs/main\n{A}", *snap(C, files)))
+    put("hub", "pr_ref", parts("org/model@refs/pr/1", f"f models--org--model/refs/refs/pr/1\n{A}",
+                               *snap(A, files[:1], "models--org--model")))
+    put("hub", "broken_link", parts("tiny/stories", f"f {R}/refs/main\n{A}", *snap(A, files[:1]),
+                                    f"l {R}/snapshots/{A}/model.safetensors\n{'0' * 64}"))
+    put("hub", "empty_ref", parts("tiny/stories", f"f {R}/refs/main\n", *snap(A, files[:1])))
+    put("hub", "ref_not_hash", parts("tiny/stories@main", f"f {R}/refs/main\nnot a commit\n\x01", *snap(A, files[:1])))
+    put("hub", "no_snapshot", parts("tiny/stories", f"f {R}/refs/main\n{A}", f"d {R}/snapshots"))
+    put("hub", "no_such_revision", parts("tiny/stories@dev", *[f"f {R}/refs/r{i}\n{A}" for i in range(10)],
+                                         *snap(A, files[:1])))
+    put("hub", "not_cached", parts("Qwen/Qwen2.5-0.5B", f"d {R}/refs"))
+    put("hub", "not_a_name", parts("./models/x.gguf", f"f {R}/refs/main\n{A}"))
+    put("hub", "linked_repo", parts("org/alias", f"s models--org--alias\n{R}", f"f {R}/refs/main\n{A}",
+                                    f"s {R}/snapshots/{B}\n{A}", *snap(A, files[:1])))
+
+
+hub_seeds()
+
 # ---- HDF5 result files (h5py, the layout docs/hdf5-schema.md describes) ----
 try:
     import h5py
