@@ -480,8 +480,9 @@ void setup_retrieval(CLI::App& app) {
         "--kv-capacity 12,40 --kv-compress-at question --duo-window 1,4 --razor-window 1,3 --snapkv-window 2 --snapkv-kernel 1 "
         "--random-orders 3 --out kv.h5\n"
         "DuoAttention deployed as its LongBench runs (scripts/run_longbench.sh: sparsity 0, 0.5, 0.75 = budgets 1, 0.5, "
-        "0.25; the gates of a `headscope run` duo-gates study; --duo-select budget fits the groups to the budget instead):\n"
-        "Example: headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
+        "0.25; --duo-select budget fits the groups to the budget instead), given the gates of a `headscope run` duo-gates "
+        "study in duo.h5 (a fit of minutes, so not an example run by the tests):\n"
+        "  headscope retrieval models/toy-recall --haystack datasets/needles/toy_recall_haystack.txt "
         "--needles datasets/needles/toy_recall_needles.jsonl --template '{context}?{question}' --lengths 48,96 "
         "--max-new-tokens 1 --kv-compare full,duo --duo-gates duo.h5:/ablation/duo/duo/alpha --kv-budgets 1,0.5,0.25 "
         "--duo-window 1,4 --out kv-duo.h5");

@@ -146,7 +146,9 @@ AtlasResult run_atlas(const Model& m, const Tokenizer* tok, const AtlasSpec& spe
     add_detectors(m, tok, spec, out);
     add_successor(m, tok, out);
     add_weights(m, tok, spec, relations, out);
-    for (const auto& [name, thr] : spec.thresholds) {
+    for (const auto& entry : spec.thresholds) {
+        const auto& name = entry.first;  // (a named variable: clang 14 cannot capture a structured binding)
+        const auto thr = entry.second;
         auto it = std::find_if(out.columns.begin(), out.columns.end(), [&](const AtlasColumn& c) { return c.name == name; });
         if (it == out.columns.end()) {
             std::vector<std::string> names;
