@@ -134,13 +134,13 @@ const PathEntry kLayout[] = {
     {"/influence/score", K::kDataset, "influence"},
     {"/influence/n_tokens", K::kDataset, "influence"},
     {"/influence/line", K::kDataset, "influence"},
+    {"/influence/length", K::kDataset, "influence"},
     {"/influence/rank", K::kDataset, "influence"},
     {"/influence/selected", K::kDataset, "influence"},
     {"/influence/truncated", K::kDataset, "influence"},
     {"/influence/done", K::kDataset, "influence"},
     {"/influence/masks", K::kDataset, "influence"},
     {"/influence/preview", K::kDataset, "influence"},
-    {"/influence/length", K::kDataset, "influence"},
     {"/retrieval/streaming", K::kGroup, "streaming"},
     {"/retrieval/streaming/fractions", K::kDataset, "streaming"},
     {"/retrieval/streaming/full_heads", K::kDataset, "streaming"},
@@ -749,13 +749,13 @@ void write_influence(ResultWriter& w, const InfluenceRecord& r) {
     put(w, influence("score"), r.score, {r.S, r.N});
     put(w, influence("n_tokens"), r.n_tokens, {r.N});
     put(w, influence("line"), r.line, {r.N});
+    put(w, influence("length"), r.length, {r.N});
     put(w, influence("rank"), r.rank, {r.N});
     put(w, influence("selected"), r.selected, {r.N});
     put(w, influence("truncated"), r.truncated, {r.N});
     put(w, influence("done"), r.done, {r.N});
     put(w, influence("masks"), r.masks, {r.S, r.L, r.H});
     put(w, influence("preview"), r.preview);
-    put(w, influence("length"), r.length, {r.N});
     attrs(w, influence(), r.attrs);
 }
 
@@ -871,14 +871,14 @@ InfluenceRecord read_influence(const ResultReader& r) {
     x.loss = floats(need(r, influence("loss"), {x.N}));
     x.n_tokens = longs(need(r, influence("n_tokens"), {x.N}));
     x.line = longs(need(r, influence("line"), {x.N}));
+    // length: absent in files written before selection by tokens (0 each: such a file selected by samples)
+    x.length = r.exists(influence("length")) ? longs(need(r, influence("length"), {x.N})) : std::vector<int64_t>(static_cast<size_t>(x.N), 0);
     x.rank = longs(need(r, influence("rank"), {x.N}));
     for (double v : need(r, influence("selected"), {x.N}).values) x.selected.push_back(static_cast<uint8_t>(v));
     for (double v : need(r, influence("truncated"), {x.N}).values) x.truncated.push_back(static_cast<uint8_t>(v));
     for (double v : need(r, influence("done"), {x.N}).values) x.done.push_back(static_cast<uint8_t>(v));
     for (double v : mk.values) x.masks.push_back(static_cast<uint8_t>(v));
     const Dataset pv = r.read(influence("preview"));
-    // length: absent in files written before selection by tokens (0 each: such a file selected by samples)
-    x.length = r.exists(influence("length")) ? longs(need(r, influence("length"), {x.N})) : std::vector<int64_t>(static_cast<size_t>(x.N), 0);
     if (!pv.is_string || static_cast<int64_t>(pv.strings.size()) != x.N)
         throw StorageError(r.path() + ": " + influence("preview") + " is not " + std::to_string(x.N) + " strings; damaged file");
     x.preview = pv.strings;
