@@ -114,12 +114,12 @@ int64_t adakv_capacity(int64_t B, int64_t P, const KvShape& sh, int64_t window) 
 KvConfig adakv_config(const std::string& key_name, double budget, const KvContext& ctx, AdaKvSelect select) {
     KvConfig c;
     const int64_t capacity = ctx.capacity;
-    c.key = capacity > 0 ? fmt::format("{} capacity {}", key_name, capacity) : fmt::format("{} {}", key_name, budget);
+    c.key = kv_column_key(key_name, budget, capacity);
     const KvCompareSpec s = ctx.spec;  // copied: the head set's functions keep what they read
     const KvShape sh = ctx.sh;
     const int64_t w = s.snap.window;
     auto C_for = [budget, capacity, sh, w](int64_t P) {  // snapkv_config's B, then the KV head's budget
-        const int64_t B = capacity > 0 ? capacity : std::llround(budget * static_cast<double>(P * sh.K) / static_cast<double>(sh.H));
+        const int64_t B = snapkv_capacity(budget, capacity, P, sh);
         return adakv_capacity(B, P, sh, w);
     };
     for (const auto& t : ctx.trials) {

@@ -274,6 +274,11 @@ protected:
 // (default: SnapKV's, kv_snapkv_whole).
 KvConfig snapkv_config(const std::string& key_name, double budget, const KvContext& ctx,
                        std::function<at::Tensor(int64_t B)> caps, std::function<bool(int64_t B, int64_t P)> whole = {});
+// The per-query-head capacity B a SnapKV-like column gives a P-token prompt: the fixed capacity when
+// the column has one (> 0), else round(budget P K / H). snapkv, headkv and the Ada-KV policies share it.
+int64_t snapkv_capacity(double budget, int64_t capacity, int64_t P, const KvShape& sh);
+// A budget column's key: "NAME capacity C" for a fixed capacity, "NAME BUDGET" otherwise.
+std::string kv_column_key(const std::string& key_name, double budget, int64_t capacity);
 // SnapKV's condition (FasterDecoding/SnapKV snapkv_utils.py:42, FYYFU/HeadKV SnapKVCluster l. 148):
 // `q_len < max_capacity_prompt` leaves the prompt whole, P < B. (At P = B SnapKV's selection keeps every
 // position, so P <= B and P < B give the same cache.)

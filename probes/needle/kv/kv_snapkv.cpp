@@ -59,17 +59,25 @@ at::Tensor snapkv_keep(const at::Tensor& pooled, const std::vector<int64_t>& cap
 bool kv_snapkv_whole(int64_t B, int64_t P) { return P < B; }
 bool kv_headkv_whole(int64_t B, int64_t P) { return B > P; }  // B - w > P - w
 
+int64_t snapkv_capacity(double budget, int64_t capacity, int64_t P, const KvShape& sh) {
+    return capacity > 0 ? capacity : std::llround(budget * static_cast<double>(P * sh.K) / static_cast<double>(sh.H));
+}
+
+std::string kv_column_key(const std::string& key_name, double budget, int64_t capacity) {
+    return capacity > 0 ? fmt::format("{} capacity {}", key_name, capacity) : fmt::format("{} {}", key_name, budget);
+}
+
 KvConfig snapkv_config(const std::string& key_name, double budget, const KvContext& ctx,
                        std::function<at::Tensor(int64_t B)> caps, std::function<bool(int64_t B, int64_t P)> whole) {
     KvConfig c;
     const int64_t capacity = ctx.capacity;
-    c.key = capacity > 0 ? fmt::format("{} capacity {}", key_name, capacity) : fmt::format("{} {}", key_name, budget);
+    c.key = kv_column_key(key_name, budget, capacity);
     const KvCompareSpec s = ctx.spec;  // copied: the head set's functions keep what they read
     const KvShape sh = ctx.sh;
     const int64_t w = s.snap.window;
     if (!whole) whole = kv_snapkv_whole;
     auto caps_for = [caps, budget, capacity, sh, whole](int64_t P) -> at::Tensor {  // [L, H] prefix caps; undefined: whole
-        const int64_t B = capacity > 0 ? capacity : std::llround(budget * static_cast<double>(P * sh.K) / static_cast<double>(sh.H));
+        const int64_t B = snapkv_capacity(budget, capacity, P, sh);
         if (whole(B, P)) return {};  // the reference leaves this prompt whole
         return caps(B);
     };
