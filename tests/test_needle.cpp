@@ -197,7 +197,7 @@ TEST_CASE("needle: the newline stop rule stops on tokens that are exactly a newl
 }
 
 TEST_CASE("needle: the score registry: names, the --score words, every array a layout() row") {
-    CHECK(needle_score_names() == "retrieval, locos, r2");
+    CHECK(needle_score_names() == "retrieval, locos, r2, qrhead");
     REQUIRE(static_cast<int>(needle_scores().size()) == kNeedleScoreCount);
     for (const auto& row : needle_scores()) {
         CAPTURE(row.name);
@@ -205,7 +205,7 @@ TEST_CASE("needle: the score registry: names, the --score words, every array a l
         CHECK(parse_needle_score(row.name) == row.id);
         REQUIRE(!row.trial_arrays.empty());
         CHECK(std::string(row.trial_arrays.front().name) == row.name);  // the score's own array first
-        CHECK(!row.step_arrays.empty());
+        CHECK(row.step_arrays.empty() == row.needs_query_rows);  // QRHead reads the prefill, no decode step
         for (const auto& a : row.trial_arrays) CHECK(schema::in_layout(std::string("/retrieval/trials/") + a.name));
         for (const auto& a : row.step_arrays) CHECK(schema::in_layout(std::string("/retrieval/steps/") + a.name));
         CHECK(schema::in_layout(std::string("/scores/") + row.name + "/score"));
@@ -223,8 +223,8 @@ TEST_CASE("needle: the score registry: names, the --score words, every array a l
         }
         return std::string("(no error)");
     };
-    CHECK(message("retrieval,x") == "unknown score 'x' (valid: retrieval, locos, r2)");
-    CHECK(message(" , ") == "no score named (valid: retrieval, locos, r2)");
+    CHECK(message("retrieval,x") == "unknown score 'x' (valid: retrieval, locos, r2, qrhead)");
+    CHECK(message(" , ") == "no score named (valid: retrieval, locos, r2, qrhead)");
 }
 
 TEST_CASE("needle: a head whose argmax lands on the answer at every step scores exactly 1; other needle tokens 0") {

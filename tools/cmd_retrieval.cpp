@@ -291,7 +291,8 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
 
 // The trial grid and how each trial is built, decoded, stopped and judged.
 static void add_trial_options(CLI::App* sub, RetrievalOptions* o) {
-    sub->add_option("--score", o->scores, "comma-separated: retrieval,locos,r2 (r2: HeadKV's retrieval-reasoning score)")
+    sub->add_option("--score", o->scores, "comma-separated: retrieval,locos,r2,qrhead (r2: HeadKV's retrieval-reasoning score; qrhead: QRHead's "
+                    "query-focused score, two more forwards of the question a trial)")
         ->capture_default_str();
     sub->add_option("--protocol", o->protocol,
                     "how trials are built, decoded and stopped: headscope (token space, exact spans), wu (Retrieval_Head's "
@@ -447,6 +448,8 @@ void setup_retrieval(CLI::App& app) {
         "    L- over the other keys scaled by n/(K-n)); mean over steps then passing trials, bootstrap 95% CI.\n"
         "  r2 (HeadKV, --score r2): per step, (1/N) x the weights of the head's top N keys (N = |answer|) that\n"
         "    lie in the answer; summed over the first |answer tokens| steps, mean over passing trials.\n"
+        "  qrhead (QRHead, --score qrhead): the question's attention rows after the prefill, minus the same with\n"
+        "    the question 'N/A', over the needle: the values above mean - 2 std summed; mean over the trials.\n"
         "A trial passes when the ROUGE-1 recall of the answer in the response is > --pass-threshold (ROUGE as\n"
         "rouge_score computes it with use_stemmer=True, as both reference codes do).\n"
         "--ablate / --ablate-top rerun the trials with heads ablated (zero-query = uniform attention over the\n"

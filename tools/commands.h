@@ -20,6 +20,7 @@ void setup_influence(CLI::App& app);
 void setup_copy_suppression(CLI::App& app);
 void setup_dla(CLI::App& app);
 void setup_qk_spectrum(CLI::App& app);
+void setup_rerank(CLI::App& app);
 void setup_retrieval(CLI::App& app);
 void setup_run(CLI::App& app);
 void setup_ablate(CLI::App& app);

@@ -47,6 +47,7 @@ int main(int argc, char** argv) {
     cli::setup_copy_suppression(app);
     cli::setup_dla(app);
     cli::setup_qk_spectrum(app);
+    cli::setup_rerank(app);
     cli::setup_retrieval(app);
     cli::setup_run(app);
     cli::setup_ablate(app);

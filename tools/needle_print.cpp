@@ -3,6 +3,7 @@
 // them after the study ran.
 #include "needle_print.h"
 
+#include "atlas.h"
 #include "heads.h"
 
 #include <fmt/format.h>
@@ -53,6 +54,18 @@ void print_needle_summary(const NeedleStudySpec& p, const NeedleStudy& scan, con
         if (s == NeedleScore::kLocos && !sum.with_ci && sum.n_locos > 0)
             std::printf("locos CI: not computed (%lld scored trials, the reference's minimum is %lld): NaN\n",
                         static_cast<long long>(sum.n_locos), static_cast<long long>(kBootstrapMinTrials));
+    }
+    // QRHead beside the other scores computed on the same trials: Spearman's rho over the L x H heads.
+    if (p.scores.has(NeedleScore::kQrhead)) {
+        auto flat = [](const at::Tensor& t) {
+            const auto c = t.to(torch::kDouble).contiguous().view(-1);
+            return std::vector<double>(c.data_ptr<double>(), c.data_ptr<double>() + c.numel());
+        };
+        std::printf("qrhead: mean over %lld trials (passing or not)\n", static_cast<long long>(sum.n_query));
+        for (NeedleScore s : p.scores.list())
+            if (s != NeedleScore::kQrhead)
+                std::printf("Spearman's rho (%s, qrhead) over %d heads: %.4f\n", needle_score_name(s), L * H,
+                            spearman(flat(sum.score(s)), flat(sum.score(NeedleScore::kQrhead))));
     }
     const auto& sets = scan.sets();
     // The ablation passes' own prompts (LOCOS) have their own unablated baseline: the last set.

@@ -3,6 +3,7 @@
 
 #include "errors.h"
 #include "guard.h"
+#include "qrhead.h"
 #include "reference_rng.h"
 #include "util.h"
 
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 #include <map>
 #include <random>
@@ -42,10 +44,39 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
                 abl_trials_.push_back(builder_.build(len, dep, static_cast<int>(ni), p.ablation_assembly, c_.ablation_tmpl));
                 check_fits(abl_trials_.back(), c_.ablation_max_new_tokens);
             }
+    if (c_.qrhead) set_query_spans();
     set_cuts(trials_);
     set_cuts(abl_trials_);
     groups_ = make_groups(trials_);
     if (separate_) abl_groups_ = make_groups(abl_trials_);
+}
+
+// QRHead's query: the template's suffix after the context, and the same suffix with the null query
+// (attn_retriever.py lines 177-178, 197-198: the query span runs from the instruction after the
+// documents to the prompt's end; the null prompt shares everything before it). The assembly must
+// encode the suffix on its own (tokens, tracked) and the template hold the question only there.
+void NeedleTest::set_query_spans() {
+    const Assembly a = builder_.protocol().assembly;
+    if (c_.tmpl.prefix("\x01") != c_.tmpl.prefix("\x02"))
+        throw UsageError("the qrhead score: the template puts {question} before {context}; QRHead's null-query pass "
+                         "replaces the question after the context only");
+    for (auto& t : trials_) {
+        const auto& q = needles()[static_cast<size_t>(t.needle)].question;
+        const auto suffix = builder_.suffix_tokens(q, a, c_.tmpl);
+        if (!suffix)
+            throw UsageError(fmt::format("the qrhead score: the {} assembly re-encodes the whole prompt, so the question's "
+                                         "tokens have no exact span (the tokens and tracked assemblies have one)",
+                                         name_in(assembly_names(), a)));
+        const int64_t P = static_cast<int64_t>(t.prompt.size()), Q = static_cast<int64_t>(suffix->size());
+        HS_REQUIRE(Q <= P && std::equal(suffix->begin(), suffix->end(), t.prompt.end() - Q),
+                   "set_query_spans: the prompt does not end with the template's suffix");
+        if (Q == 0)
+            throw UsageError("the qrhead score: the template has nothing after {context}: QRHead needs the question there");
+        t.query_start = P - Q;
+        t.null_query = *builder_.suffix_tokens(kQrheadNullQuery, a, c_.tmpl);
+        if (t.null_query.empty())
+            throw UsageError("the qrhead score: the template's suffix with the null query encodes to no token");
+    }
 }
 
 void NeedleTest::set_cuts(std::vector<Trial>& trials) {
@@ -162,7 +193,23 @@ std::vector<TrialResult> NeedleTest::run_baseline(const std::function<void()>& t
 
 // The trial's arrays of every score from its steps (the registry's trial functions), and its steps
 // when kept.
-TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
+// The trial's kept prefill (prompt[:-1], the scored pass's PrefixCache) cut to the query's start, or a
+// prefill of the context when none is kept; then the two query passes.
+at::Tensor NeedleTest::query_cal(const Trial& t) const {
+    KVCache prefix;
+    PrefixCache* pc = prefix_for(nullptr, false);
+    const auto it = pc ? pc->entries.find(&t) : prefix_.entries.end();
+    if (pc && it != pc->entries.end()) {
+        prefix = it->second.cache;
+        prefix.truncate(t.query_start);
+    } else {
+        prefix = qrhead_prefill(m_, t.prompt, t.query_start, c_.decode.prefill_chunk);
+    }
+    const std::vector<int64_t> query(t.prompt.begin() + t.query_start, t.prompt.end());
+    return qrhead_calibrated(m_, prefix, query, t.null_query);
+}
+
+TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d, const at::Tensor* query_cal) const {
     const int L = m_.config.n_layers, H = m_.config.n_heads;
     const Trial& t = trials_[static_cast<size_t>(i)];
     TrialResult r = judge(i, d.generated);
@@ -173,7 +220,7 @@ TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d) const {
     const bool found = t.needle_start >= 0;
     for (const auto& row : needle_scores()) {
         const auto& own = d.steps[static_cast<size_t>(row.id)];
-        r.arrays.push_back(row.trial(NeedleTrialSteps{own, steps, answer_tokens, found, L, H}));
+        r.arrays.push_back(row.trial(NeedleTrialSteps{own, steps, answer_tokens, found, L, H, query_cal, t.needle_start, t.needle_end}));
         if (!c_.keep_steps) continue;
         std::vector<at::Tensor> kept;
         for (const auto& s : own)
@@ -192,7 +239,15 @@ std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
     s.times = &times_;
     const auto outs = decode_batch(m_, ptrs, s, stopper(), nullptr, prefix_for(nullptr, false));
     std::vector<TrialResult> res;
-    for (size_t k = 0; k < g.size(); ++k) res.push_back(scored(g[k], outs[k]));
+    for (size_t k = 0; k < g.size(); ++k) {
+        at::Tensor cal;
+        if (c_.qrhead) {
+            const auto t0 = std::chrono::steady_clock::now();
+            cal = query_cal(*ptrs[k]);
+            times_.query += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        res.push_back(scored(g[k], outs[k], cal.defined() ? &cal : nullptr));
+    }
     return res;
 }
 

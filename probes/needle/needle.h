@@ -44,6 +44,10 @@ struct NeedleConfig {
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
     bool keep_steps = false;       // TrialResult::steps of the scored pass (--dump-steps)
     int64_t prefix_max_bytes = int64_t{4} << 30;  // the kept prefix's bound (PrefixCache::max_bytes)
+    // The scored pass also computes QRHead's calibrated query rows (the score qrhead, qrhead.h): two
+    // forwards of the template's suffix per trial, with the question and with the null query, from
+    // the trial's kept prefill (else a prefill of the context). Off: the qrhead arrays are NaN.
+    bool qrhead = false;
 };
 
 // One trial's outcome. arrays: every score's trial arrays (scores.h NeedleScoreRow::trial_arrays,
@@ -147,10 +151,12 @@ public:
 private:
     std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials) const;
     static void set_cuts(std::vector<Trial>& trials);
+    void set_query_spans();  // Trial::query_start and null_query of the scan's trials (config.qrhead)
     DecodeSettings ablation_settings() const;
     std::function<bool(int64_t)> stopper() const;
     TrialResult judge(int64_t i, const std::vector<int64_t>& generated) const;
-    TrialResult scored(int64_t i, const DecodeOut& d) const;  // judge + the head scores
+    TrialResult scored(int64_t i, const DecodeOut& d, const at::Tensor* query_cal) const;  // judge + the head scores
+    at::Tensor query_cal(const Trial& t) const;  // QRHead's calibrated rows of trial t (qrhead_calibrated)
 
     const Model& m_;
     const Tokenizer& tok_;

@@ -55,9 +55,10 @@ struct HeadSet {
 };
 
 // Where a needle test's time goes (seconds, summed over its decodes): the prefill forwards, the
-// decode steps' forwards, the per-step scoring.
+// decode steps' forwards, the per-step scoring, QRHead's query passes.
 struct DecodeTimes {
     double prefill = 0, decode = 0, score = 0;
+    double query = 0;  // QRHead's query passes (NeedleConfig::qrhead): the suffix with the question and the null query
 };
 
 struct DecodeSettings {

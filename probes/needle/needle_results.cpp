@@ -167,7 +167,12 @@ bool NeedleResults::same_set(const NeedleResults& o, int64_t os, int64_t s) cons
 }
 
 int64_t NeedleSummary::n_scored(NeedleScore s) const {
-    return needle_score(s).reduction == NeedleReduction::kAnswerStepMean ? n_locos : n_pass;
+    switch (needle_score(s).reduction) {
+        case NeedleReduction::kAnswerStepMean: return n_locos;
+        case NeedleReduction::kDoneMean: return n_query;
+        case NeedleReduction::kPassedMean: break;
+    }
+    return n_pass;
 }
 
 schema::NeedleScoresRecord NeedleSummary::stored(NeedleScoreSet set) const {
@@ -208,6 +213,16 @@ static void reduce_score(const NeedleResults& r, const NeedleScoreRow& row, cons
         // HeadKV averages R2 over the trials with qa_f1 > 50 (retrieval_head_detection_r2.py lines
         // 314-317, 238-241); headscope uses its pass flag (ROUGE-1 recall > pass_threshold) instead.
         out = s.n_pass ? gather_trials(r, v, pass_idx).mean(0) : nan();
+        return;
+    }
+    if (row.reduction == NeedleReduction::kDoneMean) {
+        // QRHead's QRScore averages over every example (detect_qrhead_lme.py lines 14-31): here the
+        // done trials whose array is a number (the needle's span found, the score computed).
+        std::vector<int64_t> idx;
+        for (int64_t i = 0; i < r.N; ++i)
+            if (r.done[i] && std::isfinite(v[static_cast<size_t>(i * r.L * r.H)])) idx.push_back(i);
+        s.n_query = static_cast<int64_t>(idx.size());
+        out = idx.empty() ? nan() : gather_trials(r, v, idx).mean(0);
         return;
     }
     // LOCOS: the trials with an answer step, and the bootstrap intervals (one such score: ci_low, ci_high).

@@ -64,6 +64,7 @@ struct NeedleSummary {
     std::vector<at::Tensor> scores;          // [score] [L, H] double, every score of the registry
     at::Tensor ci_low, ci_high;              // [L, H] double: the bootstrapped score's (LOCOS) intervals
     int64_t n_done = 0, n_pass = 0, n_locos = 0;  // n_locos: passing trials with an answer step
+    int64_t n_query = 0;                     // done trials with a QRHead array (NeedleReduction::kDoneMean)
     double accuracy = 0, rougeL = 0;         // over the done trials (NaN when none)
     bool with_ci = false;                    // >= 10 scored trials (the reference's rule)
     std::vector<float> abl_acc, abl_rougeL;  // [S] over each set's done trials

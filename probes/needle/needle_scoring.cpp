@@ -1,6 +1,8 @@
 // The needle scan's per-step scoring (see needle_scoring.h).
 #include "needle_scoring.h"
 
+#include "qrhead.h"
+
 #include <torch/torch.h>
 
 #include <algorithm>
@@ -120,6 +122,14 @@ std::vector<at::Tensor> locos_trial(const NeedleTrialSteps& in) {
 std::vector<at::Tensor> r2_trial(const NeedleTrialSteps& in) {
     const int64_t n = std::min<int64_t>(in.steps[0].size(0), in.answer_tokens);
     return {in.steps[0].narrow(0, 0, n).sum(0)};
+}
+
+std::vector<at::Tensor> qrhead_step(const NeedleStepInput&) { return {}; }
+
+std::vector<at::Tensor> qrhead_trial(const NeedleTrialSteps& in) {
+    if (!in.query_cal || !in.needle_found)
+        return {torch::full({in.L, in.H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble)};
+    return {qrhead_span_scores(*in.query_cal, in.needle_start, in.needle_end)};
 }
 
 std::vector<int64_t> answer_steps(const Tokenizer& tok, const std::vector<int64_t>& gen, const std::string& answer) {

@@ -46,6 +46,10 @@ struct NeedleTrialSteps {
     int64_t answer_tokens = 0;
     bool needle_found = false;
     int64_t L = 0, H = 0;
+    // QRHead: the question's calibrated attention rows [L, H, S'] (qrhead.h qrhead_calibrated; nullptr:
+    // not computed) and the needle's span [needle_start, needle_end).
+    const at::Tensor* query_cal = nullptr;
+    int64_t needle_start = -1, needle_end = -1;
 };
 
 // The per-step arithmetic on one layer, exposed for the tests: every score's step arrays, each [H]
@@ -76,6 +80,7 @@ PerNeedleScore<at::Tensor> score_row(const Model& m, const std::vector<at::Tenso
 std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in);
 std::vector<at::Tensor> locos_step(const NeedleStepInput& in);
 std::vector<at::Tensor> r2_step(const NeedleStepInput& in);
+std::vector<at::Tensor> qrhead_step(const NeedleStepInput& in);  // none: QRHead reads the prefill, not the steps
 // The trial functions: retrieval, the sum of the per-step credit; LOCOS, the mean of L+ - L- over
 // the answer steps, then the means of L+ and L- (NaN without an answer step, or when the needle's
 // span was not found); R2, the sum of the per-step credit over the first min(steps, answer tokens)
@@ -84,6 +89,8 @@ std::vector<at::Tensor> r2_step(const NeedleStepInput& in);
 std::vector<at::Tensor> retrieval_trial(const NeedleTrialSteps& in);
 std::vector<at::Tensor> locos_trial(const NeedleTrialSteps& in);
 std::vector<at::Tensor> r2_trial(const NeedleTrialSteps& in);
+// QRHead: qrhead_span_scores over the needle's span of in.query_cal (NaN without it or without the span).
+std::vector<at::Tensor> qrhead_trial(const NeedleTrialSteps& in);
 
 // Decode steps that produced the gold answer (the LOCOS rule): the first contiguous run of the
 // answer's own tokens (encoded without specials); else the tokens whose decoded text overlaps the

@@ -147,6 +147,7 @@ std::unique_ptr<NeedleTest> make_needle_test(const NeedleStudySpec& s, const Mod
                                              const NeedleInputs& in) {
     NeedleConfig cfg = s.cfg;
     cfg.max_positions = m.config.max_seq_len;
+    cfg.qrhead = s.scores.has(NeedleScore::kQrhead);
     return std::make_unique<NeedleTest>(m, tok, TrialBuilder(tok, s.proto, in.facts, in.needles, in.needles_path, in.haystacks),
                                         cfg);
 }
@@ -275,12 +276,13 @@ void NeedleStudy::choose_sets(std::vector<Head> heads, std::string source) {
 }
 
 // The named heads, the top K of the --from score, or (scored_here) of this run's score: LOCOS when
-// computed, else retrieval, else R2.
+// computed, else retrieval, else R2, else QRHead.
 void NeedleStudy::choose_sets(const NeedleSummary* scored_here) {
     if (spec_.ablate_top == 0) return choose_sets(spec_.ablate_heads, "--ablate");
     const NeedleScore own = spec_.scores.has(NeedleScore::kLocos)       ? NeedleScore::kLocos
                             : spec_.scores.has(NeedleScore::kRetrieval) ? NeedleScore::kRetrieval
-                                                                        : NeedleScore::kR2;
+                            : spec_.scores.has(NeedleScore::kR2)        ? NeedleScore::kR2
+                                                                        : NeedleScore::kQrhead;
     const at::Tensor& src = spec_.from_score.defined() ? spec_.from_score : scored_here->score(own);
     choose_sets(top_heads(src, spec_.ablate_top),
                 !spec_.from.empty() ? spec_.from : "this run: scores/" + std::string(needle_score_name(own)) + "/score");
@@ -435,7 +437,8 @@ void NeedleStudy::run() {
                              reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
     {
         const auto& t = test_.times();
-        log_info(fmt::format("time: prefill {:.2f} s, decode steps {:.2f} s, scoring {:.2f} s", t.prefill, t.decode, t.score));
+        log_info(fmt::format("time: prefill {:.2f} s, decode steps {:.2f} s, scoring {:.2f} s{}", t.prefill, t.decode, t.score,
+                             t.query > 0 ? fmt::format(", QRHead's query passes {:.2f} s", t.query) : std::string()));
     }
     write(n_sets_planned());
 }

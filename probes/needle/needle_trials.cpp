@@ -516,6 +516,13 @@ Trial TrialBuilder::build(int64_t length, double depth, int ni, Assembly a, cons
     return t;
 }
 
+std::optional<std::vector<int64_t>> TrialBuilder::suffix_tokens(const std::string& question, Assembly a,
+                                                                const PromptTemplate& tmpl) const {
+    if (a == Assembly::kTokens) return enc_headscope(tmpl.suffix(question));
+    if (a == Assembly::kTracked) return enc(tmpl.suffix(question), false);
+    return std::nullopt;
+}
+
 Trial TrialBuilder::tokens_trial(int64_t length, double depth, int ni, const PromptTemplate& tmpl) const {
     const auto& nd = needles_[static_cast<size_t>(ni)];
     const std::string& hay = haystacks_[static_cast<size_t>(ni)];

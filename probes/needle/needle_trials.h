@@ -145,6 +145,11 @@ struct Trial {
     // sorted, distinct; NeedleTest sets them): prefill chunk boundaries, so that every trial sharing a
     // prefix computes it in the same chunks (docs/methods.md, "Prefix reuse").
     std::vector<int64_t> cuts;
+    // QRHead's query (NeedleTest sets them when the scan computes qrhead): the template's suffix (the
+    // question and what follows the context) starts at query_start (-1: not set), and null_query is
+    // that suffix with the question replaced by QRHead's null query, as the assembly encodes it.
+    int64_t query_start = -1;
+    std::vector<int64_t> null_query;
 };
 
 // Token-level facts about the tokenizer the trials need, computed once.
@@ -216,6 +221,11 @@ public:
     // One trial of `length` context tokens with needle `needle` at `depth` percent, assembled as `a`
     // says with template `tmpl`. DataError ("needles_path:line: ...") when the needle does not fit.
     Trial build(int64_t length, double depth, int needle, Assembly a, const PromptTemplate& tmpl) const;
+
+    // The template's suffix with `question` as assembly `a` encodes it after the context (tokens:
+    // headscope's encode; tracked: without specials); nullopt for the assemblies that re-encode the
+    // whole prompt (text, joined), whose suffix has no exact token span.
+    std::optional<std::vector<int64_t>> suffix_tokens(const std::string& question, Assembly a, const PromptTemplate& tmpl) const;
 
     const NeedleProtocol& protocol() const { return p_; }
     const TokenFacts& facts() const { return facts_; }

@@ -34,6 +34,15 @@ const std::vector<NeedleScoreRow>& needle_scores() {
          "steps; mean over passing trials (the reference: qa_f1 > 50)",
          {{"r2", false}}, {{"r2", false}}, r2_step, r2_trial, NeedleReduction::kPassedMean,
          /*flags_heads=*/false, /*steps_need_needle=*/false},
+        {NeedleScore::kQrhead, "qrhead",
+         "QRHead's query-focused retrieval score (princeton-pli/QRHead "
+         "attn_retriever.py lines 197-217, 301-312): the attention rows of the "
+         "question's tokens (the template after the context) after the prefill, "
+         "averaged over those tokens, minus the same rows with the question "
+         "replaced by 'N/A'; over the needle's tokens, those above mean - 2 std "
+         "summed; mean over the done trials (passing or not)",
+         {{"qrhead", false}}, {}, qrhead_step, qrhead_trial, NeedleReduction::kDoneMean,
+         /*flags_heads=*/false, /*steps_need_needle=*/false, /*needs_query_rows=*/true},
     };
     return rows;
 }

@@ -22,8 +22,9 @@ enum class NeedleScore : int {
     kRetrieval = 0,  // Wu et al. 2024's copy-paste criterion
     kLocos = 1,      // LOCOS's logit contribution L+ - L-
     kR2 = 2,         // HeadKV's retrieval-reasoning score
+    kQrhead = 3,     // QRHead's query-focused retrieval score (the question's calibrated attention to the needle)
 };
-constexpr int kNeedleScoreCount = 3;
+constexpr int kNeedleScoreCount = 4;
 
 // A set of scores, in registry order when listed.
 struct NeedleScoreSet {
@@ -48,6 +49,8 @@ enum class NeedleReduction {
     kPassedMean,      // mean over the passing trials (n_trials_scored: the passing trials)
     kAnswerStepMean,  // mean over the passing trials with an answer step, with bootstrap intervals
                       // (/scores/<name>/ci_low, ci_high; n_trials_scored: those trials)
+    kDoneMean,        // mean over the done trials whose array is a number (QRHead: passing or not; NaN where
+                      // the needle's span was not found or the score was not asked for)
 };
 
 // What one layer's decode step hands a step function (needle_scoring.h: score_step).
@@ -61,7 +64,7 @@ using NeedleTrialFn = std::vector<at::Tensor> (*)(const NeedleTrialSteps&);
 
 struct NeedleScoreRow {
     NeedleScore id;
-    const char* name;         // "retrieval", "locos", "r2"
+    const char* name;         // "retrieval", "locos", "r2", "qrhead"
     const char* description;  // /scores/<name> description attribute
     // Per trial, [N, L, H]: the score's own array first (named as the score), then its parts
     // (LOCOS: lplus, lminus). Every score's arrays are kept whatever --score asks.
@@ -73,16 +76,19 @@ struct NeedleScoreRow {
     NeedleReduction reduction;
     bool flags_heads;        // its summary names the heads above --flag-threshold (the flagged attribute)
     bool steps_need_needle;  // its kept steps are NaN where the needle's span was not found
+    // The trial function reads the question's calibrated attention rows after the prefill
+    // (NeedleTrialSteps::query_cal: QRHead), which the scan computes only when --score asks for it.
+    bool needs_query_rows = false;
 };
 const std::vector<NeedleScoreRow>& needle_scores();  // every score, in enum order
 const NeedleScoreRow& needle_score(NeedleScore s);
 const char* needle_score_name(NeedleScore s);
-// "retrieval", "locos", "r2" -> the score; UsageError "unknown score 'x' (valid: retrieval, locos, r2)".
+// "retrieval", "locos", "r2" -> the score; UsageError "unknown score 'x' (valid: retrieval, locos, r2, qrhead)".
 NeedleScore parse_needle_score(const std::string& name);
 // "retrieval,locos" -> the set (words trimmed, empty words skipped); UsageError for an unknown word
-// or an empty list ("no score named (valid: retrieval, locos, r2)").
+// or an empty list ("no score named (valid: retrieval, locos, r2, qrhead)").
 NeedleScoreSet parse_needle_scores(const std::string& csv);
-std::string needle_score_names();  // "retrieval, locos, r2" (messages and help)
+std::string needle_score_names();  // "retrieval, locos, r2, qrhead" (messages and help)
 
 // Per-score arrays indexed [score][part], the parts in the row's trial_arrays or step_arrays order:
 // what a decode step, a trial and the scan's results hold for every score of the registry.

@@ -90,6 +90,7 @@ const PathEntry kLayout[] = {
     {"/retrieval/trials/lplus", K::kDataset, "retrieval"},
     {"/retrieval/trials/lminus", K::kDataset, "retrieval"},
     {"/retrieval/trials/r2", K::kDataset, "retrieval"},
+    {"/retrieval/trials/qrhead", K::kDataset, "retrieval"},
     {"/retrieval/steps", K::kGroup, "retrieval"},
     {"/retrieval/steps/credit", K::kDataset, "retrieval"},
     {"/retrieval/steps/lplus", K::kDataset, "retrieval"},
