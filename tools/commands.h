@@ -25,6 +25,7 @@ void setup_retrieval(CLI::App& app);
 void setup_run(CLI::App& app);
 void setup_ablate(CLI::App& app);
 void setup_patch(CLI::App& app);
+void setup_fv_heads(CLI::App& app);
 void setup_merge(CLI::App& app);
 void setup_report(CLI::App& app);
 void setup_atlas(CLI::App& app);

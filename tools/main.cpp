@@ -52,6 +52,7 @@ int main(int argc, char** argv) {
     cli::setup_run(app);
     cli::setup_ablate(app);
     cli::setup_patch(app);
+    cli::setup_fv_heads(app);
     cli::setup_merge(app);
     cli::setup_report(app);
     cli::setup_atlas(app);

@@ -209,25 +209,47 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
     check_pairs(m, pairs);
     const int64_t N = pairs.rows(), T = pairs.clean.size(1), L = m.config.n_layers, U = units(m, o.site);
     check_each_position(pairs, o);
+    const bool fixed = !o.mean_source.empty();  // Todd et al.'s mean activation at the last position
+    HS_REQUIRE(!fixed || (static_cast<int64_t>(o.mean_source.size()) == L && o.site != Point::kAttnPattern && !o.each_position),
+               "a fixed patch source needs one [U, d] tensor a layer, a site other than the pattern, all positions");
     const auto p = prepare(m, pairs);
     const Point pt = o.site;
     PatchResult r;
-    // The clean run's site at every layer, and the corrupted run's resid_pre (prefix reuse).
+    // The clean run's site at every layer (or the fixed source at each row's last position), and
+    // the corrupted run's resid_pre (prefix reuse).
     std::vector<at::Tensor> clean_act(L), resid_pre(L);
     {
-        Hooks h;
-        h.capture(pt, [&](int l, const at::Tensor& x) { clean_act[l] = x.clone(); });
-        r.metric_clean = mean_metric(m, p, p.clean, h, o.metric);
+        if (!fixed) {
+            Hooks h;
+            h.capture(pt, [&](int l, const at::Tensor& x) { clean_act[l] = x.clone(); });
+            r.metric_clean = mean_metric(m, p, p.clean, h, o.metric);
+            ++r.forwards;
+        } else {
+            r.metric_clean = std::numeric_limits<double>::quiet_NaN();
+        }
         Hooks hc;
         hc.capture(Point::kResidPre, [&](int l, const at::Tensor& x) { resid_pre[l] = x.clone(); });
+        if (fixed)
+            hc.capture(pt, [&](int l, const at::Tensor& x) {
+                const auto& src = o.mean_source[l];  // [U, d]
+                HS_REQUIRE(src.dim() == 2 && src.size(0) == x.size(2) && src.size(1) == x.size(3),
+                           "the fixed patch source's shape does not match the site");
+                auto full = torch::zeros_like(x);
+                auto rows = torch::arange(N, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+                full.index_put_({rows, p.last}, src.to(x.device(), x.scalar_type()).unsqueeze(0).expand({N, src.size(0), src.size(1)}));
+                clean_act[l] = full;
+            });
         r.metric_corrupt = mean_metric(m, p, p.corrupt, hc, o.metric);
-        r.forwards += 2;
+        ++r.forwards;
     }
-    check_gap(r.metric_clean, r.metric_corrupt);
+    if (!fixed) check_gap(r.metric_clean, r.metric_corrupt);
+    else if (!std::isfinite(r.metric_corrupt))
+        throw DataError(fmt::format("patching: the corrupted runs' metric is not finite ({})", r.metric_corrupt));
     // Configurations per layer: (unit, position) with position -1 = every position.
     std::vector<std::pair<int64_t, int64_t>> cfgs;
     for (int64_t u = 0; u < U; ++u) {
-        if (!o.each_position) cfgs.push_back({u, -1});
+        if (fixed) cfgs.push_back({u, -2});  // -2: each row's last position
+        else if (!o.each_position) cfgs.push_back({u, -1});
         else
             for (int64_t t = 0; t < T; ++t) cfgs.push_back({u, t});
     }
@@ -247,7 +269,9 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
                 auto [u, t] = cfgs[c0 + j];
                 auto rows = mask.narrow(0, j * N, N).select(unit_dim(o.site), u);  // drops the unit dim
                 const int pd = pos_dim(o.site) < unit_dim(o.site) ? pos_dim(o.site) : pos_dim(o.site) - 1;
-                if (t < 0) rows.fill_(true);
+                if (t == -2)
+                    for (int64_t i = 0; i < N; ++i) rows[i].select(pd - 1, pairs.lengths[i] - 1).fill_(true);
+                else if (t < 0) rows.fill_(true);
                 else rows.select(pd, t).fill_(true);
             }
             mask = mask.to(m.options.device);
@@ -272,8 +296,45 @@ PatchResult exact_patching(const Model& m, const PatchPairs& pairs, const PatchO
     }
     prog.finish();
     r.patched = o.each_position ? patched.view({L, U, T}) : patched.view({L, U});
-    r.scores = (r.patched - r.metric_corrupt) / (r.metric_clean - r.metric_corrupt);
+    r.scores = fixed ? r.patched - r.metric_corrupt : (r.patched - r.metric_corrupt) / (r.metric_clean - r.metric_corrupt);
     return r;
+}
+
+MeanAtLast mean_site_at_last(const Model& m, const at::Tensor& tokens, const std::vector<int64_t>& lengths,
+                             const std::vector<int64_t>& answer, Point site, int64_t max_rows) {
+    torch::NoGradGuard ng;
+    const int64_t N = tokens.size(0), L = m.config.n_layers;
+    HS_REQUIRE(N > 0 && static_cast<int64_t>(lengths.size()) == N && static_cast<int64_t>(answer.size()) == N &&
+               site != Point::kAttnPattern, "mean_site_at_last: one length and one answer a prompt, a site other than the pattern");
+    MeanAtLast out;
+    out.mean.assign(L, at::Tensor());
+    double prob = 0, top1 = 0;
+    const int64_t per = std::max<int64_t>(1, max_rows);
+    for (int64_t i0 = 0; i0 < N; i0 += per) {
+        const int64_t n = std::min(per, N - i0);
+        PatchPairs chunk;
+        chunk.corrupt = chunk.clean = tokens.narrow(0, i0, n);
+        chunk.lengths.assign(lengths.begin() + i0, lengths.begin() + i0 + n);
+        chunk.answer.assign(answer.begin() + i0, answer.begin() + i0 + n);
+        chunk.wrong.assign(n, -1);
+        const auto p = prepare(m, chunk);
+        Hooks h;
+        h.capture(site, [&](int l, const at::Tensor& x) {  // [n, T, U, d]: each row's last position, summed
+            auto rows = torch::arange(n, torch::TensorOptions().dtype(torch::kLong).device(x.device()));
+            auto s = x.index({rows, p.last}).to(torch::kDouble).sum(0).to(torch::kCPU);
+            out.mean[l] = out.mean[l].defined() ? out.mean[l] + s : s;
+        });
+        auto resid = final_resid(m, p.clean, h, {});
+        auto x = resid.index({torch::arange(n, torch::TensorOptions().dtype(torch::kLong).device(resid.device())), p.last});
+        auto logits = m.unembed(x).to(torch::kDouble);
+        prob += metric_rows(m, p, resid, 1, MetricKind::kProb).sum().item<double>();
+        top1 += (logits.argmax(-1) == p.answer).sum().item<double>();
+        ++out.forwards;
+    }
+    for (auto& t : out.mean) t = t / static_cast<double>(N);
+    out.prob = prob / static_cast<double>(N);
+    out.top1 = top1 / static_cast<double>(N);
+    return out;
 }
 
 // ---------------------------------------------------------------- attribution

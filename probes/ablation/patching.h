@@ -57,6 +57,12 @@ struct PatchOptions {
     Point site = Point::kAttnZ;
     bool each_position = false;  // one patch per (head, position) instead of per head (all positions)
     int64_t max_rows = 64;       // rows per forward (patches x pairs), at least one patch
+    // A fixed source instead of each pair's clean run (Todd et al.'s mean head activations, function
+    // vectors): mean_source[l] is layer l's site value per unit, [U, d] (mean_site_at_last), and is put
+    // at each corrupted row's last position only. The clean prompts are not run: metric_clean is NaN
+    // and scores are the raw change patched - M_corrupt (the indirect effect, unnormalised). Sites
+    // z, q, k, v, head-out; not with each_position.
+    std::vector<at::Tensor> mean_source;
 };
 
 struct PatchResult {
@@ -66,6 +72,17 @@ struct PatchResult {
     double metric_clean = 0, metric_corrupt = 0;
     int64_t forwards = 0;  // forward passes run (benchmarks)
 };
+
+// The site's value at each prompt's last position (lengths[i] - 1), averaged over the prompts: one
+// [U, d] float64 tensor a layer (Todd et al.'s get_mean_head_activations at the final token), with
+// the prompts' mean p(answer[i]) and top-1 accuracy at that position. tokens [N, T] right-padded.
+struct MeanAtLast {
+    std::vector<at::Tensor> mean;  // [L] of [U, d]
+    double prob = 0, top1 = 0;
+    int64_t forwards = 0;
+};
+MeanAtLast mean_site_at_last(const Model& m, const at::Tensor& tokens, const std::vector<int64_t>& lengths,
+                             const std::vector<int64_t>& answer, Point site, int64_t max_rows);
 
 // Every head (and position) patched clean -> corrupted, one at a time. UsageError when
 // each_position is asked for pairs of unequal lengths.

@@ -218,6 +218,12 @@ const PathEntry kLayout[] = {
     {"/patching/<name>/path", K::kDataset, "patching"},
     {"/patching/<name>/metric_clean", K::kDataset, "patching"},
     {"/patching/<name>/metric_corrupt", K::kDataset, "patching"},
+    {"/patching/<name>/clean_tokens", K::kDataset, "patching"},
+    {"/patching/<name>/clean_lengths", K::kDataset, "patching"},
+    {"/patching/<name>/clean_answer", K::kDataset, "patching"},
+    {"/patching/<name>/corrupt_tokens", K::kDataset, "patching"},
+    {"/patching/<name>/corrupt_lengths", K::kDataset, "patching"},
+    {"/patching/<name>/corrupt_answer", K::kDataset, "patching"},
 };
 
 }  // namespace

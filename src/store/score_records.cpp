@@ -1,6 +1,8 @@
 // The single-pass commands' records written: every dataset name and attribute text beside its path.
 #include "score_records.h"
 
+#include "errors.h"
+
 #include <fmt/format.h>
 
 #include <utility>
@@ -314,6 +316,48 @@ void write_patching_run(ResultWriter& w, PatchingRecord p, const PatchingRun& ru
     }
     p.attrs = std::move(a);
     write_patching(w, p);
+}
+
+// ---- fv-heads
+
+void write_fv_heads(ResultWriter& w, PatchingRecord p, const FvHeadsRun& run, const FvPromptsRecord& q) {
+    p.attrs = Attrs{{"method", std::string("function-vector")},
+                    {"what", std::string("z")},
+                    {"positions", std::string("last")},
+                    {"units", std::string("query heads")},
+                    {"metric", std::string("prob")},
+                    {"pairs", run.task},
+                    {"n_pairs", run.n_trials},
+                    {"normalisation", std::string("none: the average indirect effect (Todd et al. 2024), the mean over the "
+                                                  "corrupted (shuffled-label) prompts of p(answer) with the head's mean clean z "
+                                                  "at the last token minus p(answer) without; metric_clean is the clean prompts' "
+                                                  "mean p(answer)")},
+                    {"n_shots", run.n_shots},
+                    {"n_trials", run.n_trials},
+                    {"seed", static_cast<int64_t>(run.seed)},
+                    {"test_split", run.test_split},
+                    {"input_prefix", run.input_prefix},
+                    {"output_prefix", run.output_prefix},
+                    {"input_separator", run.input_sep},
+                    {"output_separator", run.output_sep},
+                    {"prepend_space", static_cast<int64_t>(run.prepend_space)},
+                    {"top1_clean", run.top1_clean},
+                    {"forwards", run.forwards},
+                    {"seconds", run.seconds}};
+    const std::string name = p.name;
+    write_patching(w, p);
+    auto put = [&](const std::string& ds, const std::vector<int32_t>& v, const std::vector<int64_t>& shape) {
+        const std::string path = patching(name, ds);
+        HS_REQUIRE(in_layout(path), "HDF5 path '" + path + "' is not in the schema (src/store/schema.cpp layout())");
+        w.write(path, v, shape);
+    };
+    const int64_t N = static_cast<int64_t>(q.clean_lengths.size());
+    put("clean_tokens", q.clean_tokens, q.clean_shape);
+    put("corrupt_tokens", q.corrupt_tokens, q.corrupt_shape);
+    put("clean_lengths", q.clean_lengths, {N});
+    put("corrupt_lengths", q.corrupt_lengths, {static_cast<int64_t>(q.corrupt_lengths.size())});
+    put("clean_answer", q.clean_answer, {N});
+    put("corrupt_answer", q.corrupt_answer, {static_cast<int64_t>(q.corrupt_answer.size())});
 }
 
 }  // namespace hs::schema

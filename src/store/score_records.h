@@ -164,4 +164,24 @@ struct PatchingRun {
 // `p` with its attributes from `run`, written (an existing group of that name is replaced).
 void write_patching_run(ResultWriter& w, PatchingRecord p, const PatchingRun& run);
 
+// ---- `fv-heads`: function-vector heads as a patching group (scores = the AIE [L, H]) with the
+// prompts it drew, so that a file can be recomputed by another implementation (tests/fv_check.py)
+struct FvHeadsRun {
+    std::string task;                           // the task file
+    int64_t n_shots = 0, n_trials = 0;
+    uint64_t seed = 0;
+    double test_split = 0;
+    std::string input_prefix, output_prefix, input_sep, output_sep;
+    bool prepend_space = true;
+    double top1_clean = 0;
+    int64_t forwards = 0;
+    double seconds = 0;
+};
+struct FvPromptsRecord {
+    std::vector<int64_t> clean_shape, corrupt_shape;              // [N, T]
+    std::vector<int32_t> clean_tokens, corrupt_tokens;            // right-padded with 0
+    std::vector<int32_t> clean_lengths, corrupt_lengths, clean_answer, corrupt_answer;  // [N]
+};
+void write_fv_heads(ResultWriter& w, PatchingRecord p, const FvHeadsRun& run, const FvPromptsRecord& prompts);
+
 }  // namespace hs::schema

@@ -1,0 +1,139 @@
+// headscope fv-heads: function-vector heads (Todd et al. 2024), every head's average indirect effect
+// (probes/ablation/function_vectors.h; methods: docs/methods.md "Function-vector heads"; names:
+// docs/hdf5-schema.md "Patching").
+#include "commands.h"
+#include "common.h"
+#include "errors.h"
+#include "function_vectors.h"
+#include "heads.h"
+#include "progress.h"
+#include "score_records.h"
+
+#include <torch/torch.h>
+
+#include <cstdio>
+
+namespace hs::cli {
+
+struct FvCliOptions {
+    ModelArgs model;
+    OutputArgs out;
+    std::string task, name;
+    FvOptions fv;
+    bool no_space = false;
+    int top = 10;
+};
+
+static std::vector<int32_t> ints(const at::Tensor& t) {
+    auto c = t.to(torch::kInt).contiguous();
+    return {c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel()};
+}
+static std::vector<int32_t> ints(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+
+static void print_top(const at::Tensor& aie, const at::Tensor& patched, int k) {
+    const int64_t H = aie.size(1);
+    auto flat = aie.to(torch::kDouble).contiguous().view(-1);
+    auto order = std::get<1>(torch::sort(torch::nan_to_num(flat, -1e300), /*stable=*/true, 0, /*descending=*/true));
+    auto pf = patched.to(torch::kDouble).contiguous().view(-1);
+    std::printf("%-5s %-8s %-10s %s\n", "rank", "head", "AIE", "p(answer) patched");
+    for (int64_t i = 0; i < std::min<int64_t>(k, flat.size(0)); ++i) {
+        const int64_t j = order[i].item<int64_t>();
+        std::printf("%-5lld %-8s %+.6f  %.6f\n", static_cast<long long>(i + 1),
+                    format_head(static_cast<int>(j / H), static_cast<int>(j % H)).c_str(), flat[j].item<double>(),
+                    pf[j].item<double>());
+    }
+}
+
+void run_fv_heads(FvCliOptions o) {
+    const std::string name = o.name.empty() ? "fv" : o.name;
+    if (name.find_first_of("/ ") != std::string::npos)
+        throw UsageError(fmt::format("--name '{}': expected a name without '/' or spaces", name));
+    o.fv.tmpl.prepend_space = !o.no_space;
+    const WriteMode mode = write_mode(o.out);
+    // The task file is read before the model: a bad one fails at once.
+    const auto pairs = read_fv_task(o.task);
+    auto l = open_model(o.model, true);
+    const Model& m = *l.model;
+    const auto prompts = fv_prompts(pairs, o.task, *l.tokenizer, m.config, o.fv);
+    ResultWriter w = open_result(o.out.out, mode);
+    if (mode == WriteMode::kAppend) check_same_model(w, m);
+    const auto r = function_vector_heads(m, prompts, o.fv);
+    std::printf("task %s: %zu pairs, %d shots, %d trials; clean p(answer) %.6f (top-1 %.3f), corrupted (shuffled labels) %.6f\n",
+                o.task.c_str(), pairs.size(), o.fv.n_shots, o.fv.n_trials, r.p_clean, r.top1_clean, r.p_corrupt);
+    print_top(r.aie, r.patched, o.top);
+    std::printf("%lld forwards: mean activations %.2f s, patching sweep %.2f s (%.3f s a head)\n",
+                static_cast<long long>(r.forwards), r.seconds_mean, r.seconds_sweep,
+                r.seconds_sweep / static_cast<double>(r.aie.numel()));
+    schema::PatchingRecord rec;
+    rec.name = name;
+    rec.shape = r.aie.sizes().vec();
+    rec.scores = host_floats(r.aie), rec.patched = host_floats(r.patched);
+    rec.metric_clean = static_cast<float>(r.p_clean), rec.metric_corrupt = static_cast<float>(r.p_corrupt);
+    schema::FvHeadsRun run;
+    run.task = o.task, run.n_shots = o.fv.n_shots, run.n_trials = o.fv.n_trials, run.seed = o.fv.seed;
+    run.test_split = o.fv.test_split;
+    run.input_prefix = o.fv.tmpl.input_prefix, run.output_prefix = o.fv.tmpl.output_prefix;
+    run.input_sep = o.fv.tmpl.input_sep, run.output_sep = o.fv.tmpl.output_sep, run.prepend_space = o.fv.tmpl.prepend_space;
+    run.top1_clean = r.top1_clean, run.forwards = r.forwards, run.seconds = r.seconds_mean + r.seconds_sweep;
+    schema::FvPromptsRecord q;
+    q.clean_shape = prompts.clean.sizes().vec(), q.corrupt_shape = prompts.corrupt.sizes().vec();
+    q.clean_tokens = ints(prompts.clean), q.corrupt_tokens = ints(prompts.corrupt);
+    q.clean_lengths = ints(prompts.clean_lengths), q.corrupt_lengths = ints(prompts.corrupt_lengths);
+    q.clean_answer = ints(prompts.clean_answer), q.corrupt_answer = ints(prompts.corrupt_answer);
+    write_meta(w, m, 0);
+    schema::write_fv_heads(w, rec, run, q);
+    w.commit();
+    log_info("wrote {} ({})", o.out.out, schema::patching(name));
+}
+
+// A template part as the shell gives it: "\n" written as backslash-n becomes a newline.
+static std::string unescape(const std::string& s) {
+    std::string out;
+    for (size_t i = 0; i < s.size(); ++i) {
+        if (s[i] == '\\' && i + 1 < s.size() && (s[i + 1] == 'n' || s[i + 1] == 't' || s[i + 1] == '\\')) {
+            out += s[i + 1] == 'n' ? '\n' : s[i + 1] == 't' ? '\t' : '\\';
+            ++i;
+        } else {
+            out += s[i];
+        }
+    }
+    return out;
+}
+
+void setup_fv_heads(CLI::App& app) {
+    auto o = std::make_shared<FvCliOptions>();
+    auto* sub = app.add_subcommand(
+        "fv-heads",
+        "function-vector heads (Todd et al. 2024): each head's mean z at the last token over clean few-shot\n"
+        "prompts of a word-pair task, put at the last token of prompts with shuffled labels; the average\n"
+        "indirect effect (AIE) is the rise of p(answer) (its first token), averaged over those prompts.\n"
+        "Prompts: \"Q: x\\nA: y\\n\\n\" per shot, then \"Q: x\\nA:\" (the reference's template). Task: a JSON\n"
+        "list of {\"input\", \"output\"} (datasets/fv/). Writes /patching/<name>/{scores (AIE [L, H]), patched,\n"
+        "metric_clean, metric_corrupt} and the prompts' tokens.\n"
+        "Example: headscope fv-heads ../shared/testdata/tinystories-656k --task datasets/fv/lowercase-uppercase.json "
+        "--shots 5 --trials 8 --out fv.h5\n"
+        "The toy (train-toy --task icl) asks with its own template: --shots 6 --trials 16 --input-prefix '' "
+        "--output-prefix '' --input-sep '' --output-sep '' --no-space.");
+    add_model_args(sub, o->model);
+    add_output_args(sub, o->out, true);
+    sub->add_option("--task", o->task, "JSON word-pair task: [{\"input\": ..., \"output\": ...}, ...]")->required();
+    sub->add_option("--shots", o->fv.n_shots, "demonstrations a prompt (the reference's n_shots)")
+        ->check(at_least(1))->capture_default_str();
+    sub->add_option("--trials", o->fv.n_trials, "clean prompts for the mean and corrupted prompts for the AIE (n_trials)")
+        ->check(at_least(1))->capture_default_str();
+    sub->add_option("--seed", o->fv.seed, "the prompts' draw")->capture_default_str();
+    sub->add_option("--test-split", o->fv.test_split, "the share of pairs kept for queries")
+        ->check(in_range(0.01, 0.99))->capture_default_str();
+    auto esc = [](std::string& target) { return [&target](const std::string& v) { target = unescape(v); }; };
+    sub->add_option_function<std::string>("--input-prefix", esc(o->fv.tmpl.input_prefix), "before each input (default Q:)");
+    sub->add_option_function<std::string>("--output-prefix", esc(o->fv.tmpl.output_prefix), "before each output (default A:)");
+    sub->add_option_function<std::string>("--input-sep", esc(o->fv.tmpl.input_sep), "after each input (default \\n)");
+    sub->add_option_function<std::string>("--output-sep", esc(o->fv.tmpl.output_sep), "after each output (default \\n\\n)");
+    sub->add_flag("--no-space", o->no_space, "no space before inputs and outputs (the reference's prepend_space=False)");
+    sub->add_option("--name", o->name, "the group /patching/<name> (default fv)");
+    sub->add_option("--batch-rows", o->fv.max_rows, "rows per forward (heads x prompts)")->check(at_least(1))->capture_default_str();
+    sub->add_option("--top", o->top, "print this many best heads")->check(at_least(0))->capture_default_str();
+    sub->callback([o] { run_fv_heads(*o); });
+}
+
+}  // namespace hs::cli
