@@ -174,4 +174,49 @@ RecallBatch recall_batch(Rng& rng, int64_t B, int64_t T, bool eval) {
     return out;
 }
 
+// ---- in-context functions
+
+int64_t icl_output(int task, int64_t x) { return kUpper0 + (x + task) % kIclDomain; }
+
+std::vector<std::pair<std::string, std::string>> icl_pairs(int task) {
+    std::vector<std::pair<std::string, std::string>> out;
+    for (int64_t x = 0; x < kIclDomain; ++x) out.push_back({token_text(kLower0 + x), token_text(icl_output(task, x))});
+    return out;
+}
+
+IclBatch icl_batch(Rng& rng, int64_t B, bool eval, int task, bool shuffle) {
+    Rows rows(B, kIclLen);
+    IclBatch out;
+    std::fill(rows.tok.begin(), rows.tok.end(), 0);
+    for (int64_t b = 0; b < B; ++b) {
+        const int k = task >= 0 ? task : static_cast<int>(uniform(rng, 0, kIclTasks - 1));
+        const int64_t n = uniform(rng, kIclMinShots, kIclMaxShots);
+        std::vector<int64_t> xs;  // n distinct inputs from b..l (index 1..11)
+        for (int64_t x = 1; x < kIclDomain; ++x) xs.push_back(x);
+        for (int64_t i = 0; i < n; ++i) std::swap(xs[i], xs[i + uniform(rng, 0, kIclDomain - 2 - i)]);
+        xs.resize(n);
+        std::vector<int64_t> ys;
+        for (auto x : xs) ys.push_back(icl_output(k, x));
+        if (shuffle) std::shuffle(ys.begin(), ys.end(), rng);
+        int64_t* r = rows.row(b);
+        r[0] = kBos;
+        std::vector<int64_t> labels;
+        for (int64_t i = 0; i < n; ++i) {
+            r[1 + 2 * i] = kLower0 + xs[i];
+            r[2 + 2 * i] = ys[i];
+            labels.push_back(2 + 2 * i);
+        }
+        const int64_t last = 1 + 2 * n;
+        r[last] = kLower0;  // the query 'a'
+        if (!eval)
+            for (int64_t i = 1; i < n; ++i) rows.score(b, 1 + 2 * i);
+        rows.tgt[b * kIclLen + last] = icl_output(k, 0);
+        rows.mask[b * kIclLen + last] = 1.f;
+        out.last.push_back(last);
+        out.label_pos.push_back(std::move(labels));
+    }
+    out.batch = rows.to_batch();
+    return out;
+}
+
 }  // namespace hs::toy

@@ -63,4 +63,25 @@ struct RecallBatch {
 };
 RecallBatch recall_batch(Rng& rng, int64_t B, int64_t T, bool eval);
 
+// In-context functions (function vectors, Todd et al. 2024): task k in [0, 4) maps the letter x of
+// the first 12 (a..l, index 0..11) to the uppercase letter of (x + k) mod 12. A row: BOS, n in
+// [3, 8] demonstrations "x Y" (distinct inputs from b..l, Y = f_k(x), k one per row), then the query
+// 'a', whose answer f_k(a) only the task decides (so a head's mean output over prompts of one task
+// carries the task, not the query). Training rows score each demonstration's output from the second
+// on (at its input) and the answer (at the query); evaluation rows only the answer. shuffle
+// permutes the demonstrations' outputs (the reference's corrupted prompts). Rows are right-padded
+// with 0 to kIclLen.
+constexpr int kIclDomain = 12, kIclTasks = 4, kIclMinShots = 3, kIclMaxShots = 8;
+constexpr int64_t kIclLen = 2 * kIclMaxShots + 2;
+int64_t icl_output(int task, int64_t x);  // the output token of input index x (0..11) under task
+struct IclBatch {
+    Batch batch;
+    std::vector<int64_t> last;                     // [B] the query's position
+    std::vector<std::vector<int64_t>> label_pos;   // [B] the demonstrations' output positions
+};
+// task < 0: a task drawn per row.
+IclBatch icl_batch(Rng& rng, int64_t B, bool eval, int task = -1, bool shuffle = false);
+// The task's word pairs {"x", "Y"} as text (datasets/fv/toy-icl-shift<k>.json holds them).
+std::vector<std::pair<std::string, std::string>> icl_pairs(int task);
+
 }  // namespace hs::toy

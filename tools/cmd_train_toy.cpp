@@ -51,6 +51,11 @@ void print_metrics(const json& log) {
         for (auto& [n, v] : f["repeated_half_loss"].items()) per += fmt::format(" {:.3f} (|R|={})", v.get<double>(), n);
         fmt::print("  repeated-half loss:{}; first occurrence {:.2f} nats (chance log 62 = {:.2f})\n", per,
                    f["first_occurrence_loss_mean"].get<double>(), f["log_vocab"].get<double>());
+    } else if (log["task"] == "icl") {
+        std::string per, sh;
+        for (auto& [n, v] : f["accuracy_by_task"].items()) per += fmt::format(" {:.3f} (task {})", v.get<double>(), n);
+        for (auto& [n, v] : f["shuffled_label_accuracy_by_task"].items()) sh += fmt::format(" {:.3f}", v.get<double>());
+        fmt::print("  exact answer accuracy:{}; with the labels shuffled:{}\n", per, sh);
     } else {
         std::string per;
         for (auto& [n, v] : f["accuracy"].items()) per += fmt::format(" {:.3f} (T={})", v.get<double>(), n);
@@ -61,12 +66,12 @@ void print_metrics(const json& log) {
 
 void print_ground_truth(const json& log) {
     const json& g = log["ground_truth"];
-    const bool ind = log["task"] == "induction";
-    const std::string key = ind ? "induction_head" : "retrieval_head";
-    const char* what = ind ? "repeated-half loss" : "recall accuracy";
+    const bool ind = log["task"] == "induction", icl = log["task"] == "icl";
+    const std::string key = ind ? "induction_head" : icl ? "function_head" : "retrieval_head";
+    const char* what = ind ? "repeated-half loss" : icl ? "answer accuracy" : "recall accuracy";
     const double base = g["baseline"].get<double>();
     const json& set = g[key + "s"];
-    const json& attn = g[ind ? "induction_attention" : "retrieval_attention"];
+    const json& attn = g[ind ? "induction_attention" : icl ? "output_attention" : "retrieval_attention"];
     if (g[key].is_null()) {
         fmt::print("  no head or set of heads in layers >= 1 is causal ({} harm >= {})\n", what,
                    g["thresholds"]["causal_harm"].get<double>());
@@ -74,7 +79,8 @@ void print_ground_truth(const json& log) {
         const auto [l, h] = parse_head(g[key].get<std::string>());
         fmt::print("  {} is the {} head: {} attention {:.2f}; ablating it changes {} from {:.3f} to {:.3f} "
                    "(other layer-{} heads: harm at most {:.3f})\n",
-                   g[key].get<std::string>(), ind ? "induction" : "retrieval", ind ? "induction" : "query-to-value",
+                   g[key].get<std::string>(), ind ? "induction" : icl ? "function" : "retrieval",
+                   ind ? "induction" : icl ? "query-to-outputs" : "query-to-value",
                    attn[l][h].get<double>(), what, base, g["per_head_ablation"][l][h].get<double>(), l,
                    other_max(g["per_head_harm"], l, h));
     } else {
@@ -86,7 +92,7 @@ void print_ground_truth(const json& log) {
         }
         fmt::print("  {} heads share the {} circuit: {}; ablating them together changes {} from {:.3f} to {:.3f} "
                    "(the other layer >= 1 heads together: {:.3f})\n",
-                   set.size(), ind ? "induction" : "retrieval", each, what, base,
+                   set.size(), ind ? "induction" : icl ? "function" : "retrieval", each, what, base,
                    g[key + "s_joint_ablation"].get<double>(), g["other_late_heads_joint_ablation"].get<double>());
     }
     fmt::print("  the largest harm from ablating one head outside the circuit: {:.3f}\n",
@@ -137,8 +143,9 @@ void setup_train_toy(CLI::App& app) {
     auto o = std::make_shared<TrainToyOptions>();
     auto* sub = app.add_subcommand("train-toy",
                                    "train a small model whose circuit is known (ground truth for the probes)\n"
-                                   "Example: headscope train-toy --task induction --out models/toy-induction --seed 1");
-    sub->add_option("--task", o->task, "induction | recall")->required();
+                                   "Example: headscope train-toy --task induction --out models/toy-induction --seed 1\n"
+                                   "Example: headscope train-toy --task icl --out models/toy-icl --seed 1");
+    sub->add_option("--task", o->task, "induction | recall | icl (in-context functions: function-vector heads)")->required();
     sub->add_option("--out", o->out, "output folder (Hugging Face layout)")->required();
     sub->add_option("--seed", o->seed, "training seed (weights, data and evaluation set follow from it)")
         ->capture_default_str();

@@ -13,7 +13,7 @@
 
 namespace hs {
 
-enum class ToyTask { kInduction, kRecall };
+enum class ToyTask { kInduction, kRecall, kIcl };
 ToyTask parse_toy_task(const std::string& name);  // ConfigError listing the tasks
 std::string toy_task_name(ToyTask t);
 
