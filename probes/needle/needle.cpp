@@ -79,6 +79,19 @@ void NeedleTest::set_query_spans() {
     }
 }
 
+NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builder, NeedleConfig config, std::vector<Trial> trials)
+    : m_(m), tok_(tok), builder_(std::move(builder)), c_(std::move(config)), trials_(std::move(trials)) {
+    for (const auto& t : trials_) {
+        HS_REQUIRE(t.needle >= 0 && static_cast<size_t>(t.needle) < needles().size(), "NeedleTest: a trial's needle is not the builder's");
+        const int64_t positions = static_cast<int64_t>(t.prompt.size()) + c_.decode.max_new_tokens - 1;
+        if (c_.max_positions > 0 && positions > c_.max_positions)
+            throw UsageError(fmt::format("a prompt of {} tokens plus {} new tokens needs {} positions, beyond the model's context of {}",
+                                         t.prompt.size(), c_.decode.max_new_tokens, positions, c_.max_positions));
+    }
+    set_cuts(trials_);
+    groups_ = make_groups(trials_);
+}
+
 void NeedleTest::set_cuts(std::vector<Trial>& trials) {
     std::vector<const std::vector<int64_t>*> prompts;
     for (const auto& t : trials) prompts.push_back(&t.prompt);

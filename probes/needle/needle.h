@@ -84,6 +84,12 @@ public:
     // length; UsageError ("length N: ...") for a length whose prompt plus max_new_tokens - 1 positions
     // exceed config.max_positions.
     NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builder, NeedleConfig config);
+    // A test of trials built elsewhere (AttentionInfluence's key -> value task, key_value_trials.h):
+    // trial i's `needle` indexes builder's needles (its answer), builder gives the protocol (the stop
+    // rule, the response's decode); config's lengths and depths are not read. The same batches, passes
+    // and scores as a grid's; the ablation passes decode these trials. UsageError as above when a
+    // prompt plus max_new_tokens - 1 positions exceed config.max_positions.
+    NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builder, NeedleConfig config, std::vector<Trial> trials);
 
     const std::vector<Trial>& trials() const { return trials_; }
     // The ablated and decoding passes' trials (the scan's unless the protocol assembles them apart).
