@@ -109,6 +109,28 @@ assert b.attrs['heads'][0] == 'L1H0,L1H1,L1H2', b.attrs['heads']
 assert np.array_equal(a['score'][()][0], b['score'][()][0]) and np.array_equal(a['selected'][()], b['selected'][()])
 " "$TMP/i.h5" "$TMP/i3.h5"
 
+# Detection built in (the paper's route, --detect): Wu's retrieval score on the key -> value task (the
+# toy recall rows on the toy vocabulary), its top share masked; on the toy the top 3 (0.375 of 8 heads)
+# are the recall heads, the file keeps the score and the task, and the run equals the one naming them.
+ok "influence --detect" -- "$HS" influence "$TOY" --corpus "$C" --detect --detect-trials 100 --top-share 0.375 \
+  --loss-tokens last --select-fraction 0.5 --random-controls 3 --out "$TMP/idet.h5"
+check "prints the detected heads" -- grep -qE "^detected L1H0,L1H1,L1H2: the top 0.375 of 8 heads \(3\) by the retrieval score on 100 key -> value trials \(toy-recall" "$TMP/out"
+check "--detect: the score and the task kept; equal to --heads, bit for bit" -- "$PY" -c "
+import h5py, numpy as np, sys
+a, b = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']
+assert b.attrs['heads'][0] == 'L1H0,L1H1,L1H2', b.attrs['heads']
+assert b['detect_score'].shape == (2, 4) and 'detect_score' not in a
+s = b['detect_score'][()]; top = sorted(np.argsort(-s.ravel(), kind='stable')[:3]); assert list(top) == [4, 5, 6], s
+assert b.attrs['top_share'] == 0.375 and b.attrs['detect_trials'] == 100 and b.attrs['detect_format'] == 'toy-recall', dict(b.attrs)
+assert b.attrs['detect_passed'] >= 90
+for k in ['loss', 'masked_loss', 'score', 'rank', 'selected', 'masks', 'n_tokens']:
+    assert np.array_equal(a[k][()], b[k][()]), k
+" "$TMP/i.h5" "$TMP/idet.h5"
+# A resume compares the detection's settings (here the same two heads, L1H0 and L1H1, from 100 or 50 trials).
+ok "influence --detect, top 2" -- "$HS" influence "$TOY" --corpus "$C" --detect --detect-trials 100 --top-share 0.25 --random-controls 0 --out "$TMP/idet2.h5"
+expect "resume a --detect file with other detection settings" 6 "--resume: another run's file \(detect_trials: 100 vs 50\)" -- "$HS" influence "$TOY" \
+  --corpus "$C" --detect --detect-trials 50 --top-share 0.25 --random-controls 0 --resume --out "$TMP/idet2.h5"
+
 # Shards and resume: two shards (chunks of 5 samples) merged equal the unsharded run bit for bit;
 # --resume of a finished file computes nothing and changes nothing; another run's file is refused.
 A=("$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --random-controls 2 --chunk 5)
@@ -152,7 +174,7 @@ expect "token id out of range" 5 "range.jsonl:1: token id 9999 out of range" -- 
 : >"$TMP/empty.jsonl"
 expect "empty corpus" 5 "empty.jsonl: no samples" -- "$HS" influence "$TOY" --corpus "$TMP/empty.jsonl" --heads L1H0 --out "$TMP/b.h5"
 expect "missing corpus" 5 "nope.jsonl" -- "$HS" influence "$TOY" --corpus "$TMP/nope.jsonl" --heads L1H0 --out "$TMP/b.h5"
-expect "no heads" 2 "give --heads, or --from FILE.h5:DATASET with --top K" -- "$HS" influence "$TOY" --corpus "$C" --out "$TMP/b.h5"
+expect "no heads" 2 "give --detect, --heads, or --from FILE.h5:DATASET with --top K" -- "$HS" influence "$TOY" --corpus "$C" --out "$TMP/b.h5"
 expect "head outside the model" 2 "--heads" -- "$HS" influence "$TOY" --corpus "$C" --heads L9H0 --out "$TMP/b.h5"
 expect "--heads with --from" 2 "excludes" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --from "$TMP/d.h5:scores/induction/score" --top 1 --out "$TMP/b.h5"
 expect "bad --loss-tokens" 2 "--loss-tokens" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0 --loss-tokens first --out "$TMP/b.h5"

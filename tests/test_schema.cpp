@@ -151,6 +151,7 @@ TEST_CASE("schema: each result type's write and read round-trip") {
         inf.line = {1, 3}, inf.rank = {0, 1}, inf.selected = {1, 0}, inf.truncated = {0, 1}, inf.masks = {1, 0};
         inf.done = {1, 1}, inf.length = {5, 12};
         inf.preview = {"Once", "Tom"}, inf.attrs = {{"corpus", std::string("c.jsonl")}};
+        inf.detect_score = {0.5f, 1.f};
         schema::write_influence(w, inf);
         w.commit();
     }
@@ -193,6 +194,7 @@ TEST_CASE("schema: each result type's write and read round-trip") {
     CHECK(inf.truncated == std::vector<uint8_t>{0, 1});
     CHECK(inf.length == std::vector<int64_t>{5, 12});
     CHECK(inf.preview == std::vector<std::string>{"Once", "Tom"});
+    CHECK(inf.detect_score == std::vector<float>{0.5f, 1.f});
     CHECK(attr_to_string(inf.attrs.at("corpus")) == "c.jsonl");
 }
 

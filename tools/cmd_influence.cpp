@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <tuple>
 
 namespace hs::cli {
 
@@ -25,6 +26,9 @@ struct InfluenceCliOptions {
     ModelArgs model;
     OutputArgs out;
     std::string corpus, heads, from;
+    bool detect = false;         // set 0 from the key -> value task (influence_detect.h)
+    int64_t detect_trials = 800, detect_length = 0, detect_seed = 0;
+    double top_share = kInfluenceTopShare;
     int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 8, show = 3;
     double select_fraction = 0.3;
     std::string select_by = "tokens";   // select_by_names(): the paper's share of tokens by default
@@ -36,10 +40,40 @@ struct InfluenceCliOptions {
     double checkpoint_seconds = 60;
 };
 
+// --detect: the retrieval score on the key -> value task and its top share (influence_detect.h).
+static RetrievalDetection detect_heads(const InfluenceCliOptions& o, const Loaded& l, KeyValueTask& task) {
+    const Model& m = *l.model;
+    if (!l.tokenizer) throw ConfigError(fmt::format("{}: --detect needs the model's tokenizer to write its key -> value trials", o.model.model));
+    task.samples = o.detect_trials, task.seed = static_cast<uint64_t>(o.detect_seed);
+    task.length = o.detect_length ? o.detect_length : std::min<int64_t>(4096, m.config.max_seq_len);
+    if (task.length > m.config.max_seq_len)
+        throw UsageError(fmt::format("--detect-length: {} is over the model's context of {}", task.length, m.config.max_seq_len));
+    Progress bar("detect (key-value trials)", task.samples);
+    int64_t n = 0;
+    auto d = with_flag("--detect", [&] { return detect_retrieval_heads(m, *l.tokenizer, task, o.top_share, 512, [&] { bar.update(++n); }); });
+    bar.finish();
+    return d;
+}
+
+static void print_detection(const RetrievalDetection& d, double share, int L, int H) {
+    std::printf("detected %s: the top %g of %d heads (%lld) by the retrieval score on %lld key -> value trials (%s, prompts of "
+                "up to %lld tokens, %lld-%lld pairs; %lld passed)\n",
+                format_heads(d.heads).c_str(), share, L * H, static_cast<long long>(d.heads.size()), static_cast<long long>(d.trials),
+                key_value_format_name(d.format), static_cast<long long>(d.max_prompt), static_cast<long long>(d.min_pairs),
+                static_cast<long long>(d.max_pairs), static_cast<long long>(d.passed));
+    const auto order = rank_heads(d.score);
+    std::printf("retrieval score:");
+    for (size_t k = 0; k < std::min<size_t>(order.size(), std::max<size_t>(d.heads.size() + 3, 5)); ++k) {
+        const int l = static_cast<int>(order[k] / H), h = static_cast<int>(order[k] % H);
+        std::printf(" %s %.3f", format_head(l, h).c_str(), d.score[l][h].item<double>());
+    }
+    std::printf("\n");
+}
+
 // Set 0 (the named heads) and where it came from.
 static std::pair<std::vector<Head>, std::string> chosen_heads(const InfluenceCliOptions& o, int L, int H) {
     if (!o.heads.empty()) return {with_flag("--heads", [&] { return parse_head_list(o.heads, L, H); }), "--heads " + o.heads};
-    if (o.from.empty() || o.top < 1) throw UsageError("give --heads, or --from FILE.h5:DATASET with --top K");
+    if (o.from.empty() || o.top < 1) throw UsageError("give --detect, --heads, or --from FILE.h5:DATASET with --top K");
     if (o.top > static_cast<int64_t>(L) * H) throw UsageError(fmt::format("--top: {} is more than the model's {} heads", o.top, L * H));
     auto score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
     return {top_heads(score, o.top), fmt::format("top {} of {}", o.top, o.from)};
@@ -91,7 +125,19 @@ static InfluenceStudySpec influence_spec(InfluenceCliOptions& o, const Loaded& l
     InfluenceStudySpec s;
     s.masking = with_flag("--masking", [&] { return parse_name(influence_masking_names(), o.masking, ""); });
     s.select_by = with_flag("--select-by", [&] { return parse_name(select_by_names(), o.select_by, ""); });
-    auto [heads, source] = chosen_heads(o, L, H);
+    if (!(o.top_share > 0 && o.top_share <= 1)) throw UsageError(fmt::format("--top-share: {} is not in (0, 1]", o.top_share));
+    std::vector<Head> heads;
+    std::string source;
+    if (o.detect) {
+        s.top_share = o.top_share;
+        s.detection = detect_heads(o, l, s.detect_task);
+        heads = s.detection->heads;
+        source = fmt::format("--detect: the top {} of the heads by the retrieval score on {} key -> value trials", o.top_share,
+                             s.detection->trials);
+        print_detection(*s.detection, o.top_share, L, H);
+    } else {
+        std::tie(heads, source) = chosen_heads(o, L, H);
+    }
     s.corpus_path = o.corpus;
     s.corpus = read_corpus(o.corpus, l.tokenizer.get(), m.config.vocab_size, o.max_tokens);
     s.sets = {heads};
@@ -177,14 +223,31 @@ void setup_influence(CLI::App& app) {
                      "datasets/examples/influence-corpus.jsonl --heads L1H1,L1H6 --out influence.h5\n"
                      "Example: headscope influence models/toy-recall --corpus datasets/examples/toy-recall-influence.jsonl "
                      "--heads L1H0,L1H1,L1H2 --loss-tokens last --masking zero --select-by samples --select-fraction 0.5 "
-                     "--out influence-zero.h5");
+                     "--out influence-zero.h5\n"
+                     "Example: headscope influence models/toy-recall --corpus datasets/examples/toy-recall-influence.jsonl "
+                     "--detect --detect-trials 200 --top-share 0.375 --loss-tokens last --select-fraction 0.5 --out influence-detect.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
     sub->add_option("--corpus", o->corpus, "JSONL: {\"text\": ...} or {\"tokens\": [ids]} a line")->required();
-    sub->add_option("--heads", o->heads, "the heads to mask, e.g. L1H0,L1H3")->excludes(
-        sub->add_option("--from", o->from, "a score to take the heads from, FILE.h5:DATASET (with --top), e.g. a retrieval\n"
-                                           "scan's scan.h5:scores/retrieval/score (the paper's route to its heads)"));
-    sub->add_option("--top", o->top, "with --from: mask the K best-scoring heads")->check(at_least(1));
+    auto* detect = sub->add_flag("--detect", o->detect,
+                                 "detect the heads as the paper does: Wu et al.'s retrieval score on a synthetic key -> value\n"
+                                 "retrieval task (a JSON object of random 32-character keys, 3 demonstrations, the query key;\n"
+                                 "the toy recall task on the toy vocabulary), then mask its top --top-share");
+    auto* heads = sub->add_option("--heads", o->heads, "the heads to mask, e.g. L1H0,L1H3");
+    auto* from = sub->add_option("--from", o->from, "a score to take the heads from, FILE.h5:DATASET (with --top), e.g. a retrieval\n"
+                                                    "scan's scan.h5:scores/retrieval/score");
+    heads->excludes(from);
+    detect->excludes(heads)->excludes(from);
+    sub->add_option("--top", o->top, "with --from: mask the K best-scoring heads")->check(at_least(1))->excludes(detect);
+    auto* top_share = sub->add_option("--top-share", o->top_share, "with --detect: the share of the model's heads masked, in (0, 1]: ceil(share x\n"
+                                                 "heads) (the paper's top 5%)")
+        ->capture_default_str();
+    auto* trials = sub->add_option("--detect-trials", o->detect_trials, "with --detect: key -> value trials (the paper's 800)")
+        ->check(at_least(1))->capture_default_str();
+    auto* length = sub->add_option("--detect-length", o->detect_length, "with --detect: tokens a trial's prompt and answer may take (0: the\n"
+                                                         "paper's 4096, or the model's context when shorter)")
+        ->check(at_least(0))->capture_default_str();
+    auto* seed = sub->add_option("--detect-seed", o->detect_seed, "with --detect: seed of the trials' keys, values and order")->capture_default_str();
     sub->add_option("--random-controls", o->random_controls, "random head sets of the same size (distinct, other heads)")
         ->check(at_least(0))->capture_default_str();
     sub->add_option("--seed", o->seed, "seed of the control sets")->capture_default_str();
@@ -210,7 +273,12 @@ void setup_influence(CLI::App& app) {
     sub->add_option("--checkpoint-seconds", o->checkpoint_seconds, "write --out at most this often while running")
         ->check(at_least(0))->capture_default_str();
     sub->add_option("--show", o->show, "top and bottom samples printed")->check(at_least(0))->capture_default_str();
-    sub->callback([o] { run_influence(*o); });
+    sub->callback([o, top_share, trials, length, seed] {
+        // The detection's settings mean nothing without it: refused, not ignored.
+        for (const auto* opt : {top_share, trials, length, seed})
+            if (opt->count() && !o->detect) throw UsageError(fmt::format("{} needs --detect", opt->get_name()));
+        run_influence(*o);
+    });
 }
 
 }  // namespace hs::cli

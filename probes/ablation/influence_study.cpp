@@ -54,6 +54,15 @@ schema::InfluenceRecord empty_record(const InfluenceStudySpec& o, const Model& m
     p.control_seed = o.control_seed, p.max_tokens = o.max_tokens, p.max_rows = o.max_rows, p.chunk = o.chunk;
     p.last_only = o.last_only, p.select_fraction = o.select_fraction;
     p.masking = intervention_name(o.masking), p.select_by = name_in(select_by_names(), o.select_by);
+    if (o.detection) {
+        const auto& d = *o.detection;
+        p.detect = true, p.top_share = o.top_share;
+        p.detect_format = key_value_format_name(d.format), p.detect_values = d.values;
+        p.detect_trials = d.trials, p.detect_length = o.detect_task.length, p.detect_shots = o.detect_task.shots;
+        p.detect_seed = static_cast<int64_t>(o.detect_task.seed), p.detect_passed = d.passed, p.detect_max_prompt = d.max_prompt;
+        p.detect_min_pairs = d.min_pairs, p.detect_max_pairs = d.max_pairs, p.detect_max_new_tokens = d.max_new_tokens;
+        x.detect_score = host_floats(d.score);
+    }
     x.attrs = schema::influence_attrs(p);
     return x;
 }

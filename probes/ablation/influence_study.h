@@ -9,6 +9,7 @@
 
 #include "ablation_records.h"
 #include "influence.h"
+#include "influence_detect.h"
 #include "jobs.h"
 
 #include <cstdint>
@@ -30,8 +31,13 @@ struct InfluenceStudySpec {
     Intervention masking = Intervention::kZeroQuery;  // how a head is masked (influence_maskings())
     int64_t chunk = 64;                     // samples a work item
     double select_fraction = 0.3;           // the top share of the done samples marked selected,
-    SelectBy select_by = SelectBy::kTokens; // counted in tokens (the paper's 73B of 241B) or samples
+    SelectBy select_by = SelectBy::kTokens; // counted in tokens or samples
     jobs::Shard shard;
+    // --detect: set 0 is detection->heads, found on detect_task with top_share (influence_detect.h);
+    // the file keeps the score and the task's parameters, and a resume or merge compares them.
+    std::optional<RetrievalDetection> detection;
+    KeyValueTask detect_task;
+    double top_share = 0;
 };
 
 class InfluenceStudy {

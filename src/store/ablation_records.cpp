@@ -129,6 +129,22 @@ Attrs influence_attrs(const InfluenceParams& p) {
     for (const auto& [k, v] : influence_descriptions(p.masking, p.last_only)) a[k] = v;
     a["heads_source"] = p.heads_source;
     a["distinct_controls_possible"] = p.distinct_controls_possible;
+    if (!p.detect) return a;
+    a["top_share"] = p.top_share;
+    a["detect_format"] = p.detect_format;
+    a["detect_values"] = p.detect_values;
+    a["detect_trials"] = p.detect_trials;
+    a["detect_length"] = p.detect_length;
+    a["detect_shots"] = p.detect_shots;
+    a["detect_seed"] = p.detect_seed;
+    a["detect_passed"] = p.detect_passed;
+    a["detect_max_prompt"] = p.detect_max_prompt;
+    a["detect_pairs"] = fmt::format("{}-{}", p.detect_min_pairs, p.detect_max_pairs);
+    a["detect_max_new_tokens"] = p.detect_max_new_tokens;
+    a["detect_description"] = std::string(
+        "set 0: the top top_share of the heads (ceil of share x heads) by Wu et al.'s retrieval score (copy-paste credit "
+        "per decoding step, the mean over passing trials: detect_score) on a synthetic key -> value retrieval task "
+        "(Hua et al. 2025, section 4.1 and appendix A), decoded greedily by the needle study");
     return a;
 }
 
@@ -149,7 +165,8 @@ Attrs influence_descriptions(const std::string& masking, bool last_only) {
 
 const std::vector<std::string>& influence_identity_keys() {
     static const std::vector<std::string> keys = {"corpus_sha256", "heads", "masking", "control_seed", "loss_tokens",
-                                                  "max_tokens", "chunk", "max_rows"};
+                                                  "max_tokens", "chunk", "max_rows", "top_share", "detect_format",
+                                                  "detect_trials", "detect_length", "detect_shots", "detect_seed"};
     return keys;
 }
 

@@ -54,6 +54,13 @@ struct InfluenceParams {
     std::string masking;                     // the intervention's name: "zero-query" or "zero"
     double select_fraction = 0;
     std::string select_by;                   // "tokens" or "samples": what the fraction counts
+    // --detect: set 0 is the top share of the retrieval score on the key -> value task
+    // (probes/ablation/influence_detect.h); false: --heads or --from.
+    bool detect = false;
+    double top_share = 0;
+    std::string detect_format, detect_values;  // "json" or "toy-recall"; where the values' words come from
+    int64_t detect_trials = 0, detect_length = 0, detect_shots = 0, detect_seed = 0;
+    int64_t detect_passed = 0, detect_max_prompt = 0, detect_min_pairs = 0, detect_max_pairs = 0, detect_max_new_tokens = 0;
 };
 // /influence's attributes for them, the descriptions included (the shard's, the ranking's counts and
 // the forwards are added as the job runs).

@@ -142,6 +142,7 @@ const PathEntry kLayout[] = {
     {"/influence/done", K::kDataset, "influence"},
     {"/influence/masks", K::kDataset, "influence"},
     {"/influence/preview", K::kDataset, "influence"},
+    {"/influence/detect_score", K::kDataset, "influence"},
     {"/retrieval/streaming", K::kGroup, "streaming"},
     {"/retrieval/streaming/fractions", K::kDataset, "streaming"},
     {"/retrieval/streaming/full_heads", K::kDataset, "streaming"},
@@ -763,6 +764,7 @@ void write_influence(ResultWriter& w, const InfluenceRecord& r) {
     put(w, influence("done"), r.done, {r.N});
     put(w, influence("masks"), r.masks, {r.S, r.L, r.H});
     put(w, influence("preview"), r.preview);
+    if (!r.detect_score.empty()) put(w, influence("detect_score"), r.detect_score, {r.L, r.H});
     attrs(w, influence(), r.attrs);
 }
 
@@ -889,6 +891,7 @@ InfluenceRecord read_influence(const ResultReader& r) {
     if (!pv.is_string || static_cast<int64_t>(pv.strings.size()) != x.N)
         throw StorageError(r.path() + ": " + influence("preview") + " is not " + std::to_string(x.N) + " strings; damaged file");
     x.preview = pv.strings;
+    if (r.exists(influence("detect_score"))) x.detect_score = floats(need(r, influence("detect_score"), {x.L, x.H}));
     x.attrs = r.attrs(influence());
     return x;
 }

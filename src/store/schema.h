@@ -318,6 +318,7 @@ struct InfluenceRecord {
     std::vector<uint8_t> done;                // [N] the sample's losses were computed (a shard's own)
     std::vector<uint8_t> masks;               // [S, L, H]
     std::vector<std::string> preview;         // [N] the sample's first characters
+    std::vector<float> detect_score;          // [L, H] the retrieval score --detect chose set 0 by (empty without it)
     Attrs attrs;                              // on /influence
 };
 void write_influence(ResultWriter& w, const InfluenceRecord& r);  // an existing /influence is replaced
