@@ -290,14 +290,9 @@ bad retrieval "--kv-compare duo" "no gate file" 2 "--kv-compare duo: needs --duo
 "$HS" -q qk-spectrum tests/fixtures/families/gemma2 --out "$T/kv-other.h5" >/dev/null 2>&1  # 3 x 4 heads; the toy: 2 x 4
 bad retrieval "--duo-gates" "a gate file of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare duo --duo-gates "$T/kv-other.h5:scores/qk_rank/score" --out "$O"
 bad retrieval "--kv-score" "a score the run does not compute" 2 "--kv-score r2: this run does not compute it" "$O" -- retrieval "$TOY" "${KVN[@]}" --score retrieval --kv-compare headkv --out "$O"
-bad retrieval "--kv-capacity" "zero tokens" 2 "--kv-capacity: 0 is not at least 1 token" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity 0 --out "$O"
-bad retrieval "--kv-capacity" "a negative capacity" 2 "--kv-capacity: -16 is not at least 1 token" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity=-16 --out "$O"
-bad retrieval "--kv-capacity" "not a number" 2 "--kv-capacity: 'many' is not a whole number of tokens" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity many --out "$O"
-bad retrieval "--kv-compress-at" "an unknown word" 2 "--kv-compress-at: 'middle' is not prompt, question, tail or tail:N" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-compress-at middle --out "$O"
-bad retrieval "--kv-compress-at" "tail:0" 2 "--kv-compress-at: 'tail:0' is not tail:N with N a whole number >= 1" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-compress-at tail:0 --out "$O"
 
-bad retrieval "--score qrhead" "{question} before {context} in the template" 2 "--score: qrhead: the template puts \\{question\\} before \\{context\\}" "$O" -- retrieval "$TOY" "${KVN[@]:0:4}" --template '{question}{context}?' --lengths 24 --max-new-tokens 1 --score qrhead --out "$O"
-bad retrieval "--score qrhead" "an assembly without the question's span (--protocol wu)" 2 "--score: qrhead: the text assembly re-encodes the whole prompt" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]}" --score qrhead --out "$O"
+bad retrieval "--score qrhead" "{question} before {context} in the template" 2 "the qrhead score: the template puts \\{question\\} before \\{context\\}" "$O" -- retrieval "$TOY" "${KVN[@]:0:4}" --template '{question}{context}?' --lengths 24 --max-new-tokens 1 --score qrhead --out "$O"
+bad retrieval "--score qrhead" "an assembly without the question's span (--protocol wu)" 2 "the qrhead score: the text assembly re-encodes the whole prompt" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]:0:12}" --score qrhead --out "$O"
 printf '%s\n' '{"query": "q", "docs": ["qZ", "rK"], "gold": 2}' >"$T/rr-gold.jsonl"
 printf '%s\n' '{"query": "q", "docs": "qZ", "gold": 0}' >"$T/rr-docs.jsonl"
 bad rerank "--docs" "a gold index outside the documents" 5 "rr-gold.jsonl:1: gold 2 is outside the 2 documents" "$O" -- rerank "$TOY" --heads L1H0 --docs "$T/rr-gold.jsonl" --dump "$O"
@@ -306,6 +301,7 @@ bad rerank "--docs" "no such file" 5 "nothere.jsonl" "$O" -- rerank "$TOY" --hea
 bad rerank "--heads" "a head past the model" 2 "--heads: .*L5H0" "$O" -- rerank "$TOY" --heads L5H0 --docs tests/fixtures/rerank/toy_recall.jsonl --dump "$O"
 bad rerank "--doc-format" "no {doc}" 2 "--doc-format: the document format '\\[\\{i\\}\\]' has no \\{doc\\}" "$O" -- rerank "$TOY" --heads L1H0 --docs tests/fixtures/rerank/toy_recall.jsonl --doc-format '[{i}]' --dump "$O"
 bad rerank "--heads" "a score of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- rerank "$TOY" --heads "$T/kv-other.h5:scores/qk_rank/score" --docs tests/fixtures/rerank/toy_recall.jsonl --dump "$O"
+
 # ---- token ids, texts and other data files ----
 bad logits "--tokens" "id past the vocabulary" 5 "token id 68 out of range" "$O" -- logits "$M" --tokens 1,68 --out "$O"
 bad logits "--tokens" "id 2^63-1" 5 "9223372036854775807" "$O" -- logits "$M" --tokens 1,9223372036854775807 --out "$O"
@@ -378,21 +374,6 @@ bad patch "--path" "receiver before sender" 2 "--path: .*later layer" "$O" -- pa
 bad patch "--path" "input not q, k or v" 2 "--path: .*must be q, k or v" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L0H0->L1H1:z" --out "$O"
 bad patch "--what" "unknown site" 2 "--what: 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
 
-FV=(--input-prefix '' --output-prefix '' --input-sep '' --output-sep '' --no-space)
-printf '[{"input": "a", "output": "B"' >"$T/task.json"
-bad fv-heads "--task" "not JSON" 5 "task.json: not JSON" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
-printf '[{"input": "a"}]' >"$T/task.json"
-bad fv-heads "--task" "a pair without output" 5 "task.json: entry 0: expected" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
-printf '{"demonstrations": [{"input": "b", "output": "C"}]}' >"$T/task.json"
-bad fv-heads "--task" "an object without queries" 5 "task.json: expected a list of pairs or" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
-printf '[{"input": "a", "output": "B"}, {"input": "b", "output": "C"}, {"input": "c", "output": "D"}]' >"$T/task.json"
-bad fv-heads "--task" "too few pairs for the shots" 5 "task.json: 2 pairs for demonstrations and 1 for queries; 10 shots" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
-python3 -c 'import json, string; print(json.dumps([{"input": a, "output": b.upper()} for a in string.ascii_lowercase for b in "ab"]))' >"$T/task.json"
-bad fv-heads "--shots" "prompts past the model's context" 5 "task.json: a prompt of .* tokens exceeds the model's context of 64" "$O" -- fv-heads "$M" --task "$T/task.json" --shots 32 "${FV[@]}" --out "$O"
-bad fv-heads "--shots" "zero" 2 "--shots" "$O" -- fv-heads "$M" --task "$T/task.json" --shots 0 --out "$O"
-bad fv-heads "--test-split" "out of (0, 1)" 2 "--test-split" "$O" -- fv-heads "$M" --task "$T/task.json" --test-split 1.5 --out "$O"
-bad fv-heads "--name" "a slash" 2 "--name 'a/b'" "$O" -- fv-heads "$M" --task "$T/task.json" --name a/b --out "$O"
-
 printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
 bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens
 printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
@@ -427,20 +408,6 @@ sed '0,/mode: zero/s//mode: {kind: stream, sink: 4}/' "$E" >"$T/e.yaml"
 bad run "experiment YAML" "stream window: no recent" 3 "e.yaml:[0-9]+:[0-9]+: mode stream: needs 'recent'" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 sed '0,/sweep: single/s//sweep: duo-gates/' "$E" >"$T/e.yaml"
 bad run "experiment YAML" "duo-gates without a stream window" 3 "e.yaml:[0-9]+:[0-9]+: study 'single': duo-gates mixes full attention with a window: it needs mode: \\{kind: stream" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-# duo-gates' own keys (train_window, deploy, fit_data) and a stream mode's block.
-duo_yaml() { printf 'data:\n  r: {kind: repeated, length: 5, count: 2}\nstudies:\n  - name: duo\n    sweep: duo-gates\n    %s\n    fit_steps: 2\n    %s\n    metric: {kind: loss, data: r}\n' "$1" "$2" >"$T/e.yaml"; }
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'train_window: {sink: 1, recent: 4, block: 0}'
-bad run "experiment YAML" "duo-gates train_window: block 0" 3 "e.yaml:8:[0-9]+: 'block': expected a positive integer, got 0" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4, block: -2}' 'lr: 0.02'
-bad run "experiment YAML" "stream window: block -2" 3 "e.yaml:6:[0-9]+: 'block': expected a positive integer, got -2" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: sparsity, sparsity: 1.5}'
-bad run "experiment YAML" "duo-gates deploy: sparsity 1.5" 3 "e.yaml:8:[0-9]+: 'sparsity': expected a number in \\[0, 1\\], got 1.5" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: sparsity, sparsity: -0.25}'
-bad run "experiment YAML" "duo-gates deploy: sparsity -0.25" 3 "e.yaml:8:[0-9]+: 'sparsity': expected a number in \\[0, 1\\], got -0.25" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: count}'
-bad run "experiment YAML" "duo-gates deploy: unknown select" 3 "e.yaml:8:[0-9]+: 'select': unknown value 'count' \\(expected one of: sparsity, threshold\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
-duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: passkeys'
-bad run "experiment YAML" "duo-gates fit_data: unknown kind" 3 "e.yaml:8:[0-9]+: 'fit_data': unknown value 'passkeys' \\(expected one of: study, fresh\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 printf 'model: m\xff\xfe\ndata: {}\n' >"$T/e.yaml"
 bad run "experiment YAML" "non-UTF-8 bytes" 3 "e.yaml" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 bad run "experiment YAML" "a directory" 5 "dir.txt: is a directory" "$O" -- run "$T/dir.txt" --model "$M" --out "$O"
