@@ -291,16 +291,16 @@ bad retrieval "--kv-compare duo" "no gate file" 2 "--kv-compare duo: needs --duo
 bad retrieval "--duo-gates" "a gate file of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare duo --duo-gates "$T/kv-other.h5:scores/qk_rank/score" --out "$O"
 bad retrieval "--kv-score" "a score the run does not compute" 2 "--kv-score r2: this run does not compute it" "$O" -- retrieval "$TOY" "${KVN[@]}" --score retrieval --kv-compare headkv --out "$O"
 
-bad retrieval "--score qrhead" "{question} before {context} in the template" 2 "the qrhead score: the template puts \\{question\\} before \\{context\\}" "$O" -- retrieval "$TOY" "${KVN[@]:0:4}" --template '{question}{context}?' --lengths 24 --max-new-tokens 1 --score qrhead --out "$O"
-bad retrieval "--score qrhead" "an assembly without the question's span (--protocol wu)" 2 "the qrhead score: the text assembly re-encodes the whole prompt" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]:0:12}" --score qrhead --out "$O"
+bad retrieval "--score qrhead" "{question} before {context} in the template" 2 "--score: qrhead: the template puts \\{question\\} before \\{context\\}" "$O" -- retrieval "$TOY" "${KVN[@]:0:4}" --template '{question}{context}?' --lengths 24 --max-new-tokens 1 --score qrhead --out "$O"
+bad retrieval "--score qrhead" "an assembly without the question's span (--protocol wu)" 2 "--score: qrhead: the text assembly re-encodes the whole prompt" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]}" --score qrhead --out "$O"
 printf '%s\n' '{"query": "q", "docs": ["qZ", "rK"], "gold": 2}' >"$T/rr-gold.jsonl"
 printf '%s\n' '{"query": "q", "docs": "qZ", "gold": 0}' >"$T/rr-docs.jsonl"
 bad rerank "--docs" "a gold index outside the documents" 5 "rr-gold.jsonl:1: gold 2 is outside the 2 documents" "$O" -- rerank "$TOY" --heads L1H0 --docs "$T/rr-gold.jsonl" --dump "$O"
 bad rerank "--docs" "docs not a list" 5 "rr-docs.jsonl:1: missing field \"docs\"" "$O" -- rerank "$TOY" --heads L1H0 --docs "$T/rr-docs.jsonl" --dump "$O"
 bad rerank "--docs" "no such file" 5 "nothere.jsonl" "$O" -- rerank "$TOY" --heads L1H0 --docs "$T/nothere.jsonl" --dump "$O"
-bad rerank "--heads" "a head past the model" 2 "--heads: .*L5H0" "$O" -- rerank "$TOY" --heads L5H0 --docs tests/fixtures/rerank/toy_recall.jsonl --dump "$O"
-bad rerank "--doc-format" "no {doc}" 2 "--doc-format: the document format '\\[\\{i\\}\\]' has no \\{doc\\}" "$O" -- rerank "$TOY" --heads L1H0 --docs tests/fixtures/rerank/toy_recall.jsonl --doc-format '[{i}]' --dump "$O"
-bad rerank "--heads" "a score of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- rerank "$TOY" --heads "$T/kv-other.h5:scores/qk_rank/score" --docs tests/fixtures/rerank/toy_recall.jsonl --dump "$O"
+bad rerank "--heads" "a head past the model" 2 "--heads: .*L5H0" "$O" -- rerank "$TOY" --heads L5H0 --docs datasets/rerank/toy_recall.jsonl --dump "$O"
+bad rerank "--doc-format" "no {doc}" 2 "--doc-format: the document format '\\[\\{i\\}\\]' has no \\{doc\\}" "$O" -- rerank "$TOY" --heads L1H0 --docs datasets/rerank/toy_recall.jsonl --doc-format '[{i}]' --dump "$O"
+bad rerank "--heads" "a score of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- rerank "$TOY" --heads "$T/kv-other.h5:scores/qk_rank/score" --docs datasets/rerank/toy_recall.jsonl --dump "$O"
 
 # ---- token ids, texts and other data files ----
 bad logits "--tokens" "id past the vocabulary" 5 "token id 68 out of range" "$O" -- logits "$M" --tokens 1,68 --out "$O"

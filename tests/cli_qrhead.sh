@@ -15,7 +15,7 @@ PY=$(bash "$ROOT/scripts/find_python.sh" torch numpy) || { echo "FAIL: no Python
 RECALL="$(ci_toy recall)" || { echo "FAIL: no CI toy recall model"; exit 1; }
 TOYFMT=(--instruction '' --separator '' --doc-format '{doc}' --query-format '?{query}')
 
-ok "toy rerank" -- "$HS" -q rerank "$RECALL" --heads L1H0,L1H1,L1H2 --docs "$ROOT/tests/fixtures/rerank/toy_recall.jsonl" \
+ok "toy rerank" -- "$HS" -q rerank "$RECALL" --heads L1H0,L1H1,L1H2 --docs "$ROOT/datasets/rerank/toy_recall.jsonl" \
   "${TOYFMT[@]}" --threads 1 --dump "$TMP/toy.json"
 grep -q "16 examples: recall@1 1.0000, MRR 1.0000" "$TMP/out" && pass=$((pass+1)) \
   || { fail=$((fail+1)); echo "FAIL the toy's gold pairs are not all ranked first:"; tail -3 "$TMP/out"; }

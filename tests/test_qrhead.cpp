@@ -147,7 +147,7 @@ TEST_CASE("qrhead: on the CI toy recall model the proven retrieval heads lead th
     }
     // The re-ranker with the top 3 heads of that score: documents "kV", the query "?k".
     const std::string rr = std::string("'") + HS_BINARY + "' -q rerank '" + dir + "' --heads '" + tmp.file("q.h5") +
-                           ":scores/qrhead/score' --top 3 --docs '" + src + "/tests/fixtures/rerank/toy_recall.jsonl' "
+                           ":scores/qrhead/score' --top 3 --docs '" + src + "/datasets/rerank/toy_recall.jsonl' "
                            "--instruction '' --separator '' --doc-format '{doc}' --query-format '?{query}' --threads 1 > '" +
                            tmp.file("rr") + "'";
     REQUIRE(std::system(rr.c_str()) == 0);

@@ -98,8 +98,8 @@ void setup_rerank(CLI::App& app) {
         "with the null query 'N/A', ranked; recall@1 and the reciprocal rank of the gold document per example\n"
         "and over the file. The heads: the top --top of an [L, H] score (e.g. a needle scan's\n"
         "scores/qrhead/score) or a list.\n"
-        "Example: headscope rerank build/ci-toy/recall --heads L1H0,L1H1 --docs tests/fixtures/rerank/toy_recall.jsonl "
-        "--instruction '' --separator '' --doc-format '{doc}' --query-format '?{query}' --null-query '.'");
+        "Example: headscope rerank models/toy-recall --heads L1H0,L1H1,L1H2 --docs datasets/rerank/toy_recall.jsonl "
+        "--instruction '' --separator '' --doc-format '{doc}' --query-format '?{query}'");
     add_model_args(sub, o->model);
     sub->add_option("--heads", o->heads, "FILE.h5:DATASET with an [L, H] score (its top --top heads), or heads L1H0,L1H2")
         ->required();

@@ -255,7 +255,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (o.kv.on())
         kv_plan = plan_kv_compare(o.kv, m, p.scores, o.random_orders, o.sweep_rows, static_cast<uint64_t>(p.proto.seed),
                                   o.razor_preset);
-    const auto test = with_flag("--lengths", [&] { return make_needle_test(p, m, *lm.tokenizer, in); });
+    const auto test = with_flag({{"--lengths", ""}, {"--score", "scores"}}, [&] { return make_needle_test(p, m, *lm.tokenizer, in); });
 
     // ---- the output: refuse early, or pick up what a killed run of this scan finished ----
     const std::string& out = p.out;

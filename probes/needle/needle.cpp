@@ -58,24 +58,26 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
 void NeedleTest::set_query_spans() {
     const Assembly a = builder_.protocol().assembly;
     if (c_.tmpl.prefix("\x01") != c_.tmpl.prefix("\x02"))
-        throw UsageError("the qrhead score: the template puts {question} before {context}; QRHead's null-query pass "
-                         "replaces the question after the context only");
+        throw UsageError("qrhead: the template puts {question} before {context}; QRHead's null-query pass "
+                         "replaces the question after the context only",
+                         "scores");
     for (auto& t : trials_) {
         const auto& q = needles()[static_cast<size_t>(t.needle)].question;
         const auto suffix = builder_.suffix_tokens(q, a, c_.tmpl);
         if (!suffix)
-            throw UsageError(fmt::format("the qrhead score: the {} assembly re-encodes the whole prompt, so the question's "
+            throw UsageError(fmt::format("qrhead: the {} assembly re-encodes the whole prompt, so the question's "
                                          "tokens have no exact span (the tokens and tracked assemblies have one)",
-                                         name_in(assembly_names(), a)));
+                                         name_in(assembly_names(), a)),
+                             "scores");
         const int64_t P = static_cast<int64_t>(t.prompt.size()), Q = static_cast<int64_t>(suffix->size());
         HS_REQUIRE(Q <= P && std::equal(suffix->begin(), suffix->end(), t.prompt.end() - Q),
                    "set_query_spans: the prompt does not end with the template's suffix");
         if (Q == 0)
-            throw UsageError("the qrhead score: the template has nothing after {context}: QRHead needs the question there");
+            throw UsageError("qrhead: the template has nothing after {context}: QRHead needs the question there", "scores");
         t.query_start = P - Q;
         t.null_query = *builder_.suffix_tokens(kQrheadNullQuery, a, c_.tmpl);
         if (t.null_query.empty())
-            throw UsageError("the qrhead score: the template's suffix with the null query encodes to no token");
+            throw UsageError("qrhead: the template's suffix with the null query encodes to no token", "scores");
     }
 }
 
