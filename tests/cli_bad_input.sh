@@ -379,6 +379,21 @@ bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M
 printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
 bad ablate "--data" "prompts: answer a number" 5 "pr.jsonl:1" - -- ablate "$M" --heads L1H0 --data "$T/pr.jsonl" --data-kind prompts --metric logit-diff
 bad ablate "--data" "non-UTF-8 text" 5 "bad-utf8.txt" - -- ablate "$M" --heads L1H0 --data "$T/bad-utf8.txt" --data-kind text
+FV=(--input-prefix '' --output-prefix '' --input-sep '' --output-sep '' --no-space)
+printf '[{"input": "a", "output": "B"' >"$T/task.json"
+bad fv-heads "--task" "not JSON" 5 "task.json: not JSON" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
+printf '[{"input": "a"}]' >"$T/task.json"
+bad fv-heads "--task" "a pair without output" 5 "task.json: entry 0: expected" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
+printf '{"demonstrations": [{"input": "b", "output": "C"}]}' >"$T/task.json"
+bad fv-heads "--task" "an object without queries" 5 "task.json: expected a list of pairs or" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
+printf '[{"input": "a", "output": "B"}, {"input": "b", "output": "C"}, {"input": "c", "output": "D"}]' >"$T/task.json"
+bad fv-heads "--task" "too few pairs for the shots" 5 "task.json: 2 pairs for demonstrations and 1 for queries; 10 shots" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
+python3 -c 'import json, string; print(json.dumps([{"input": a, "output": b.upper()} for a in string.ascii_lowercase for b in "ab"]))' >"$T/task.json"
+bad fv-heads "--shots" "prompts past the model's context" 5 "task.json: a prompt of .* tokens exceeds the model's context of 64" "$O" -- fv-heads "$M" --task "$T/task.json" --shots 32 "${FV[@]}" --out "$O"
+bad fv-heads "--shots" "zero" 2 "--shots" "$O" -- fv-heads "$M" --task "$T/task.json" --shots 0 --out "$O"
+bad fv-heads "--test-split" "out of (0, 1)" 2 "--test-split" "$O" -- fv-heads "$M" --task "$T/task.json" --test-split 1.5 --out "$O"
+bad fv-heads "--name" "a slash" 2 "--name 'a/b'" "$O" -- fv-heads "$M" --task "$T/task.json" --name a/b --out "$O"
+
 bad ablate "--repeated" "absurd length (10^9)" 3 "--repeated: data .data.: \\|R\\| = 1000000000: .*context" - -- ablate "$M" --heads L1H0 --repeated 1000000000
 bad ablate "--count" "absurd (10^12)" 3 "1000000000000 rows of .* needs at least" - -- ablate "$M" --heads L1H0 --repeated 10 --count 1000000000000
 bad ablate "--heads" "layer out of range" 2 "L7H0 is outside the model" - -- ablate "$M" --heads L7H0 --repeated 10
