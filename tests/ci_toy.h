@@ -7,7 +7,7 @@
 #include <stdexcept>
 #include <string>
 
-// Folder of the CI model for task "induction" (1500 steps) or "recall" (3000 steps), seed 1,
+// Folder of the CI model for task "induction" (1500 steps), "recall" (3000 steps) or "icl" (600), seed 1,
 // one thread: trained on first use, reused afterwards.
 inline std::string ci_toy_model(const std::string& task) {
     const std::string cmd = std::string("bash '") + HS_SOURCE_DIR + "/tests/ci_toy.sh' " + task + " '" + HS_BINARY + "'";
