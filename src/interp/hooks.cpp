@@ -47,6 +47,9 @@ void Hooks::window(const HeadWindow& w) {
     if (w.window.from < 0) throw ConfigError(fmt::format("attention window: from {} is negative", w.window.from));
     if (w.window.recent < 1)
         throw ConfigError(fmt::format("attention window: recent {} must be at least 1 (the query sees itself)", w.window.recent));
+    if (w.window.block < 1) throw ConfigError(fmt::format("attention window: block {} must be at least 1", w.window.block));
+    if (w.window.block > 1 && w.window.compensate)
+        throw ConfigError(fmt::format("attention window: a block window (block {}) does not compensate", w.window.block));
     windows_.push_back(w);
 }
 
@@ -150,6 +153,7 @@ LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device)
     auto sink = torch::zeros({B, H}, torch::kLong), recent = torch::full({B, H}, LayerWindows::kNoWindow, torch::kLong);
     auto comp = torch::zeros({B, H}, torch::kBool);
     auto from = torch::zeros({B, H}, torch::kLong);
+    auto block = torch::ones({B, H}, torch::kLong);
     for (const auto& w : windows_) {
         if (w.layer != layer) continue;
         at::Tensor where;  // [B, H] bool
@@ -165,13 +169,20 @@ LayerWindows Hooks::windows(int layer, int64_t B, int64_t H, c10::Device device)
             where = torch::zeros({B, H}, torch::kBool);
             where.index_put_({w.row < 0 ? Slice() : Slice(w.row, w.row + 1), w.head}, true);
         }
-        sink.masked_fill_(where, w.window.sink);
-        recent.masked_fill_(where, w.window.recent);
+        // A block window in token terms (LayerWindows): whole sink blocks, and the recent blocks
+        // before the query's own as (ceil(recent / b) - 1) b + 1, the query's place in its block added
+        // where the mask is built.
+        const int64_t b = w.window.block, sink_blocks = (w.window.sink + b - 1) / b, recent_blocks = (w.window.recent + b - 1) / b;
+        sink.masked_fill_(where, sink_blocks * b);
+        recent.masked_fill_(where, (recent_blocks - 1) * b + 1);
         comp.masked_fill_(where, w.window.compensate);
         from.masked_fill_(where, w.window.from);
+        block.masked_fill_(where, b);
     }
     lw.any_compensate = comp.any().item<bool>();
     lw.any_from = from.gt(0).any().item<bool>();
+    lw.any_block = block.gt(1).any().item<bool>();
+    lw.block = block.to(device);
     lw.from = from.to(device);
     lw.sink = sink.to(device);
     lw.recent = recent.to(device);

@@ -60,11 +60,17 @@ struct HeadIntervention {
 // (RazorAttention's compensation token), scored like any key. The defaults are the command line's.
 // `from` > 0: only queries at positions >= from get the window (DuoAttention's deployment: a whole
 // prefill of `from` prompt tokens, then the streaming heads' cache trimmed to sink + recent).
+// `block` > 1: the window in blocks of `block` positions, as DuoAttention trains (block_sparse_attn's
+// block_streaming_attn_func with num_sink_blocks = ceil(sink / block), num_recent_blocks =
+// ceil(recent / block), duo_attn/patch/llama.py l. 450-452): the query at p sees the keys of blocks
+// [0, ceil(sink / block)) and of blocks p / block - ceil(recent / block) + 1 .. p / block up to p
+// itself (causal in its block). block 1 is the token window above; a block window does not compensate.
 struct StreamWindow {
     int64_t sink = 4;
     int64_t recent = 64;  // >= 1: the query always sees itself
     bool compensate = false;
     int64_t from = 0;
+    int64_t block = 1;    // >= 1
 };
 
 // Which query heads get a window: `head` in batch row `row` (-1: every row), or, when `rows_heads`
@@ -79,13 +85,17 @@ struct HeadWindow {
 };
 
 // One layer's windows as the attention reads them: [B, H] on the attention's device. A head
-// without a window has sink 0 and recent kNoWindow (it sees every key the layer shows).
+// without a window has sink 0 and recent kNoWindow (it sees every key the layer shows). A block
+// window is held in token terms: sink = ceil(sink / b) b, recent = (ceil(recent / b) - 1) b + 1 and
+// block = b, and the query at p sees key s < sink or s > p - recent - (p mod b) (block 1: the token
+// window itself).
 struct LayerWindows {
     static constexpr int64_t kNoWindow = int64_t{1} << 60;
     at::Tensor sink, recent;  // int64
     at::Tensor compensate;    // bool
     at::Tensor from;          // int64: the first query position the window acts on
-    bool any_compensate = false, any_from = false;
+    at::Tensor block;         // int64: 1 for a token window
+    bool any_compensate = false, any_from = false, any_block = false;
     bool defined() const { return sink.defined(); }
 };
 
@@ -142,7 +152,7 @@ public:
     // the family then rotates the result at each position like any query. A replaced pre-RoPE
     // query is LOCOS's mean-query ablation (mean-query-pre-rope in src/interp/intervention.h; docs/methods.md); a zeroed one equals a zeroed query.
     void intervene_q_pre_rope(const HeadIntervention& iv);
-    // An attention window (above). ConfigError for sink < 0 or recent < 1.
+    // An attention window (above). ConfigError for sink < 0, recent < 1, block < 1 or a compensated block window.
     void window(const HeadWindow& w);
     // Kept positions (above). ConfigError for a keep that is not [H', from] with from >= 1.
     void keep(const HeadKeep& k);

@@ -310,7 +310,10 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
         // s > p - recent[b, h]. With compensation, the keys the window hides (visible to the layer, not
         // to the window) are averaged into one more key and value, scored like any key.
         auto sink = windows->sink.view({B, H, 1, 1}), recent = windows->recent.view({B, H, 1, 1});
-        seen = seen & ((kp < sink) | (kp > qp - recent) | (qp < windows->from.view({B, H, 1, 1})));
+        // A block window (LayerWindows) also counts the query's place in its block.
+        auto last_hidden = qp - recent;
+        if (windows->any_block) last_hidden = last_hidden - qp.remainder(windows->block.view({B, H, 1, 1}));
+        seen = seen & ((kp < sink) | (kp > last_hidden) | (qp < windows->from.view({B, H, 1, 1})));
         if (windows->any_compensate) use = windows->compensate.view({B, H, 1, 1}).expand({B, H, T, 1});
     }
     if (kept) {
@@ -533,12 +536,14 @@ void BlockedAttention::plan_blocks(int64_t attn_block) {
 }
 
 // Streaming groups read only the keys their windows show. When nobody observes the scores or the
-// pattern and no window compensates, the (row, kv head) groups whose every query head has a
+// pattern and no window compensates or acts in blocks, the (row, kv head) groups whose every query head has a
 // window (idx_s) run their own product over the block's sink keys [lo, gap_lo) and recent keys
 // [gap_hi, hi), skipping the keys between, which no head of theirs can see; the other groups
 // (idx_f) run over [lo, hi) as usual. The same scores, masks and softmax over fewer columns.
 void BlockedAttention::plan_streaming_groups() {
-    if (!win_.defined() || win_.any_compensate || win_.any_from || keep_.defined() || whole_ || see_scores_ || see_pattern_) return;
+    if (!win_.defined() || win_.any_compensate || win_.any_from || win_.any_block || keep_.defined() || whole_ || see_scores_ ||
+        see_pattern_)
+        return;
     auto rec = win_.recent.to(torch::kCPU).reshape({B_ * K_, g_}), snk = win_.sink.to(torch::kCPU).reshape({B_ * K_, g_});
     auto streams = (rec < LayerWindows::kNoWindow).all(1);  // [B*K]
     if (!streams.any().item<bool>()) return;
@@ -641,7 +646,9 @@ void BlockedAttention::mask_block(at::Tensor& scores, const Block& b) {
     auto kpos = torch::arange(b.lo, b.hi, pos_opts_).view({1, 1, 1, m});
     auto qpos = torch::arange(b.first, b.first + n, pos_opts_).view({1, 1, n, 1});
     auto sink = win_.sink.view({B_, H_, 1, 1}), recent = win_.recent.view({B_, H_, 1, 1});
-    auto hide = (kpos >= sink) & (kpos <= qpos - recent);
+    // A block window (LayerWindows): the recent blocks end where the query's own block starts.
+    auto hide = (kpos >= sink) & (kpos <= (win_.any_block ? qpos - recent - qpos.remainder(win_.block.view({B_, H_, 1, 1}))
+                                                          : qpos - recent));
     if (win_.any_from) hide = hide & (qpos >= win_.from.view({B_, H_, 1, 1}));
     scores.view({B_, H_, n, m}).masked_fill_(hide, neg_inf_);
 }
