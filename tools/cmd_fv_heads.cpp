@@ -18,7 +18,8 @@ namespace hs::cli {
 struct FvCliOptions {
     ModelArgs model;
     OutputArgs out;
-    std::string task, name;
+    std::vector<std::string> tasks;
+    std::string name;
     FvOptions fv;
     bool no_space = false;
     int top = 10;
@@ -44,33 +45,25 @@ static void print_top(const at::Tensor& aie, const at::Tensor& patched, int k) {
     }
 }
 
-void run_fv_heads(FvCliOptions o) {
-    const std::string name = o.name.empty() ? "fv" : o.name;
-    if (name.find_first_of("/ ") != std::string::npos)
-        throw UsageError(fmt::format("--name '{}': expected a name without '/' or spaces", name));
-    o.fv.tmpl.prepend_space = !o.no_space;
-    const WriteMode mode = write_mode(o.out);
-    // The task file is read before the model: a bad one fails at once.
-    const auto pairs = read_fv_task(o.task);
-    auto l = open_model(o.model, true);
-    const Model& m = *l.model;
-    const auto prompts = fv_prompts(pairs, o.task, *l.tokenizer, m.config, o.fv);
-    ResultWriter w = open_result(o.out.out, mode);
-    if (mode == WriteMode::kAppend) check_same_model(w, m);
-    const auto r = function_vector_heads(m, prompts, o.fv);
-    std::printf("task %s: %zu pairs, %d shots, %d trials; clean p(answer) %.6f (top-1 %.3f), corrupted (shuffled labels) %.6f\n",
-                o.task.c_str(), pairs.size(), o.fv.n_shots, o.fv.n_trials, r.p_clean, r.top1_clean, r.p_corrupt);
-    print_top(r.aie, r.patched, o.top);
-    std::printf("%lld forwards: mean activations %.2f s, patching sweep %.2f s (%.3f s a head)\n",
-                static_cast<long long>(r.forwards), r.seconds_mean, r.seconds_sweep,
-                r.seconds_sweep / static_cast<double>(r.aie.numel()));
+// The group of task i of n: <name>, or <name>-<file stem> when several.
+static std::string task_group(const std::string& name, const std::string& path, size_t n) {
+    if (n == 1) return name;
+    std::string stem = path.substr(path.find_last_of('/') == std::string::npos ? 0 : path.find_last_of('/') + 1);
+    if (stem.size() > 5 && stem.compare(stem.size() - 5, 5, ".json") == 0) stem.resize(stem.size() - 5);
+    for (auto& c : stem)
+        if (c == ' ' || c == '/') c = '_';
+    return name + "-" + stem;
+}
+
+static void write_task(ResultWriter& w, const FvCliOptions& o, const std::string& group, const std::string& task,
+                       const FvPrompts& prompts, const FvResult& r) {
     schema::PatchingRecord rec;
-    rec.name = name;
+    rec.name = group;
     rec.shape = r.aie.sizes().vec();
     rec.scores = host_floats(r.aie), rec.patched = host_floats(r.patched);
     rec.metric_clean = static_cast<float>(r.p_clean), rec.metric_corrupt = static_cast<float>(r.p_corrupt);
     schema::FvHeadsRun run;
-    run.task = o.task, run.n_shots = o.fv.n_shots, run.n_trials = o.fv.n_trials, run.seed = o.fv.seed;
+    run.task = task, run.n_shots = o.fv.n_shots, run.n_trials = o.fv.n_trials, run.seed = o.fv.seed;
     run.test_split = o.fv.test_split;
     run.input_prefix = o.fv.tmpl.input_prefix, run.output_prefix = o.fv.tmpl.output_prefix;
     run.input_sep = o.fv.tmpl.input_sep, run.output_sep = o.fv.tmpl.output_sep, run.prepend_space = o.fv.tmpl.prepend_space;
@@ -80,8 +73,53 @@ void run_fv_heads(FvCliOptions o) {
     q.clean_tokens = ints(prompts.clean), q.corrupt_tokens = ints(prompts.corrupt);
     q.clean_lengths = ints(prompts.clean_lengths), q.corrupt_lengths = ints(prompts.corrupt_lengths);
     q.clean_answer = ints(prompts.clean_answer), q.corrupt_answer = ints(prompts.corrupt_answer);
-    write_meta(w, m, 0);
     schema::write_fv_heads(w, rec, run, q);
+}
+
+void run_fv_heads(FvCliOptions o) {
+    const std::string name = o.name.empty() ? "fv" : o.name;
+    if (name.find_first_of("/ ") != std::string::npos)
+        throw UsageError(fmt::format("--name '{}': expected a name without '/' or spaces", name));
+    o.fv.tmpl.prepend_space = !o.no_space;
+    const WriteMode mode = write_mode(o.out);
+    // The task files are read before the model: a bad one fails at once.
+    std::vector<FvTask> tasks;
+    for (const auto& t : o.tasks) tasks.push_back(read_fv_task(t));
+    auto l = open_model(o.model, true);
+    const Model& m = *l.model;
+    std::vector<FvPrompts> prompts;
+    for (size_t i = 0; i < tasks.size(); ++i) prompts.push_back(fv_prompts(tasks[i], o.tasks[i], *l.tokenizer, m.config, o.fv));
+    ResultWriter w = open_result(o.out.out, mode);
+    if (mode == WriteMode::kAppend) check_same_model(w, m);
+    write_meta(w, m, 0);
+    at::Tensor sum_aie, sum_patched;
+    double sum_clean = 0, sum_corrupt = 0;
+    std::vector<std::string> groups;
+    for (size_t i = 0; i < tasks.size(); ++i) {
+        const auto r = function_vector_heads(m, prompts[i], o.fv);
+        std::printf("task %s: %zu pairs, %d shots, %d trials; clean p(answer) %.6f (top-1 %.3f), corrupted (shuffled labels) %.6f\n",
+                    o.tasks[i].c_str(), tasks[i].size(), o.fv.n_shots, o.fv.n_trials, r.p_clean, r.top1_clean, r.p_corrupt);
+        if (tasks.size() == 1) print_top(r.aie, r.patched, o.top);
+        std::printf("%lld forwards: mean activations %.2f s, patching sweep %.2f s (%.3f s a head)\n",
+                    static_cast<long long>(r.forwards), r.seconds_mean, r.seconds_sweep,
+                    r.seconds_sweep / static_cast<double>(r.aie.numel()));
+        groups.push_back(task_group(name, o.tasks[i], tasks.size()));
+        write_task(w, o, groups.back(), o.tasks[i], prompts[i], r);
+        sum_aie = sum_aie.defined() ? sum_aie + r.aie : r.aie.clone();
+        sum_patched = sum_patched.defined() ? sum_patched + r.patched : r.patched.clone();
+        sum_clean += r.p_clean, sum_corrupt += r.p_corrupt;
+    }
+    if (tasks.size() > 1) {  // Todd et al. pick heads by the AIE averaged over tasks
+        const double n = static_cast<double>(tasks.size());
+        std::printf("the AIE averaged over the %zu tasks (/patching/%s):\n", tasks.size(), name.c_str());
+        print_top(sum_aie / n, sum_patched / n, o.top);
+        schema::PatchingRecord rec;
+        rec.name = name;
+        rec.shape = sum_aie.sizes().vec();
+        rec.scores = host_floats(sum_aie / n), rec.patched = host_floats(sum_patched / n);
+        rec.metric_clean = static_cast<float>(sum_clean / n), rec.metric_corrupt = static_cast<float>(sum_corrupt / n);
+        schema::write_fv_heads_mean(w, rec, o.tasks, groups);
+    }
     w.commit();
     log_info("wrote {} ({})", o.out.out, schema::patching(name));
 }
@@ -116,7 +154,8 @@ void setup_fv_heads(CLI::App& app) {
         "--output-prefix '' --input-sep '' --output-sep '' --no-space.");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
-    sub->add_option("--task", o->task, "JSON word-pair task: [{\"input\": ..., \"output\": ...}, ...]")->required();
+    sub->add_option("--task", o->tasks, "JSON word-pair task: [{\"input\": ..., \"output\": ...}, ...]; several: each in "
+                                        "/patching/<name>-<file stem>, their mean AIE in /patching/<name>")->required();
     sub->add_option("--shots", o->fv.n_shots, "demonstrations a prompt (the reference's n_shots)")
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--trials", o->fv.n_trials, "clean prompts for the mean and corrupted prompts for the AIE (n_trials)")
@@ -130,7 +169,7 @@ void setup_fv_heads(CLI::App& app) {
     sub->add_option_function<std::string>("--input-sep", esc(o->fv.tmpl.input_sep), "after each input (default \\n)");
     sub->add_option_function<std::string>("--output-sep", esc(o->fv.tmpl.output_sep), "after each output (default \\n\\n)");
     sub->add_flag("--no-space", o->no_space, "no space before inputs and outputs (the reference's prepend_space=False)");
-    sub->add_option("--name", o->name, "the group /patching/<name> (default fv)");
+    sub->add_option("--name", o->name, "the group /patching/<name> (default fv; several tasks: the mean's)");
     sub->add_option("--batch-rows", o->fv.max_rows, "rows per forward (heads x prompts)")->check(at_least(1))->capture_default_str();
     sub->add_option("--top", o->top, "print this many best heads")->check(at_least(0))->capture_default_str();
     sub->callback([o] { run_fv_heads(*o); });

@@ -14,10 +14,14 @@ std::string patching_group(FileView& f, const std::string& name, int top_k) {
     const std::string g = schema::patching(name);
     const Attrs& a = p.attrs;
     std::string s;
-    s += fmt::format("<p class=\"desc\"><b>{}</b> patching of {} ({}), metric {}: clean {}, corrupted {}. Score = (M_patched - "
-                     "M_corrupt) / (M_clean - M_corrupt): 1 = the clean behaviour restored.</p>",
+    // fv-heads writes its AIE unnormalised (score_records.cpp write_fv_heads).
+    const bool fv = attr_str(a, "method") == "function-vector";
+    s += fmt::format("<p class=\"desc\"><b>{}</b> patching of {} ({}), metric {}: clean {}, corrupted {}. {}</p>",
                      esc(attr_str(a, "method")), esc(attr_str(a, "what")), esc(attr_str(a, "positions")), esc(attr_str(a, "metric")),
-                     num(p.metric_clean), num(p.metric_corrupt));
+                     num(p.metric_clean), num(p.metric_corrupt),
+                     fv ? "Score = the average indirect effect (Todd et al. 2024): p(answer) with the head's mean clean z at the "
+                          "last token minus p(answer) without, over the shuffled-label prompts."
+                        : "Score = (M_patched - M_corrupt) / (M_clean - M_corrupt): 1 = the clean behaviour restored.");
     const Dataset& sc = p.scores;
     if (sc.shape.size() == 1 && !p.path.shape.empty()) {  // path patching: one score per sender set
         const Dataset& lab = p.path;

@@ -360,4 +360,21 @@ void write_fv_heads(ResultWriter& w, PatchingRecord p, const FvHeadsRun& run, co
     put("corrupt_answer", q.corrupt_answer, {static_cast<int64_t>(q.corrupt_answer.size())});
 }
 
+void write_fv_heads_mean(ResultWriter& w, PatchingRecord p, const std::vector<std::string>& tasks,
+                         const std::vector<std::string>& groups) {
+    std::string t, g;
+    for (size_t i = 0; i < tasks.size(); ++i) t += (i ? "," : "") + tasks[i], g += (i ? "," : "") + groups[i];
+    p.attrs = Attrs{{"method", std::string("function-vector")},
+                    {"what", std::string("z")},
+                    {"positions", std::string("last")},
+                    {"units", std::string("query heads")},
+                    {"metric", std::string("prob")},
+                    {"pairs", t},
+                    {"task_groups", g},
+                    {"normalisation", std::string("none: the mean over the tasks of each task's average indirect effect "
+                                                  "(Todd et al. 2024 rank heads by it); patched, metric_clean and "
+                                                  "metric_corrupt are the tasks' means too")}};
+    write_patching(w, p);
+}
+
 }  // namespace hs::schema

@@ -183,5 +183,9 @@ struct FvPromptsRecord {
     std::vector<int32_t> clean_lengths, corrupt_lengths, clean_answer, corrupt_answer;  // [N]
 };
 void write_fv_heads(ResultWriter& w, PatchingRecord p, const FvHeadsRun& run, const FvPromptsRecord& prompts);
+// Several tasks: their mean AIE as one more group (Todd et al. pick heads by the AIE averaged over
+// tasks); `groups` names each task's group, written with write_fv_heads.
+void write_fv_heads_mean(ResultWriter& w, PatchingRecord p, const std::vector<std::string>& tasks,
+                         const std::vector<std::string>& groups);
 
 }  // namespace hs::schema
