@@ -374,11 +374,6 @@ bad patch "--path" "receiver before sender" 2 "--path: .*later layer" "$O" -- pa
 bad patch "--path" "input not q, k or v" 2 "--path: .*must be q, k or v" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --path "L0H0->L1H1:z" --out "$O"
 bad patch "--what" "unknown site" 2 "--what: 'o': expected z, q, k, v, pattern or head-out" "$O" -- patch "$M" --pairs "$T/pairs.jsonl" --metric loss --what o --out "$O"
 
-printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
-bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens
-printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
-bad ablate "--data" "prompts: answer a number" 5 "pr.jsonl:1" - -- ablate "$M" --heads L1H0 --data "$T/pr.jsonl" --data-kind prompts --metric logit-diff
-bad ablate "--data" "non-UTF-8 text" 5 "bad-utf8.txt" - -- ablate "$M" --heads L1H0 --data "$T/bad-utf8.txt" --data-kind text
 FV=(--input-prefix '' --output-prefix '' --input-sep '' --output-sep '' --no-space)
 printf '[{"input": "a", "output": "B"' >"$T/task.json"
 bad fv-heads "--task" "not JSON" 5 "task.json: not JSON" "$O" -- fv-heads "$M" --task "$T/task.json" --out "$O"
@@ -394,6 +389,11 @@ bad fv-heads "--shots" "zero" 2 "--shots" "$O" -- fv-heads "$M" --task "$T/task.
 bad fv-heads "--test-split" "out of (0, 1)" 2 "--test-split" "$O" -- fv-heads "$M" --task "$T/task.json" --test-split 1.5 --out "$O"
 bad fv-heads "--name" "a slash" 2 "--name 'a/b'" "$O" -- fv-heads "$M" --task "$T/task.json" --name a/b --out "$O"
 
+printf '1,2,3\n4,5,999\n' >"$T/ids.txt"
+bad ablate "--data" "token id past the vocabulary" 5 "ids.txt:2" - -- ablate "$M" --heads L1H0 --data "$T/ids.txt" --data-kind tokens
+printf '{"prompt": "ab", "answer": 7}\n' >"$T/pr.jsonl"
+bad ablate "--data" "prompts: answer a number" 5 "pr.jsonl:1" - -- ablate "$M" --heads L1H0 --data "$T/pr.jsonl" --data-kind prompts --metric logit-diff
+bad ablate "--data" "non-UTF-8 text" 5 "bad-utf8.txt" - -- ablate "$M" --heads L1H0 --data "$T/bad-utf8.txt" --data-kind text
 bad ablate "--repeated" "absurd length (10^9)" 3 "--repeated: data .data.: \\|R\\| = 1000000000: .*context" - -- ablate "$M" --heads L1H0 --repeated 1000000000
 bad ablate "--count" "absurd (10^12)" 3 "1000000000000 rows of .* needs at least" - -- ablate "$M" --heads L1H0 --repeated 10 --count 1000000000000
 bad ablate "--heads" "layer out of range" 2 "L7H0 is outside the model" - -- ablate "$M" --heads L7H0 --repeated 10
