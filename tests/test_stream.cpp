@@ -175,7 +175,7 @@ TEST_CASE("stream: a (row, head) mask equals the same windows named one by one; 
     mask[0][1] = true, mask[2][0] = true, mask[2][3] = true;
     Hooks a, b;
     for (int l = 0; l < L; ++l) {
-        a.window({l, 0, -1, 1, 3, true, 0, mask});
+        a.window({l, 0, -1, {1, 3, true, 0}, mask});
         b.window({l, 1, 0, 1, 3, true, {}});
         b.window({l, 0, 2, 1, 3, true, {}});
         b.window({l, 3, 2, 1, 3, true, {}});
@@ -188,7 +188,7 @@ TEST_CASE("stream: a (row, head) mask equals the same windows named one by one; 
     bad.window({0, H, -1, 0, 2, false, {}});
     CHECK_THROWS_AS(m->forward(tokens, &bad), ConfigError);
     Hooks wrong_shape;
-    wrong_shape.window({0, 0, -1, 0, 2, false, 0, torch::ones({2, H}, torch::kBool)});
+    wrong_shape.window({0, 0, -1, {0, 2, false, 0}, torch::ones({2, H}, torch::kBool)});
     CHECK_THROWS_AS(m->forward(tokens, &wrong_shape), ConfigError);
 }
 
