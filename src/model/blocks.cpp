@@ -1,6 +1,7 @@
 #include "blocks.h"
 
 #include "errors.h"
+#include "packed_kv.h"
 #include "torch_compat.h"
 
 #include <ATen/Parallel.h>
@@ -765,6 +766,17 @@ at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, i
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
                      KVCache* cache, int64_t attn_block, bool per_row) {
+    if (cache && cache->packed) {
+        // A compressed cache (packed_kv.h): each segment's queries against its kept entries alone.
+        HS_REQUIRE(!(hooks && (hooks->wants(Point::kAttnK, layer) || hooks->wants(Point::kAttnV, layer) ||
+                               hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer) ||
+                               hooks->has_windows(layer) || hooks->has_keeps(layer))),
+                   "blocks::attention: a packed cache shows no [B, S, K, d] keys, scores or pattern, and holds its policy's "
+                   "windows and kept positions itself");
+        if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
+        q = hook(hooks, Point::kAttnQ, layer, q);
+        return attention_output(m, layer, packed_attention(m.config, layer, *cache->packed, q, k, v), hooks, per_row);
+    }
     if (cache) std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
     if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]

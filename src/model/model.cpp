@@ -2,22 +2,25 @@
 
 #include "blocks.h"
 #include "errors.h"
+#include "packed_kv.h"
 #include "../families/families.h"
 #include "util.h"
 
 namespace hs {
 
 int64_t KVCache::length() const {
+    if (packed) return packed_length(*packed);
     for (const auto& t : k)
         if (t.defined()) return t.size(1);
     return 0;
 }
 
-KVCache::KVCache(const KVCache& o) : k(o.k), v(o.v), reserved_(o.reserved_) {}
+KVCache::KVCache(const KVCache& o) : k(o.k), v(o.v), packed(o.packed ? clone_packed(*o.packed) : nullptr), reserved_(o.reserved_) {}
 
 KVCache& KVCache::operator=(const KVCache& o) {
     if (this != &o) {
         k = o.k, v = o.v, reserved_ = o.reserved_;
+        packed = o.packed ? clone_packed(*o.packed) : nullptr;
         kbuf_.clear(), vbuf_.clear(), owned_.clear();
     }
     return *this;
@@ -25,9 +28,11 @@ KVCache& KVCache::operator=(const KVCache& o) {
 
 void KVCache::clear() {
     k.clear(), v.clear(), kbuf_.clear(), vbuf_.clear(), owned_.clear();
+    packed.reset();
 }
 
 void KVCache::truncate(int64_t positions) {
+    HS_REQUIRE(!packed, "KVCache::truncate: a compressed (packed) cache cannot be truncated");
     for (size_t l = 0; l < k.size(); ++l) {
         if (!k[l].defined() || k[l].size(1) <= positions) continue;
         const bool own = l < owned_.size() && owned_[l] == k[l].unsafeGetTensorImpl();
@@ -37,6 +42,7 @@ void KVCache::truncate(int64_t positions) {
 }
 
 std::pair<at::Tensor, at::Tensor> KVCache::append(int layer, const at::Tensor& k_new, const at::Tensor& v_new) {
+    HS_REQUIRE(!packed, "KVCache::append: a compressed (packed) cache is appended to by blocks::attention");
     const auto l = static_cast<size_t>(layer);
     if (k.size() <= l) k.resize(l + 1), v.resize(l + 1);
     if (kbuf_.size() <= l) kbuf_.resize(l + 1), vbuf_.resize(l + 1), owned_.resize(l + 1, nullptr);

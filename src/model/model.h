@@ -67,8 +67,13 @@ bool fused_attention_enabled(const LoadOptions& o);
 // without a copy. Capacity grows to reserve()'s hint, else doubles. Code may replace k[l], v[l] by
 // any [B, S, K, d] tensors (a slice, a row expanded to a batch): the next append copies them into a
 // fresh buffer. A copy of a cache shares the views, never the buffers (its appends go to its own).
+// A compressed cache (`packed`, src/model/packed_kv.h: the entries a KV-cache policy keeps, ragged per
+// (row, layer, head), and the tokens decoded after them) replaces k and v: pack_kv_cache() makes one
+// from a whole cache, attention() reads it, length() is then its absolute length.
+struct PackedKV;
 struct KVCache {
     std::vector<at::Tensor> k, v;
+    std::shared_ptr<PackedKV> packed;  // when set, k and v are empty (a copy of the cache clones it)
     KVCache() = default;
     KVCache(const KVCache& o);
     KVCache& operator=(const KVCache& o);
