@@ -206,8 +206,6 @@ std::vector<TrialResult> NeedleTest::run_baseline(const std::function<void()>& t
     return out;
 }
 
-// The trial's arrays of every score from its steps (the registry's trial functions), and its steps
-// when kept.
 // The trial's kept prefill (prompt[:-1], the scored pass's PrefixCache) cut to the query's start, or a
 // prefill of the context when none is kept; then the two query passes.
 at::Tensor NeedleTest::query_cal(const Trial& t) const {
@@ -224,6 +222,8 @@ at::Tensor NeedleTest::query_cal(const Trial& t) const {
     return qrhead_calibrated(m_, prefix, query, t.null_query);
 }
 
+// The trial's arrays of every score from its steps (the registry's trial functions), and its steps
+// when kept.
 TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d, const at::Tensor* query_cal) const {
     const int L = m_.config.n_layers, H = m_.config.n_heads;
     const Trial& t = trials_[static_cast<size_t>(i)];
