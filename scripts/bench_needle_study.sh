@@ -15,9 +15,9 @@
 # Env: HEADSCOPE_BIN (default build/headscope), HEADSCOPE_PEERS_VENV (default .venv-peers), THREADS
 # (default: every core), STUDY_LENGTHS (512,1024,1536,2048), STUDY_DEPTHS (0,20,40,60,80,100),
 # STUDY_NEEDLES (2), STUDY_STEPS (16), STUDY_MODEL (a checkpoint folder; default: made by
-# scripts/make_bench_model.py), STUDY_HS_ARGS (more headscope options, split on spaces; default
-# "--batch 6 --sweep-rows 36": a length's six depths decode as rows of one forward, and so do their
-# six head sets; "" for headscope's defaults, one trial a forward).
+# scripts/make_bench_model.py), STUDY_HS_ARGS (more headscope options, split on spaces; default ""
+# headscope's defaults: --batch auto --sweep-rows auto, which the log line "batching:" reports; e.g.
+# "--batch 6 --sweep-rows 36" for the setting measured before the defaults chose rows themselves).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-/tmp/headscope-bench/study}"
@@ -38,7 +38,7 @@ MODEL="${STUDY_MODEL:-/tmp/headscope-bench/gpt2s-llama}"
 head -"${STUDY_NEEDLES:-2}" datasets/needles/study_needles.jsonl > "$DIR/needles.jsonl"
 common=("$MODEL" --tokenizer "$TOKDIR" --protocol wu --haystack datasets/needles/haystack.txt --needles "$DIR/needles.jsonl"
         --lengths "$LENGTHS" --depths "$DEPTHS" --max-new-tokens "$STEPS" --stop none --score retrieval --threads "$THREADS")
-read -r -a extra <<< "${STUDY_HS_ARGS---batch 6 --sweep-rows 36}"
+read -r -a extra <<< "${STUDY_HS_ARGS-}"
 common+=("${extra[@]}")
 
 secs() { awk -v a="$1" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }'; }

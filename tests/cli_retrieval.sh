@@ -68,6 +68,35 @@ ok "top retrieval" -- "$HS" top "$O" --probe retrieval -k 3
 ok "export" -- "$HS" export "$O" --table scores/locos --format csv
 check "export rows" -- test "$(grep -c '^locos,' "$TMP/out")" -eq $((5 * 8))
 check "passing trials" -- grep -q '^trials 18, passed [1-9]' "$TMP/out.run"
+# The default rows (--batch auto --sweep-rows auto: a length's trials, times the head sets) change time,
+# never a token: the run above equals one trial and one set a forward, every token, response and
+# pass the same, scores within folded GEMMs' last bits (1e-5 of each dataset's largest value, as
+# tests/test_needle.cpp's kBatchRelTol; measured 1.2e-7 on locos), and the log says what it chose.
+"$HS" -v retrieval "$M" "${H[@]}" --template '{context} {question}' --lengths 80,160 --depths 0,50,100 --max-new-tokens 6 \
+  --ablate-top 2 --random-controls 2 --out "$TMP/auto.h5" 2>"$TMP/auto.err" >/dev/null
+check "auto batching logged" -- grep -qE 'batching: --batch [2-8] \(auto: .*--sweep-rows [0-9]+ \(auto: [2-8] x 3 head sets' "$TMP/auto.err"
+ok "one trial a forward" -- "$HS" retrieval "$M" "${H[@]}" --template '{context} {question}' --lengths 80,160 --depths 0,50,100 --max-new-tokens 6 \
+  --ablate-top 2 --random-controls 2 --batch 1 --sweep-rows 1 --out "$TMP/one.h5"
+if /usr/bin/python3 -c "import h5py" 2>/dev/null; then
+  check "auto rows == one row a forward (tokens exact, scores 1e-5)" -- /usr/bin/python3 - "$TMP/auto.h5" "$TMP/one.h5" <<'PY'
+import sys, h5py, numpy as np
+a, b = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+bad = []
+def walk(name, x):
+    y = b.get(name)
+    if y is None: bad.append(name); return
+    for k, v in x.attrs.items():
+        if name != "meta" and k not in ("batch", "sweep_rows") and not np.array_equal(np.asarray(v), np.asarray(y.attrs.get(k))): bad.append(name + "@" + k)
+    if not isinstance(x, h5py.Dataset): return
+    u, w = x[()], y[()]
+    if u.dtype.kind == "f":
+        scale = max(1e-3, float(np.nanmax(np.abs(u))) if np.isfinite(u).any() else 0.0)
+        if u.shape != w.shape or not np.array_equal(np.isnan(u), np.isnan(w)) or np.nanmax(np.abs(u - w), initial=0) > 1e-5 * scale: bad.append(name)
+    elif u.shape != w.shape or list(np.ravel(u)) != list(np.ravel(w)): bad.append(name)
+a.visititems(walk)
+print(bad[:5]); sys.exit(1 if bad else 0)
+PY
+fi
 # --ablate-top from the stored file, mean-query, appended to another file of the same model.
 ok "ablate from file" -- "$HS" retrieval "$M" "${H[@]}" --lengths 80 --depths 50 --max-new-tokens 4 --score retrieval \
   --ablate-top 3 --from "$O:scores/locos/score" --ablation mean-query --calibration-trials 2 --ablation-scope decode --stop eos \

@@ -13,6 +13,7 @@
 #include "progress.h"
 #include "schema.h"
 #include "study_config.h"
+#include "system.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -58,7 +59,7 @@ struct RetrievalOptions {
     int64_t calibration_trials = 50;
     std::string ablation_scope = "all";
     std::string stop = "newline";
-    int64_t batch = 1;
+    std::string batch = "auto";  // or N (auto_needle_batching)
     bool no_prefix_reuse = false;
     std::string shard;
     bool resume = false;
@@ -76,9 +77,17 @@ struct RetrievalOptions {
     std::string razor_preset = "reference";
     std::string full_fractions = "0,0.05,0.1,0.25,0.5,1";
     int64_t random_orders = 3;
-    int64_t sweep_rows = 8;
+    std::string sweep_rows = "auto";  // or N
     KvCompareArgs kv;  // --kv-compare (tools/kv_compare_args.h)
 };
+
+// --batch / --sweep-rows: "auto" (nullopt) or a positive count.
+static std::optional<int64_t> parse_rows(const std::string& text, const char* flag) {
+    if (text == "auto") return std::nullopt;
+    const auto v = parse_int64(text);
+    if (!v || *v < 1) throw UsageError(fmt::format("{}: '{}' is not auto or a count of at least 1", flag, text));
+    return *v;
+}
 
 // --lengths or --lengths-range START:END:N = round(linspace(START, END, N)) (half to even, as numpy).
 static std::vector<int64_t> parse_lengths(const RetrievalOptions& o, bool range_given) {
@@ -168,14 +177,16 @@ static NeedleStudySpec plan_retrieval(const RetrievalOptions& o, bool range_give
     p.needles = o.needles, p.haystack = o.haystack, p.haystack_dir = o.haystack_dir, p.tmpl = o.tmpl;
     p.flag_threshold = o.flag_threshold, p.bootstrap = o.bootstrap;
     p.ablate_top = o.ablate_top, p.from = o.from, p.random_controls = o.random_controls;
-    p.calibration_trials = o.calibration_trials, p.window = o.window, p.sweep_rows = o.sweep_rows;
+    p.calibration_trials = o.calibration_trials, p.window = o.window;
+    p.sweep_rows = parse_rows(o.sweep_rows, "--sweep-rows").value_or(8);
     p.resume = o.resume, p.checkpoint_seconds = o.checkpoint_seconds, p.pause_ms = o.pause_ms;
     NeedleConfig& c = p.cfg;
     c.tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
     c.ablation_tmpl = o.ablation_template.empty() ? c.tmpl : with_flag("--ablation-template", [&] { return parse_template(o.ablation_template); });
     c.lengths = parse_lengths(o, range_given);
     c.depths = with_flag({{"--depths", "depths"}}, [&] { return parse_needle_depths(o.depths); });
-    c.pass_threshold = o.pass_threshold, c.batch = o.batch;
+    c.pass_threshold = o.pass_threshold;
+    c.batch = parse_rows(o.batch, "--batch").value_or(1);
     c.decode.max_new_tokens = p.proto.max_new_tokens, c.decode.prefill_chunk = o.prefill_chunk;
     c.decode.keep_stop = p.proto.stop_order == StopOrder::kAfter;
     c.ablation_max_new_tokens = p.proto.ablation_max_new_tokens;
@@ -248,12 +259,23 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (!o.ablate.empty()) p.ablate_heads = with_flag("--ablate", [&] { return parse_head_list(o.ablate, L, H); });
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
     if (!o.from.empty()) p.from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
+    {  // rows of one decode forward, from the grid, the model and the memory (printed)
+        int64_t avail = available_memory_bytes();
+        if (m.options.device.is_cuda()) {  // the caches live on the device: its memory less the weights
+            const auto devs = cuda_devices();
+            const auto i = static_cast<size_t>(std::max<int>(0, m.options.device.index()));
+            avail = i < devs.size() ? devs[i].total_bytes - m.n_params() * static_cast<int64_t>(c10::elementSize(m.options.dtype)) : -1;
+        }
+        const auto b = auto_needle_batching(p, m, in, o.batch == "auto", o.sweep_rows == "auto", avail);
+        p.cfg.batch = b.batch, p.sweep_rows = b.sweep_rows;
+        if (!b.note.empty()) log_info(b.note);
+    }
     at::Tensor stream_score;
     std::string stream_source;
     if (o.stream_sweep) stream_score = stream_order(o, m, p, &stream_source);
     std::optional<KvComparePlan> kv_plan;  // every file read and flag checked before anything is written
     if (o.kv.on())
-        kv_plan = plan_kv_compare(o.kv, m, p.scores, o.random_orders, o.sweep_rows, static_cast<uint64_t>(p.proto.seed),
+        kv_plan = plan_kv_compare(o.kv, m, p.scores, o.random_orders, p.sweep_rows, static_cast<uint64_t>(p.proto.seed),
                                   o.razor_preset);
     const auto test = with_flag({{"--lengths", ""}, {"--score", "scores"}}, [&] { return make_needle_test(p, m, *lm.tokenizer, in); });
 
@@ -366,8 +388,11 @@ static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
         ->check(at_least(1))->capture_default_str();
-    sub->add_option("--batch", o->batch, "trials of equal prompt length decoded together (memory x batch)")
-        ->check(at_least(1))->capture_default_str();
+    sub->add_option("--batch", o->batch,
+                    "trials of equal prompt length decoded together (memory x batch); auto: a length's trials (depths x "
+                    "needles), at most 8 and what half the free memory holds (the log says what it chose). A trial's "
+                    "numbers do not depend on it")
+        ->capture_default_str();
     sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")
         ->check(at_least(0))->capture_default_str();
 }
@@ -422,9 +447,9 @@ static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
         ->capture_default_str();
     sub->add_option("--sweep-rows", o->sweep_rows,
                     "stream sweep: batch rows of one forward, (head set, trial) pairs: the head sets of a batch of "
-                    "--batch trials decode together (memory: KV cache x rows)")
-        ->capture_default_str()
-        ->check(at_least(1));
+                    "--batch trials decode together (memory: KV cache x rows); auto: --batch x the head sets, at most 64 "
+                    "and what half the free memory holds")
+        ->capture_default_str();
     sub->add_option("--decoding", o->decoding,
                     "greedy, or also decode every trial under DeCoRe (decore: --contrast HEADS --alpha entropy|F "
                     "[--alpha-max X], with --random-controls N random contrast sets) or JUICE (juice: --enhance/--suppress "

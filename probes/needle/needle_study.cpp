@@ -143,6 +143,61 @@ NeedleInputs read_needle_inputs(const NeedleStudySpec& s, const Model& m, const 
     return in;
 }
 
+NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, const NeedleInputs& in, bool batch_auto,
+                                    bool rows_auto, int64_t available_bytes) {
+    NeedleBatching b;
+    b.batch = s.cfg.batch, b.sweep_rows = s.sweep_rows;
+    if (!batch_auto && !rows_auto) return b;
+    const ModelConfig& c = m.config;
+    const int64_t longest = s.cfg.lengths.empty() ? 0 : *std::max_element(s.cfg.lengths.begin(), s.cfg.lengths.end());
+    // A context length's prompt adds the template and the question: a margin of the model's
+    // positions' worth at most (the cap only needs the order of magnitude).
+    const int64_t steps = std::max(s.cfg.decode.max_new_tokens, s.cfg.ablation_max_new_tokens);
+    const int64_t positions = std::min<int64_t>(longest + 256 + steps, std::max<int64_t>(c.max_seq_len, longest + steps));
+    const int64_t row_bytes = 2 * int64_t{c.n_layers} * c.n_kv_heads * c.d_head * positions *
+                              static_cast<int64_t>(c10::elementSize(m.options.dtype));
+    int64_t cap = -1;  // rows the memory holds
+    std::string mem;
+    if (available_bytes >= 0) {
+        const int64_t prefix = s.cfg.decode.reuse_prefix ? s.cfg.prefix_max_bytes : 0;
+        const int64_t budget = std::max<int64_t>(0, available_bytes / 2 - prefix);
+        cap = std::max<int64_t>(1, budget / std::max<int64_t>(1, row_bytes));
+        mem = fmt::format("half of {:.1f} GiB free, {:.1f} MiB of KV cache a row: at most {} rows",
+                          static_cast<double>(available_bytes) / (1 << 30), static_cast<double>(row_bytes) / (1 << 20), cap);
+    } else {
+        mem = "free memory unknown: no memory cap";
+    }
+    auto capped = [&](int64_t v) { return cap > 0 ? std::min(v, cap) : v; };
+    const int64_t per_length = static_cast<int64_t>(s.cfg.depths.size()) * std::max<int64_t>(1, in.needles.size());
+    if (batch_auto) b.batch = std::max<int64_t>(1, capped(std::min<int64_t>(per_length, 8)));
+    // A resumed scan keeps the batches its file was cut into (the work items are batches), whatever
+    // the memory free now.
+    std::string from_file;
+    if (batch_auto && s.resume && file_exists(s.out)) {
+        ResultReader r(s.out);
+        if (r.exists(schema::retrieval())) {
+            const Attrs a = r.attrs(schema::retrieval());
+            if (auto it = a.find("batch"); it != a.end())
+                if (const auto* v = std::get_if<int64_t>(&it->second); v && *v >= 1)
+                    b.batch = *v, from_file = " (auto: the resumed file's)";
+        }
+    }
+    int64_t sets = 0;
+    if (s.ablating) sets = 1 + s.random_controls;
+    if (!s.full_fractions.empty())
+        sets = std::max<int64_t>(sets, static_cast<int64_t>(s.full_fractions.size()) * (1 + s.random_orders));
+    if (rows_auto)
+        b.sweep_rows = std::max<int64_t>(1, capped(std::min<int64_t>(64, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
+    b.note = fmt::format("batching: --batch {}{}, --sweep-rows {}{} ({})", b.batch,
+                         !from_file.empty() ? from_file : batch_auto ? " (auto: a length's trials, at most 8)" : "",
+                         b.sweep_rows,
+                         !rows_auto ? std::string()
+                         : sets > 0 ? fmt::format(" (auto: {} x {} head sets, at most 64)", b.batch, sets)
+                                    : std::string(" (auto: no head sets here, 8 or --batch)"),
+                         mem);
+    return b;
+}
+
 std::unique_ptr<NeedleTest> make_needle_test(const NeedleStudySpec& s, const Model& m, const Tokenizer& tok,
                                              const NeedleInputs& in) {
     NeedleConfig cfg = s.cfg;

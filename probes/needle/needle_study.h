@@ -99,6 +99,23 @@ NeedleInputs read_needle_inputs(const NeedleStudySpec& s, const Model& m, const 
 std::unique_ptr<NeedleTest> make_needle_test(const NeedleStudySpec& s, const Model& m, const Tokenizer& tok,
                                              const NeedleInputs& in);
 
+// Rows of one decode forward when the command leaves them to the study (`--batch auto`,
+// `--sweep-rows auto`, the defaults), as llama.cpp sizes its batches from the model and the memory:
+// batch = the trials of one length (depths x needles), at most 8 (a decode step's product of up to
+// 8 rows reads each weight once: blocks::gemv_rows); sweep rows = batch x the head sets decoding
+// together (the ablation set and its random controls, or the stream sweep's sets), at most 64; both
+// at most what half the free memory holds of KV caches (2 L K d_head (longest prompt + steps) x
+// the dtype's bytes a row, the kept prefills' bound set aside). The choice changes time and memory,
+// not a token: rows of one forward run folded GEMMs, equal to their solo runs up to the last bits
+// of the scores (tests/test_needle.cpp kBatchRelTol). `note` is the log line.
+struct NeedleBatching {
+    int64_t batch = 1, sweep_rows = 8;
+    std::string note;
+};
+// available_bytes < 0: unknown (no memory cap; the note says so).
+NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, const NeedleInputs& in, bool batch_auto,
+                                    bool rows_auto, int64_t available_bytes);
+
 // The decoding pass (--decoding decore|juice): set 0 the named heads, sets 1.. random controls
 // (DeCoRe), each with every trial's outcome.
 struct NeedleDecodingPass {

@@ -8,8 +8,10 @@
 #include <torch/torch.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <thread>
@@ -30,6 +32,35 @@ void tune_allocator() {
         return;
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
     mallopt(M_TRIM_THRESHOLD, 512 << 20);
+}
+
+int64_t available_memory_bytes() {
+    int64_t avail = -1;
+    if (std::FILE* f = std::fopen("/proc/meminfo", "r")) {
+        char line[256];
+        long long kb = 0;
+        while (std::fgets(line, sizeof line, f))
+            if (std::sscanf(line, "MemAvailable: %lld kB", &kb) == 1) {
+                avail = static_cast<int64_t>(kb) * 1024;
+                break;
+            }
+        std::fclose(f);
+    }
+    auto read_num = [](const char* path, int64_t* v) {
+        std::FILE* f = std::fopen(path, "r");
+        if (!f) return false;
+        long long x = 0;
+        const bool ok = std::fscanf(f, "%lld", &x) == 1;  // "max" (no limit) reads as no number
+        std::fclose(f);
+        if (ok) *v = static_cast<int64_t>(x);
+        return ok;
+    };
+    int64_t limit = 0, used = 0;
+    if (read_num("/sys/fs/cgroup/memory.max", &limit) && read_num("/sys/fs/cgroup/memory.current", &used)) {
+        const int64_t left = std::max<int64_t>(0, limit - used);
+        avail = avail < 0 ? left : std::min(avail, left);
+    }
+    return avail;
 }
 
 int set_threads(int n) {

@@ -33,6 +33,10 @@ std::vector<CudaDevice> cuda_devices(std::string* why = nullptr);
 // a negative value when this build's libtorch has no CUDA.
 double measure_cuda_gemm_tflops(int index, int n = 8192, int reps = 10);
 
+// Host memory a run may still take (bytes): /proc/meminfo's MemAvailable, or less when a cgroup v2
+// limit (memory.max - memory.current) is tighter; -1 when neither can be read.
+int64_t available_memory_bytes();
+
 // Sets libtorch's intra-op threads (n <= 0: every available core) and returns the count set.
 int set_threads(int n);
 
