@@ -46,7 +46,7 @@ void check_json_trials(const Tokenizer& tok, const KeyValueTask& task) {
         CHECK(text(tok, t.prompt, t.needle_start, t.needle_end).find("\"" + nd.question + "\": \"" + nd.answer + "\"") != std::string::npos);
         const std::string span = text(tok, t.prompt, t.answer_start, t.answer_end);
         CHECK(span.find(nd.answer) != std::string::npos);          // the span covers the value
-        CHECK(span.size() <= nd.answer.size() + 4);                // and little else (a quote, a space)
+        CHECK(span.size() <= nd.answer.size() + 8);                // and little else (quotes, a colon, a space)
         const std::string whole = tok.decode(std::vector<int32_t>(t.prompt.begin(), t.prompt.end()), true);
         const std::string tail = "Question: \"" + nd.question + "\"\nAnswer:";
         REQUIRE(whole.size() >= tail.size());
@@ -80,7 +80,7 @@ TEST_CASE("influence detect: the top share's head count") {
 TEST_CASE("influence detect: key -> value trials put the value where the prompt says (SentencePiece and byte-level BPE)") {
     HS_REQUIRE_TESTDATA(td);
     KeyValueTask task;
-    task.samples = 6, task.length = 400, task.seed = 3;
+    task.samples = 6, task.length = 1500, task.seed = 3;
     auto sp = load_tokenizer(td + "/tinystories-656k/tokenizer.json");
     check_json_trials(*sp, task);
     auto gpt2 = load_tokenizer(td + "/gpt2-tokenizer");

@@ -128,16 +128,23 @@ KeyValueTrials key_value_trials(const Tokenizer& tok, const KeyValueTask& t) {
         const auto body = encode_piece(tok, kInstruction);
         prefix.insert(prefix.end(), body.begin(), body.end());
     }
-    for (int64_t s = 0; s < t.samples; ++s) {
+    // Every sample's queried and demonstration pairs first: the answer budget (the longest answer's
+    // tokens + 3) is one for all trials, so every prompt plus max_new_tokens fits the length.
+    std::vector<std::vector<Pair>> samples(static_cast<size_t>(t.samples));
+    int64_t answer_budget = 0;
+    for (auto& pairs : samples) {
         // pairs[0] is the queried one, pairs[1..shots] the demonstrations', the rest distractors.
-        std::vector<Pair> pairs;
         for (int64_t i = 0; i <= t.shots; ++i) pairs.push_back(make_pair());
+        answer_budget = std::max(answer_budget, static_cast<int64_t>(encode_piece(tok, " \"" + pairs[0].value + "\"").size()) + 3);
+    }
+    out.max_new_tokens = answer_budget;
+    for (int64_t s = 0; s < t.samples; ++s) {
+        auto& pairs = samples[static_cast<size_t>(s)];
         std::string suffix_text = "\n}";
         for (int64_t i = 1; i <= t.shots; ++i)
             suffix_text += fmt::format("\n\nQuestion: \"{}\"\nAnswer: \"{}\"", pairs[static_cast<size_t>(i)].key, pairs[static_cast<size_t>(i)].value);
         suffix_text += fmt::format("\n\nQuestion: \"{}\"\nAnswer:", pairs[0].key);
         const auto suffix = encode_piece(tok, suffix_text);
-        const int64_t answer_budget = static_cast<int64_t>(encode_piece(tok, " \"" + pairs[0].value + "\"").size()) + 3;
         int64_t used = static_cast<int64_t>(prefix.size() + suffix.size()) + answer_budget;
         for (const auto& p : pairs) used += static_cast<int64_t>(encode_piece(tok, pair_line(p, true)).size());
         if (used > t.length)
@@ -185,7 +192,6 @@ KeyValueTrials key_value_trials(const Tokenizer& tok, const KeyValueTask& t) {
                 tr.answer_start = tr.needle_start + span->first, tr.answer_end = tr.needle_start + span->second;
                 tr.depth = order.size() > 1 ? 100.0 * static_cast<double>(k) / static_cast<double>(order.size() - 1) : 0.0;
                 out.needles.push_back({pair_line(pairs[0], k + 1 < order.size()), pairs[0].key, pairs[0].value, static_cast<int>(s + 1)});
-                out.max_new_tokens = std::max(out.max_new_tokens, answer_budget);
             }
             tr.prompt.insert(tr.prompt.end(), lines[k].begin(), lines[k].end());
             context += static_cast<int64_t>(lines[k].size());

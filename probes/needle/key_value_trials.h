@@ -46,7 +46,8 @@ struct KeyValueTrials {
     std::vector<Trial> trials;     // trial i reads needles[i]; needle span = the queried pair, answer
                                    // span = its value's tokens in the context
     std::vector<int64_t> pairs;    // [samples] key-value pairs in each trial's context
-    int64_t max_new_tokens = 1;    // the longest answer's tokens + 3 (its quotes and the newline)
+    int64_t max_new_tokens = 1;    // the longest answer's tokens + 3 (its quotes and the newline): every
+                                   // prompt plus these fits the task's length
     StopRule stop = StopRule::kNewline;  // json: the newline; toy-recall: none (one new token)
 };
 
@@ -56,7 +57,7 @@ bool toy_vocabulary(const Tokenizer& tok);
 // The task's trials, drawn from std::mt19937_64(t.seed). json: each trial's prompt is
 // bos + encode(instruction + "{") + one encoded piece per pair line ("\n\"KEY\": \"VALUE\"," ; the
 // last without the comma) + encode("\n}" + the demonstrations "\n\nQuestion: \"KEY\"\nAnswer:
-// \"VALUE\"" + "\n\nQuestion: \"KEY\"\nAnswer:"), as many pairs as keep the prompt plus the answer's
+// \"VALUE\"" + "\n\nQuestion: \"KEY\"\nAnswer:"), as many pairs as keep the prompt plus the longest answer's
 // tokens + 3 within t.length (at least shots + 1), the queried pair at a uniformly drawn place and the
 // demonstrations' keys drawn from the others; its answer span is the value's tokens in the queried
 // pair's piece (needle_trials.h answer_span). toy-recall: toy::recall_batch(Rng(seed), samples,
