@@ -5,10 +5,12 @@
 #include <doctest/doctest.h>
 
 #include "ablation.h"
+#include "blocks.h"
 #include "ci_toy.h"
 #include "duo_data.h"
 #include "duo_gates.h"
 #include "heads.h"
+#include "hooks.h"
 #include "model.h"
 #include "store.h"
 #include "test_util.h"
@@ -21,10 +23,150 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <fstream>
 
 using namespace hs;
 using nlohmann::json;
+
+namespace {
+
+// DuoAttention trains with block_sparse_attn's block_streaming_attn_func (duo_attn/train.py l. 280,
+// duo_attn/patch/streaming_attn.py streaming_attn_blocksparse_flash_attn), num_sink_blocks =
+// (sink_size + 127) // 128 and num_recent_blocks = (recent_size + 127) // 128
+// (duo_attn/patch/llama.py l. 450-452). Its mask, transcribed from mit-han-lab/Block-Sparse-Attention
+// block_sparse_tests/fwd_bwd/test_correctness/utils.py (generate_streaming_mask, prepare_mixed_mask,
+// attention_blocksparse_ref with causal = True), with the block size a parameter (the kernel's is 128):
+// the block mask row by row, repeated to tokens, cut to the lengths, and the causal mask
+// (construct_local_mask with window (-1, 0): col > row + sk - sq hidden). visible[q * k_len + s].
+std::vector<char> reference_block_streaming_mask(int64_t q_len, int64_t k_len, int64_t sink_size, int64_t recent_size, int64_t blk) {
+    const int64_t sink_block_num = (sink_size + blk - 1) / blk, local_block_num = (recent_size + blk - 1) / blk;
+    auto round_to_multiple = [](int64_t x, int64_t base) { return (x + base - 1) / base * base; };
+    auto ceil_div = [](int64_t x, int64_t y) { return (x + y - 1) / y; };
+    const int64_t nrow = round_to_multiple(q_len, blk) / blk, ncol = round_to_multiple(k_len, blk) / blk;
+    std::vector<char> base(static_cast<size_t>(nrow * ncol), 0);
+    const int64_t start_row_idx = std::max<int64_t>((q_len - k_len) / blk, 0);
+    for (int64_t i = start_row_idx; i < nrow; ++i) {
+        const int64_t max_row_block_num = ceil_div(std::max<int64_t>(k_len - q_len, 0), blk) + 1 + i - start_row_idx;
+        for (int64_t c = std::min(std::max<int64_t>(max_row_block_num - local_block_num, 0), ncol); c < std::min(max_row_block_num, ncol); ++c)
+            base[static_cast<size_t>(i * ncol + c)] = 1;
+        for (int64_t c = 0; c < std::min(sink_block_num, ncol); ++c) base[static_cast<size_t>(i * ncol + c)] = 1;  // [:sink_block_num]
+    }
+    std::vector<char> vis(static_cast<size_t>(q_len * k_len), 0);
+    for (int64_t r = 0; r < q_len; ++r)
+        for (int64_t c = 0; c < k_len; ++c)
+            vis[static_cast<size_t>(r * k_len + c)] = base[static_cast<size_t>((r / blk) * ncol + c / blk)] && !(c > r + k_len - q_len);
+    return vis;
+}
+
+// The same file's construct_exact_streaming_mask (the token window; DuoAttention's generate_streaming_mask
+// keeps the same keys): col > min(row + sk - sq, sk), or sink_size <= col < row + sk - sq - (local_size - 1), hidden.
+std::vector<char> reference_exact_streaming_mask(int64_t q_len, int64_t k_len, int64_t sink_size, int64_t local_size) {
+    std::vector<char> vis(static_cast<size_t>(q_len * k_len), 0);
+    for (int64_t r = 0; r < q_len; ++r)
+        for (int64_t c = 0; c < k_len; ++c) {
+            const bool hidden = c > std::min(r + k_len - q_len, k_len) || (c < r + k_len - q_len - (local_size - 1) && c >= sink_size);
+            vis[static_cast<size_t>(r * k_len + c)] = !hidden;
+        }
+    return vis;
+}
+
+// headscope's pattern under a window on every head: the entries of attn.scores that are not -inf, per
+// head [H][T * T], read through the row-block observer (blocks of `attn_block` query rows) or whole.
+std::vector<std::vector<char>> headscope_visible(const Model& m, const at::Tensor& tokens, const StreamWindow& w, int64_t attn_block,
+                                                 bool whole, at::Tensor* z_out = nullptr) {
+    const int64_t H = m.config.n_heads, T = tokens.size(1);
+    Hooks h;
+    for (int l = 0; l < m.config.n_layers; ++l)
+        for (int hh = 0; hh < H; ++hh) h.window(HeadWindow{l, hh, -1, w, {}});
+    auto scores = torch::zeros({H, T, T});
+    if (whole) {
+        h.capture(Point::kAttnScores, [&](int l, const at::Tensor& x) { if (l == 0) scores.copy_(x[0]); });
+    } else {
+        h.capture_rows(Point::kAttnScores, [&](int l, int64_t q0, const at::Tensor& rows) {
+            if (l == 0) scores.narrow(1, q0, rows.size(2)).copy_(rows[0]);
+        });
+    }
+    if (z_out) h.capture(Point::kAttnZ, [&](int l, const at::Tensor& x) { if (l == 0) *z_out = x.clone(); });
+    ForwardOptions fo;
+    fo.attn_block = attn_block;
+    fo.compute_logits = false;
+    torch::NoGradGuard ng;
+    m.forward(tokens, &h, nullptr, fo);
+    auto fin = torch::isfinite(scores).to(torch::kUInt8).contiguous();
+    std::vector<std::vector<char>> out;
+    for (int64_t hh = 0; hh < H; ++hh) out.emplace_back(fin[hh].data_ptr<uint8_t>(), fin[hh].data_ptr<uint8_t>() + T * T);
+    return out;
+}
+
+}  // namespace
+
+TEST_CASE("block windows: the pattern is block_streaming_attn_func's mask; block 1 is the token window") {
+    auto m = load_model(ci_toy_model("induction"));
+    // The toy trained on 64 tokens (its config's context); its RoPE has no position table, and the mask
+    // is what is checked here, at lengths past one 128-token block.
+    m->config.max_seq_len = 512;
+    const int64_t H = m->config.n_heads;
+    struct Case {
+        int64_t T, sink, recent, block;
+    };
+    // The reference's training window (128, 256 in 128-token blocks) with partial blocks (T = 300 = 2 x
+    // 128 + 44, 77 < 128), T a multiple of 128, sinks and recents that are not multiples of the block,
+    // no sink, and small blocks.
+    for (const Case c : {Case{300, 128, 256, 128}, Case{300, 64, 200, 128}, Case{256, 200, 130, 128}, Case{300, 0, 1, 128},
+                         Case{77, 1, 4, 128}, Case{45, 5, 7, 4}, Case{46, 0, 9, 3}, Case{45, 3, 5, 1}}) {
+        CAPTURE(c.T);
+        CAPTURE(c.sink);
+        CAPTURE(c.recent);
+        CAPTURE(c.block);
+        torch::manual_seed(c.T + c.block);
+        auto tokens = torch::randint(6, 68, {1, c.T}, torch::kLong);
+        const StreamWindow w{c.sink, c.recent, false, 0, c.block};
+        const auto ref = reference_block_streaming_mask(c.T, c.T, c.sink, c.recent, c.block);
+        at::Tensor z;
+        const auto rows = headscope_visible(*m, tokens, w, 7, false, &z);
+        const auto whole = headscope_visible(*m, tokens, w, 0, true);
+        for (int64_t hh = 0; hh < H; ++hh) {
+            CHECK(rows[static_cast<size_t>(hh)] == ref);
+            CHECK(whole[static_cast<size_t>(hh)] == ref);
+        }
+        // The whole reference attention (blocks::attention_reference) reads the same window.
+        std::vector<at::Tensor> qkv(3);
+        Hooks cap;
+        for (int hh = 0; hh < H; ++hh) cap.window(HeadWindow{0, hh, -1, w, {}});
+        cap.capture(Point::kAttnQ, [&](int l, const at::Tensor& x) { if (l == 0) qkv[0] = x.clone(); });
+        cap.capture(Point::kAttnK, [&](int l, const at::Tensor& x) { if (l == 0) qkv[1] = x.clone(); });
+        cap.capture(Point::kAttnV, [&](int l, const at::Tensor& x) { if (l == 0) qkv[2] = x.clone(); });
+        ForwardOptions fo;
+        fo.compute_logits = false, fo.stop_after_layer = 0;
+        {
+            torch::NoGradGuard ng;
+            m->forward(tokens, &cap, nullptr, fo);
+        }
+        const auto lw = cap.windows(0, 1, H, torch::kCPU);
+        const auto zr = blocks::attention_reference(m->config, 0, qkv[0], qkv[1], qkv[2], &lw);
+        CHECK((z - zr).abs().max().item<double>() <= 1e-5 * std::max(1.0, zr.abs().max().item<double>()));
+        if (c.block == 1) {  // the token window: the exact streaming mask, and the window without a block, bit for bit
+            CHECK(ref == reference_exact_streaming_mask(c.T, c.T, c.sink, c.recent));
+            at::Tensor zt;
+            const auto token = headscope_visible(*m, tokens, StreamWindow{c.sink, c.recent, false, 0}, 7, false, &zt);
+            CHECK(token == rows);
+            CHECK(torch::equal(zt, z));
+        }
+    }
+    // The reference's training window on a 300-token row: a query in block 2 sees block 0 (the sink)
+    // and blocks 1 and 2 up to itself, 128 + 129..256 keys; the token window 128 + 256 would show more.
+    const auto ref = reference_block_streaming_mask(300, 300, 128, 256, 128);
+    int64_t seen_299 = 0, seen_256 = 0;
+    for (int64_t s = 0; s < 300; ++s) seen_299 += ref[static_cast<size_t>(299 * 300 + s)], seen_256 += ref[static_cast<size_t>(256 * 300 + s)];
+    CHECK(seen_256 == 128 + 129);
+    CHECK(seen_299 == 300);
+    // Bad blocks: one line each.
+    Hooks h;
+    CHECK_THROWS_WITH_AS(h.window(HeadWindow{0, 0, -1, StreamWindow{4, 8, false, 0, 0}, {}}), "attention window: block 0 must be at least 1", ConfigError);
+    CHECK_THROWS_WITH_AS(h.window(HeadWindow{0, 0, -1, StreamWindow{4, 8, true, 0, 4}, {}}),
+                         "attention window: a block window (block 4) does not compensate", ConfigError);
+}
 
 TEST_CASE("duo-gates: alpha = 1 reproduces the model; the gradient equals central differences") {
     auto m = load_model(ci_toy_model("induction"));
@@ -123,7 +265,9 @@ TEST_CASE("duo-gates on the toy recall model: the retrieval heads keep full atte
     REQUIRE(parse_head_name(gt["previous_token_head"].get<std::string>(), pl, ph));
     CHECK(r.alpha[pl][ph].item<double>() < 0.5);
     // Causal check: streaming the heads the gates close keeps recall; random sets of that size do not.
-    auto cfg = duo_configs(r, 5, 7);
+    DuoDeploy by_threshold;
+    by_threshold.sparsity = false, by_threshold.value = 0.5;  // the heads with alpha < 0.5, as measured in docs/methods.md
+    auto cfg = duo_configs(r, duo_deploy(r, by_threshold), 5, 7);
     REQUIRE(cfg.kinds[1] == "duo");
     auto acc = ab.evaluate(torch::stack(cfg.masks)).mean(1);
     double ctl = 0;
@@ -212,6 +356,7 @@ TEST_CASE("duo-gates YAML: a run writes alpha in the order format; schema errors
     const std::string exp = dir.file("d.yaml"), out = dir.file("d.h5");
     std::ofstream(exp) << fmt::format("model: {}\nseed: 2\ndata:\n  r: {{kind: repeated, length: 8, count: 4, token_range: [6, 68]}}\n"
                                       "studies:\n  - name: duo\n    sweep: duo-gates\n    mode: {{kind: stream, sink: 1, recent: 3}}\n"
+                                      "    train_window: {{sink: 1, recent: 3, block: 1}}\n"
                                       "    fit_steps: 6\n    controls: {{random: 2}}\n"
                                       "    metric: {{kind: loss, data: r, positions: repeated-half}}\n",
                                       ci_toy_model("induction"));
@@ -230,4 +375,76 @@ TEST_CASE("duo-gates YAML: a run writes alpha in the order format; schema errors
     const std::string html = dir.file("d.html");
     REQUIRE(run_cli(fmt::format("report '{}' --out '{}'", out, html)) == 0);
     CHECK(read_text_file(html).find("DuoAttention's gates: alpha") != std::string::npos);
+}
+
+// The YAML study as the reference trains and deploys, on the CI toy recall model in seconds: a fresh toy
+// recall sample every step (fit_data fresh), the block training window (blocks of 4 here: the toy's
+// rows are shorter than the reference's 128-token blocks) and the deployment by the reference's
+// sparsity quantile, which tests/duo_sparsity_check.py recomputes from the file's gates (numpy, the
+// reference's lines and headscope's seeded tie noise).
+TEST_CASE("duo-gates YAML: fresh samples, the block training window, the deployment by sparsity; defaults and bad values") {
+    const std::string head = "model: m\ndata:\n  r: {kind: repeated, length: 5, count: 2}\n";
+    auto study = [](const std::string& body) { return "studies:\n  - name: s\n    sweep: duo-gates\n    mode: {kind: stream, sink: 1, recent: 2}\n" + body + "    metric: {kind: loss, data: r}\n"; };
+    auto parsed = [&](const std::string& body) {
+        return parse_experiment_text(head + study(body), "exp.yaml", {}).studies.at(0);
+    };
+    // The reference's defaults where the study does not say (scripts/train.sh; run_niah.sh's sparsity 0.5).
+    const auto d = parsed("");
+    CHECK(d.fit_steps == 2000);
+    CHECK(d.lr == doctest::Approx(0.02));
+    CHECK(d.lambda == doctest::Approx(0.05));
+    CHECK(d.train_window.sink == 128);
+    CHECK(d.train_window.recent == 256);
+    CHECK(d.train_window.block == 128);
+    CHECK(!d.fit_fresh);
+    CHECK(d.deploy_sparsity);
+    CHECK(d.deploy_value == 0.5);
+    CHECK(d.mode.window.block == 1);  // the deployment window stays token-exact
+    const auto t = parsed("    train_window: {block: 1}\n    fit_data: fresh\n    deploy: {select: threshold, threshold: 0.3}\n");
+    CHECK(t.train_window.block == 1);
+    CHECK(t.train_window.sink == 128);
+    CHECK(t.fit_fresh);
+    CHECK(t.fresh_rows == 8);
+    CHECK(t.fresh_length == 64);
+    CHECK(!t.deploy_sparsity);
+    CHECK(t.deploy_value == doctest::Approx(0.3));
+    // Bad values: one line naming the place.
+    CHECK(cfg_error(head + study("    train_window: {sink: 1, recent: 4, block: 0}\n")) == "exp.yaml:8:47: 'block': expected a positive integer, got 0");
+    CHECK(cfg_error(head + study("    deploy: {select: sparsity, sparsity: 1.5}\n")) == "exp.yaml:8:42: 'sparsity': expected a number in [0, 1], got 1.5");
+    CHECK(cfg_error(head + study("    deploy: {select: threshold, threshold: -1}\n")) == "exp.yaml:8:44: 'threshold': expected a number in [0, 1], got -1");
+    CHECK(cfg_error(head + study("    deploy: {select: count}\n")) == "exp.yaml:8:22: 'select': unknown value 'count' (expected one of: sparsity, threshold)");
+    CHECK(cfg_error(head + study("    deploy: {select: threshold, sparsity: 0.5}\n")) == "exp.yaml:8:43: deploy: 'sparsity' applies to select sparsity only");
+    CHECK(cfg_error(head + study("    fit_data: {kind: study, rows: 4}\n")) == "exp.yaml:8:35: fit_data: 'rows' applies to kind fresh only");
+    CHECK(cfg_error(head + study("    fit_data: {kind: fresh, length: 4}\n")) == "exp.yaml:8:37: 'length': expected at least 8 tokens, got 4");
+    CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: single\n    deploy: {select: sparsity}\n    metric: {kind: loss, data: r}\n") ==
+          "exp.yaml:7:13: 'deploy' belongs to sweep: duo-gates");
+    CHECK(cfg_error(head + "studies:\n  - name: s\n    sweep: single\n    mode: {kind: stream, sink: 1, recent: 2, block: 0}\n    metric: {kind: loss, data: r}\n")
+              .find("exp.yaml:7:53: 'block': expected a positive integer, got 0") != std::string::npos);
+
+    TempDir dir;
+    const std::string exp = dir.file("f.yaml"), out = dir.file("f.h5");
+    std::ofstream(exp) << fmt::format(
+        "model: {}\nseed: 3\ndata:\n  recall: {{kind: prompts, file: {}/datasets/experiments/toy-recall-prompts.jsonl, count: 16}}\n"
+        "studies:\n  - name: duo\n    sweep: duo-gates\n    mode: {{kind: stream, sink: 1, recent: 4}}\n"
+        "    train_window: {{sink: 4, recent: 8, block: 4}}\n    fit_data: {{kind: fresh, rows: 4, length: 48}}\n"
+        "    fit_steps: 15\n    deploy: {{select: sparsity, sparsity: 0.5}}\n    controls: {{random: 1}}\n"
+        "    metric: {{kind: accuracy, data: recall}}\n",
+        ci_toy_model("recall"), HS_SOURCE_DIR);
+    REQUIRE(run_cli(fmt::format("-q run '{}' --out '{}'", exp, out)) == 0);
+    ResultReader rd(out);
+    const Attrs a = rd.attrs("/ablation/duo/duo");
+    CHECK(attr_to_string(a.at("fit_data")) == "fresh");
+    CHECK(attr_to_string(a.at("train_block")) == "4");
+    CHECK(attr_to_string(a.at("deploy_select")) == "sparsity");
+    CHECK(attr_to_string(a.at("deploy_sparsity")) == "0.5");
+    CHECK(a.count("deploy_noise_seed") == 1);
+    CHECK(a.count("fresh_seed") == 1);
+    CHECK(rd.read_numbers("/ablation/duo/duo/history").shape == std::vector<int64_t>{15, 2});
+    CHECK(rd.read_numbers("/ablation/duo/masks").shape[0] == 3);  // baseline, duo, 1 control
+    // The reference's sparsity (half of the 8 KV heads) from these gates, recomputed in numpy.
+    const int rc = std::system(fmt::format("PY=$(bash '{0}/scripts/find_python.sh' h5py numpy) && \"$PY\" '{0}/tests/duo_sparsity_check.py' "
+                                           "--file '{1}' --study duo",
+                                           HS_SOURCE_DIR, out)
+                                   .c_str());
+    CHECK(rc == 0);
 }

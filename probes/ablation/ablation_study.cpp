@@ -1,10 +1,12 @@
 #include "ablation_study.h"
 
 #include "attention_detectors.h"
+#include "duo_data.h"
 #include "errors.h"
 #include "heads.h"
 #include "juice.h"
 #include "progress.h"
+#include "toy_tasks.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -113,14 +115,39 @@ StudyState make_study(const Experiment& e, size_t si, const Model& m, const Abla
         prog.finish();
         st.cfg = gating_configs(st.gating);
     } else if (s.sweep == SweepKind::kDuoGates) {
+        // The fit streams with the training window (the reference's blocks by default), the study's
+        // configurations with the mode's (the deployment window).
         DuoGateOptions dg;
-        dg.window = s.mode.window, dg.steps = s.fit_steps, dg.lr = s.lr, dg.lambda = s.lambda;
+        dg.window = s.train_window, dg.steps = s.fit_steps, dg.lr = s.lr, dg.lambda = s.lambda;
+        const int64_t study_seed = e.seed * 1000003 + static_cast<int64_t>(si);
+        if (s.fit_fresh) {
+            if (m.config.vocab_size != toy::kVocabSize)
+                e.fail(s.fit_data_mark, fmt::format("fit_data fresh draws toy recall samples (the {}-token toy vocabulary); this "
+                                                    "model has {} tokens (a passkey generator for a real tokenizer is not built: "
+                                                    "use fit_data: study)", toy::kVocabSize, m.config.vocab_size));
+            st.duo_facts.fresh_seed = study_seed + 5;
+            const auto dev = m.options.device;
+            const uint64_t seed = static_cast<uint64_t>(st.duo_facts.fresh_seed);
+            const int64_t rows = s.fresh_rows, len = s.fresh_length;
+            dg.sample = [=](int64_t step) { return duo_recall_sample(seed, step, rows, len, dev); };
+        }
         Progress prog(fmt::format("duo-gates '{}' ({} steps)", s.name, s.fit_steps), s.fit_steps);
-        st.duo = fit_duo_gates(m, *st.ab, dg, [&](int64_t step, double loss) {
-            prog.update(step + 1, fmt::format("loss {:.4g}", loss));
-        });
+        try {
+            st.duo = fit_duo_gates(m, *st.ab, dg, [&](int64_t step, double loss) {
+                prog.update(step + 1, fmt::format("loss {:.4g}", loss));
+            });
+        } catch (const ConfigError& ex) {
+            e.fail(s.mark, ex.what());
+        }
         prog.finish();
-        st.cfg = duo_configs(st.duo, s.controls, e.seed * 1000003 + static_cast<int64_t>(si));
+        DuoDeploy how;
+        how.sparsity = s.deploy_sparsity, how.value = s.deploy_value, how.noise_seed = static_cast<uint64_t>(study_seed + 2);
+        st.duo_deploy = duo_deploy(st.duo, how);
+        st.duo_facts.distill_full = st.duo.distill_full, st.duo_facts.distill_stream = st.duo.distill_stream;
+        st.duo_facts.distill_final = st.duo.distill_final;
+        st.duo_facts.deploy_threshold = st.duo_deploy.threshold, st.duo_facts.deploy_streamed = st.duo_deploy.returned_sparsity;
+        st.duo_facts.deploy_noise_seed = s.deploy_sparsity ? study_seed + 2 : -1;
+        st.cfg = duo_configs(st.duo, st.duo_deploy, s.controls, study_seed);
     } else {
         st.cfg = build_study(e, s, computed, L, H);
     }
@@ -185,11 +212,11 @@ schema::GatesRecord gates_record(const StudySpec& s, const GatingResult& gr, int
     return g;
 }
 
-schema::DuoRecord duo_record(const StudySpec& s, const DuoGateResult& d, int64_t L, int64_t H) {
+schema::DuoRecord duo_record(const StudySpec& s, const DuoGateResult& d, const schema::DuoFitFacts& f, int64_t L, int64_t H) {
     schema::DuoRecord r;
     r.L = L, r.H = H, r.K = d.alpha_kv.size(1), r.steps = d.history.size(0);
     r.alpha = host_floats(d.alpha), r.alpha_kv = host_floats(d.alpha_kv), r.history = host_floats(d.history);
-    r.attrs = schema::duo_attrs(s, d.distill_full, d.distill_stream, d.distill_final);
+    r.attrs = schema::duo_attrs(s, f);
     return r;
 }
 
@@ -325,7 +352,7 @@ schema::AblationRunFile AblationStudy::records(const jobs::Shard& shard) const {
         if (s.sweep == SweepKind::kScaleGrid)
             sf.juice = juice_record(st.rows, torch::stack(st.cfg.masks), st.cfg.factor, st.data->variants);
         if (s.sweep == SweepKind::kGating) sf.gates = gates_record(s, st.gating, L, H);
-        if (s.sweep == SweepKind::kDuoGates) sf.duo = duo_record(s, st.duo, L, H);
+        if (s.sweep == SweepKind::kDuoGates) sf.duo = duo_record(s, st.duo, st.duo_facts, L, H);
         f.studies.push_back(std::move(sf));
     }
     return f;

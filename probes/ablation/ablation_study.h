@@ -39,6 +39,8 @@ struct StudyState {
     PrunePlan prune;      // prune sweeps
     GatingResult gating;  // gating sweeps
     DuoGateResult duo;    // duo-gates sweeps
+    DuoDeployment duo_deploy;
+    schema::DuoFitFacts duo_facts;
     AblationSetup setup;
     std::unique_ptr<Ablator> ab;
     at::Tensor rows;            // [S, N] float32, NaN where not done

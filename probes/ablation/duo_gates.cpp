@@ -1,5 +1,7 @@
 #include "duo_gates.h"
 
+#include "duo_sparsity.h"
+
 #include "errors.h"
 #include "heads.h"
 #include "hooks.h"
@@ -150,7 +152,30 @@ DuoGateResult fit_duo_gates(const Model& m, const Ablator& ab, const DuoGateOpti
     return r;
 }
 
-StudyConfigs duo_configs(const DuoGateResult& r, int64_t controls, int64_t seed) {
+DuoDeployment duo_deploy(const DuoGateResult& r, const DuoDeploy& d) {
+    if (!(d.value >= 0 && d.value <= 1))
+        throw ConfigError(fmt::format("duo-gates deploy: {} {} is not in [0, 1]", d.sparsity ? "sparsity" : "threshold", d.value));
+    const int64_t L = r.alpha_kv.size(0), K = r.alpha_kv.size(1), H = r.alpha.size(1);
+    DuoDeployment out;
+    out.how = d;
+    auto a = r.alpha_kv.to(torch::kCPU, torch::kDouble).contiguous();
+    std::vector<double> gates(a.data_ptr<double>(), a.data_ptr<double>() + L * K);
+    out.streamed_kv = torch::zeros({L, K}, torch::kUInt8);
+    auto* s = out.streamed_kv.data_ptr<uint8_t>();
+    if (d.sparsity) {  // duo_attn/utils.py l. 353-373, the one transcription (duo_sparsity.h)
+        const DuoSparsified sp = duo_sparsify(gates, d.value, duo_tie_noise(L * K, d.noise_seed));
+        for (int64_t i = 0; i < L * K; ++i) s[i] = sp.full[static_cast<size_t>(i)] ? 0 : 1;
+        out.threshold = sp.threshold, out.returned_sparsity = sp.sparsity;
+    } else {
+        int64_t n = 0;
+        for (int64_t i = 0; i < L * K; ++i) n += (s[i] = gates[static_cast<size_t>(i)] < d.value ? 1 : 0);
+        out.threshold = d.value, out.returned_sparsity = static_cast<double>(n) / static_cast<double>(L * K);
+    }
+    out.streamed = out.streamed_kv.repeat_interleave(H / K, 1).contiguous();
+    return out;
+}
+
+StudyConfigs duo_configs(const DuoGateResult& r, const DuoDeployment& d, int64_t controls, int64_t seed) {
     StudyConfigs c;
     const int64_t L = r.alpha.size(0), H = r.alpha.size(1);
     auto add = [&](at::Tensor m, const std::string& kind, const std::string& label, int64_t cs) {
@@ -159,9 +184,13 @@ StudyConfigs duo_configs(const DuoGateResult& r, int64_t controls, int64_t seed)
         c.control_seed.push_back(cs), c.fraction.push_back(static_cast<double>(k) / static_cast<double>(L * H));
     };
     add(torch::zeros({L, H}, torch::kUInt8), "baseline", "baseline", -1);
-    auto streamed = r.alpha.lt(0.5).to(torch::kUInt8);
+    auto streamed = d.streamed.clone();
     const int64_t k = streamed.sum().item<int64_t>();
-    add(streamed, "duo", fmt::format("alpha < 0.5 streamed ({} of {} heads)", k, L * H), -1);
+    const int64_t K = d.streamed_kv.size(1), kv = d.streamed_kv.sum().item<int64_t>();
+    add(streamed, "duo",
+        d.how.sparsity ? fmt::format("sparsity {}: {} of {} KV heads streamed ({} of {} heads)", d.how.value, kv, L * K, k, L * H)
+                       : fmt::format("alpha < {} streamed ({} of {} heads)", d.how.value, k, L * H),
+        -1);
     std::vector<int64_t> pool(static_cast<size_t>(L * H));
     for (int64_t j = 0; j < L * H; ++j) pool[static_cast<size_t>(j)] = j;
     for (int64_t i = 0; i < controls; ++i) {

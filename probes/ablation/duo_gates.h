@@ -34,7 +34,10 @@
 namespace hs {
 
 struct DuoGateOptions {
-    StreamWindow window;     // sink, recent of the streaming attention (compensate: RazorAttention's token)
+    // The streaming attention the fit mixes in: sink, recent, and block (> 1: the reference's training
+    // window, block_streaming_attn_func's 128-token blocks; hooks.h StreamWindow), compensate
+    // (RazorAttention's token, token windows only).
+    StreamWindow window;
     int64_t steps = 200;     // optimiser steps (one forward + backward over the data each)
     double lr = 0.02;
     double lambda = 0.05;    // weight of mean |alpha|
@@ -64,9 +67,30 @@ double duo_distillation_loss(const Model& m, const Ablator& ab, const DuoGateOpt
 // Its gradient with respect to alpha_kv by autograd ([L, K] float32 CPU), as the fit computes it.
 at::Tensor duo_distillation_grad(const Model& m, const Ablator& ab, const DuoGateOptions& o, const at::Tensor& alpha_kv);
 
-// The configurations a duo-gates study evaluates with its stream window: the baseline, the heads with
-// alpha < 0.5 streamed (the reference's deployment threshold), and `controls` random sets of the same
-// size (std::mt19937_64(seed + i)).
-StudyConfigs duo_configs(const DuoGateResult& r, int64_t controls, int64_t seed);
+// How fitted gates are deployed: which key/value heads stream (the others keep full attention).
+struct DuoDeploy {
+    // true: the reference's deployment, sparsify_attention_heads at sparsity `value` (duo_sparsity.h:
+    // numpy's quantile over all layers' alpha_kv with U(0, 1e-6) tie noise, gate >= quantile kept
+    // full); false: the KV heads with alpha_kv < `value` stream (the reference's --threshold default 0.5).
+    bool sparsity = true;
+    double value = 0.5;
+    uint64_t noise_seed = 0;  // the tie noise: duo_tie_noise(L K, noise_seed), over alpha_kv row-major
+};
+
+struct DuoDeployment {
+    DuoDeploy how;
+    at::Tensor streamed_kv;        // [L, K] uint8: 1 = streams
+    at::Tensor streamed;           // [L, H] uint8: the query heads of the streamed KV heads
+    double threshold = 0;          // what the gates were compared with (sparsity: the quantile, or 2 / -1 at sparsity 1 / 0)
+    double returned_sparsity = 0;  // the share of KV heads streamed (the reference's returned 1 - mean(full))
+};
+
+// ConfigError for a value outside [0, 1].
+DuoDeployment duo_deploy(const DuoGateResult& r, const DuoDeploy& d);
+
+// The configurations a duo-gates study evaluates with its stream window: the baseline, the heads the
+// deployment streams (kind duo), and `controls` random sets of as many heads (std::mt19937_64 from
+// seed * 1000003 + 1009 + i).
+StudyConfigs duo_configs(const DuoGateResult& r, const DuoDeployment& d, int64_t controls, int64_t seed);
 
 }  // namespace hs

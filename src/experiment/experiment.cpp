@@ -276,14 +276,14 @@ ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
     if (n.IsScalar()) {
         m.kind = r.pick(n, "mode", kinds);
     } else {
-        r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed", "sink", "recent", "compensate"});
+        r.keys(n, "mode", {"kind", "data", "per_position", "factor", "seed", "sink", "recent", "compensate", "block"});
         if (!n["kind"]) r.fail(n, "mode: missing 'kind' (" + fmt::format("{}", fmt::join(names_in(kinds), ", ")) + ")");
         m.kind = r.pick(n["kind"], "kind", kinds);
         if (n["data"]) m.data = r.str(n["data"], "data");
         if (n["per_position"]) m.per_position = r.boolean(n["per_position"], "per_position");
         if (n["factor"]) m.factor = r.number(n["factor"], "factor");
         if (n["factor"] && m.kind != Intervention::kScale) r.fail(n["factor"], "mode: 'factor' applies to mode scale only");
-        for (const char* key : {"sink", "recent", "compensate"})
+        for (const char* key : {"sink", "recent", "compensate", "block"})
             if (n[key] && m.kind != Intervention::kStream) r.fail(n[key], fmt::format("mode: '{}' applies to mode stream only", key));
         if (m.kind == Intervention::kStream) {
             for (const char* key : {"sink", "recent"})
@@ -292,6 +292,9 @@ ModeSpec parse_mode(const Reader& r, const YAML::Node& n) {
             if (m.window.sink < 0) r.fail(n["sink"], fmt::format("'sink': expected an integer >= 0, got {}", m.window.sink));
             m.window.recent = r.positive(n["recent"], "recent");
             if (n["compensate"]) m.window.compensate = r.boolean(n["compensate"], "compensate");
+            if (n["block"]) m.window.block = r.positive(n["block"], "block");
+            if (m.window.block > 1 && m.window.compensate)
+                r.fail(n["block"], fmt::format("mode stream: a block window (block {}) does not compensate", m.window.block));
         }
     }
     if (m.kind == Intervention::kStream && n.IsScalar())
@@ -330,11 +333,56 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     return m;
 }
 
+// duo-gates' own keys: train_window {sink, recent, block} (each defaulting to the reference's training,
+// 128, 256, 128), fit_data (study | fresh | {kind: fresh, rows, length}), deploy ({select: sparsity,
+// sparsity: S} | {select: threshold, threshold: T}).
+void parse_duo_keys(const Reader& r, const YAML::Node& n, StudySpec& s) {
+    if (const auto w = n["train_window"]) {
+        r.keys(w, "train_window", {"sink", "recent", "block"});
+        if (w["sink"]) {
+            s.train_window.sink = r.integer(w["sink"], "sink");
+            if (s.train_window.sink < 0) r.fail(w["sink"], fmt::format("'sink': expected an integer >= 0, got {}", s.train_window.sink));
+        }
+        if (w["recent"]) s.train_window.recent = r.positive(w["recent"], "recent");
+        if (w["block"]) s.train_window.block = r.positive(w["block"], "block");
+    }
+    if (const auto f = n["fit_data"]) {
+        s.fit_data_mark = mark_of(f);
+        if (f.IsScalar()) {
+            s.fit_fresh = r.choice(f, "fit_data", {"study", "fresh"}) == "fresh";
+        } else {
+            r.keys(f, "fit_data", {"kind", "rows", "length"});
+            if (!f["kind"]) r.fail(f, "fit_data: missing 'kind' (study or fresh)");
+            s.fit_fresh = r.choice(f["kind"], "kind", {"study", "fresh"}) == "fresh";
+            for (const char* key : {"rows", "length"})
+                if (f[key] && !s.fit_fresh) r.fail(f[key], fmt::format("fit_data: '{}' applies to kind fresh only", key));
+            if (f["rows"]) s.fresh_rows = r.positive(f["rows"], "rows");
+            if (f["length"]) {
+                s.fresh_length = r.positive(f["length"], "length");
+                if (s.fresh_length < 8) r.fail(f["length"], fmt::format("'length': expected at least 8 tokens, got {}", s.fresh_length));
+            }
+        }
+    }
+    if (const auto d = n["deploy"]) {
+        r.keys(d, "deploy", {"select", "sparsity", "threshold"});
+        if (!d["select"]) r.fail(d, "deploy: missing 'select' (sparsity or threshold)");
+        s.deploy_sparsity = r.choice(d["select"], "select", {"sparsity", "threshold"}) == "sparsity";
+        const char* key = s.deploy_sparsity ? "sparsity" : "threshold";
+        const char* other = s.deploy_sparsity ? "threshold" : "sparsity";
+        if (d[other]) r.fail(d[other], fmt::format("deploy: '{}' applies to select {} only", other, other));
+        if (d[key]) {
+            s.deploy_value = r.number(d[key], key);
+            if (!(s.deploy_value >= 0 && s.deploy_value <= 1))
+                r.fail(d[key], fmt::format("'{}': expected a number in [0, 1], got {}", key, d[key].Scalar()));
+        }
+    }
+}
+
 StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     StudySpec s;
     s.mark = mark_of(n);
     r.keys(n, "study", {"name", "sweep", "heads", "sets", "mode", "metric", "controls", "steps", "recompute", "factors",
-                        "starts", "fit_steps", "lambda", "lr"});
+                        "starts", "fit_steps", "lambda", "lr", "train_window", "fit_data", "deploy"});
     if (!n["name"]) r.fail(n, "study: missing 'name'");
     s.name = r.str(n["name"], "name");
     if (s.name.empty() || s.name.find_first_of("/ ") != std::string::npos)
@@ -412,8 +460,9 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
     }
     const bool learned = s.sweep == SweepKind::kGating || s.sweep == SweepKind::kDuoGates;
     if (s.sweep == SweepKind::kDuoGates) {
-        // The reference's run script (scripts/run_train.sh): lr 0.02, reg_weight 0.05.
-        s.lambda = 0.05, s.lr = 0.02;
+        // The reference's run script (scripts/run_train.sh, scripts/train.sh): lr 0.02, reg_weight 0.05, 2000 steps.
+        s.lambda = 0.05, s.lr = 0.02, s.fit_steps = 2000;
+        parse_duo_keys(r, n, s);
         if (n["heads"]) r.fail(n["heads"], "duo-gates fits a gate on every head; it takes no 'heads'");
         if (!n["mode"] || s.mode.kind != Intervention::kStream)
             r.fail(n["mode"] ? n["mode"] : n, fmt::format("study '{}': duo-gates mixes full attention with a window: it needs "
@@ -443,6 +492,9 @@ StudySpec parse_study(const Reader& r, const YAML::Node& n) {
         for (const char* key : {"starts", "fit_steps", "lambda", "lr"})
             if (n[key]) r.fail(n[key], fmt::format("'{}' belongs to sweep: gating{}", key, std::string(key) == "starts" ? "" : " or duo-gates"));
     }
+    if (s.sweep != SweepKind::kDuoGates)
+        for (const char* key : {"train_window", "fit_data", "deploy"})
+            if (n[key]) r.fail(n[key], fmt::format("'{}' belongs to sweep: duo-gates", key));
     return s;
 }
 

@@ -84,7 +84,7 @@ struct ModeSpec {
     std::string data;           // mean, mean-query, resample: the reference dataset
     bool per_position = true;   // mean, mean-query: per position (true) or pooled over positions
     double factor = 0.0;        // scale
-    StreamWindow window;        // stream: sink, recent (both required), compensate (default false)
+    StreamWindow window;        // stream: sink, recent (both required), compensate (default false), block (default 1)
     YamlMark mark;
 };
 
@@ -109,8 +109,23 @@ struct StudySpec {
     std::vector<double> factors;  // scale-grid: z *= factor, each head alone at each factor
     // gating (causal head gating, probes/ablation/gating.h): random starts, Adam steps per fit, |lambda|, lr.
     // duo-gates (DuoAttention, probes/ablation/duo_gates.h): fit_steps, lambda (default 0.05), lr (0.02).
-    int64_t starts = 5, fit_steps = 200;
+    int64_t starts = 5, fit_steps = 200;  // duo-gates: fit_steps 2000 (scripts/train.sh)
     double lambda = 0.1, lr = 1.0;
+    // duo-gates only. train_window: the fit's streaming attention; where the study does not say, the
+    // reference's training (scripts/train.sh: sink 128, recent 256; block_streaming_attn_func in
+    // 128-token blocks); block 1 is the exact token window. The deployment window is `mode`'s.
+    StreamWindow train_window{128, 256, false, 0, 128};
+    // fit_data: fresh = a new toy recall sample (probes/ablation/duo_data.h) of fresh_rows x
+    // fresh_length tokens every step, as the reference draws a new passkey sample a step; study (the
+    // default) = the study's metric data every step.
+    bool fit_fresh = false;
+    int64_t fresh_rows = 8, fresh_length = 64;
+    // deploy: which heads the `duo` configuration streams: sparsity (the default, the reference's
+    // sparsify_attention_heads at deploy_value 0.5, probes/ablation/duo_sparsity.h) or threshold
+    // (alpha < deploy_value streamed).
+    bool deploy_sparsity = true;
+    double deploy_value = 0.5;
+    YamlMark fit_data_mark;
     bool recompute = false;     // prune: recompute importance after each step
     YamlMark mark, sweep_mark, heads_mark, controls_mark;
 };

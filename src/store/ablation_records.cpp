@@ -61,6 +61,7 @@ Attrs study_attrs(const StudySpec& s, int64_t n_configurations, const std::strin
         a["mode_sink"] = s.mode.window.sink;
         a["mode_recent"] = s.mode.window.recent;
         a["mode_compensate"] = std::string(s.mode.window.compensate ? "true" : "false");
+        a["mode_block"] = s.mode.window.block;
     }
     if (s.mode.kind == Intervention::kResample) a["resample_seed"] = resample_seed;
     if (s.sweep == SweepKind::kPrune) {
@@ -88,19 +89,43 @@ Attrs gates_attrs(const StudySpec& s) {
             {"starts", s.starts}};
 }
 
-Attrs duo_attrs(const StudySpec& s, double distill_full, double distill_stream, double distill_final) {
-    return {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
-                                 "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
-            {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
-            {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
-                                      "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
-            {"lambda", s.lambda},
-            {"sink", s.mode.window.sink},
-            {"recent", s.mode.window.recent},
-            {"distill_full", distill_full},
-            {"distill_stream", distill_stream},
-            {"distill_final", distill_final},
-            {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}};
+Attrs duo_attrs(const StudySpec& s, const DuoFitFacts& f) {
+    Attrs a = {{"loss", std::string("sum over scored positions of mean over d_model of (h_gated - h_full)^2 / #positions "
+                                    "+ lambda * mean |alpha|; h = final hidden state after the final norm")},
+               {"mix", std::string("z = alpha z_full + (1 - alpha) z_stream at every layer; z_full from the unchanged model")},
+               {"optimiser", fmt::format("Adam lr {} (warm-up and cool-down over a fifth of the steps each, from 0.1x), "
+                                         "alpha from 1, clamped to [0, 1] before every step, {} steps", s.lr, s.fit_steps)},
+               {"lambda", s.lambda},
+               {"train_sink", s.train_window.sink},
+               {"train_recent", s.train_window.recent},
+               {"train_block", s.train_window.block},
+               {"train_window", s.train_window.block > 1
+                                    ? fmt::format("blocks of {} tokens: the query's block sees blocks [0, ceil(sink / block)) "
+                                                  "and the last ceil(recent / block) blocks up to itself, causal within its "
+                                                  "block (block_streaming_attn_func)", s.train_window.block)
+                                    : std::string("tokens: the query at p sees keys [0, sink) and (p - recent, p]")},
+               {"fit_data", std::string(s.fit_fresh ? "fresh" : "study")},
+               {"deploy_select", std::string(s.deploy_sparsity ? "sparsity" : "threshold")},
+               {"deploy_streamed", f.deploy_streamed},
+               {"distill_full", f.distill_full},
+               {"distill_stream", f.distill_stream},
+               {"distill_final", f.distill_final},
+               {"history_columns", std::string("distillation loss, mean |alpha| (before each step's update)")}};
+    if (s.deploy_sparsity) {
+        a["deploy_sparsity"] = s.deploy_value;
+        a["deploy_noise_seed"] = f.deploy_noise_seed;
+        a["deploy_quantile"] = f.deploy_threshold;  // the gates + noise >= it keep full attention (2 / -1 at sparsity 1 / 0)
+    } else {
+        a["deploy_threshold"] = s.deploy_value;
+    }
+    if (s.fit_fresh) {
+        a["fresh_rows"] = s.fresh_rows;
+        a["fresh_length"] = s.fresh_length;
+        a["fresh_seed"] = f.fresh_seed;
+        a["fresh_sample"] = std::string("toy recall rows (duo_recall_sample): key -> value pairs in filler, then queries; "
+                                        "every token from the first '?' on labelled");
+    }
+    return a;
 }
 
 Attrs juice_attrs() {

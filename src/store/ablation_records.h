@@ -39,7 +39,15 @@ Attrs study_attrs(const StudySpec& s, int64_t n_configurations, const std::strin
 std::string metric_description(const MetricSpec& m);
 // The attributes of /ablation/<study>/gates, /duo (with the fit's distillation losses) and /juice.
 Attrs gates_attrs(const StudySpec& s);
-Attrs duo_attrs(const StudySpec& s, double distill_full, double distill_stream, double distill_final);
+// What a duo-gates study's fit and deployment give beside its spec (duo_attrs).
+struct DuoFitFacts {
+    double distill_full = 0, distill_stream = 0, distill_final = 0;  // the distillation losses at alpha = 1, 0, fitted
+    double deploy_threshold = 0;     // what the gates were compared with (the quantile, 2 / -1; or the threshold)
+    double deploy_streamed = 0;      // the share of KV heads streamed (the reference's returned sparsity)
+    int64_t deploy_noise_seed = -1;  // the quantile's tie-noise seed (select sparsity)
+    int64_t fresh_seed = -1;         // fit_data fresh: step s draws from seed fresh_seed + s
+};
+Attrs duo_attrs(const StudySpec& s, const DuoFitFacts& f);
 Attrs juice_attrs();
 
 // ---- AttentionInfluence: /influence's attributes (probes/ablation/influence_study.h fills them).
