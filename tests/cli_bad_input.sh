@@ -290,6 +290,11 @@ bad retrieval "--kv-compare duo" "no gate file" 2 "--kv-compare duo: needs --duo
 "$HS" -q qk-spectrum tests/fixtures/families/gemma2 --out "$T/kv-other.h5" >/dev/null 2>&1  # 3 x 4 heads; the toy: 2 x 4
 bad retrieval "--duo-gates" "a gate file of another model" 2 "is \\[3, 4\\], expected \\[2, 4\\]" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare duo --duo-gates "$T/kv-other.h5:scores/qk_rank/score" --out "$O"
 bad retrieval "--kv-score" "a score the run does not compute" 2 "--kv-score r2: this run does not compute it" "$O" -- retrieval "$TOY" "${KVN[@]}" --score retrieval --kv-compare headkv --out "$O"
+bad retrieval "--kv-capacity" "zero tokens" 2 "--kv-capacity: 0 is not at least 1 token" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity 0 --out "$O"
+bad retrieval "--kv-capacity" "a negative capacity" 2 "--kv-capacity: -16 is not at least 1 token" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity=-16 --out "$O"
+bad retrieval "--kv-capacity" "not a number" 2 "--kv-capacity: 'many' is not a whole number of tokens" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-capacity many --out "$O"
+bad retrieval "--kv-compress-at" "an unknown word" 2 "--kv-compress-at: 'middle' is not prompt, question, tail or tail:N" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-compress-at middle --out "$O"
+bad retrieval "--kv-compress-at" "tail:0" 2 "--kv-compress-at: 'tail:0' is not tail:N with N a whole number >= 1" "$O" -- retrieval "$TOY" "${KVN[@]}" --kv-compare full,snapkv --kv-compress-at tail:0 --out "$O"
 
 bad retrieval "--score qrhead" "{question} before {context} in the template" 2 "--score: qrhead: the template puts \\{question\\} before \\{context\\}" "$O" -- retrieval "$TOY" "${KVN[@]:0:4}" --template '{question}{context}?' --lengths 24 --max-new-tokens 1 --score qrhead --out "$O"
 bad retrieval "--score qrhead" "an assembly without the question's span (--protocol wu)" 2 "--score: qrhead: the text assembly re-encodes the whole prompt" "$O" -- retrieval "$TOY" --protocol wu --haystack datasets/needles/toy_recall_haystack.txt "${TOYN[@]}" --score qrhead --out "$O"
@@ -423,6 +428,20 @@ sed '0,/mode: zero/s//mode: {kind: stream, sink: 4}/' "$E" >"$T/e.yaml"
 bad run "experiment YAML" "stream window: no recent" 3 "e.yaml:[0-9]+:[0-9]+: mode stream: needs 'recent'" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 sed '0,/sweep: single/s//sweep: duo-gates/' "$E" >"$T/e.yaml"
 bad run "experiment YAML" "duo-gates without a stream window" 3 "e.yaml:[0-9]+:[0-9]+: study 'single': duo-gates mixes full attention with a window: it needs mode: \\{kind: stream" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+# duo-gates' own keys (train_window, deploy, fit_data) and a stream mode's block.
+duo_yaml() { printf 'model: m\ndata:\n  r: {kind: repeated, length: 5, count: 2}\nstudies:\n  - name: duo\n    sweep: duo-gates\n    %s\n    fit_steps: 2\n    %s\n    metric: {kind: loss, data: r}\n' "$1" "$2" >"$T/e.yaml"; }
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'train_window: {sink: 1, recent: 4, block: 0}'
+bad run "experiment YAML" "duo-gates train_window: block 0" 3 "e.yaml:9:47: 'block': expected a positive integer, got 0" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4, block: -2}' 'lr: 0.02'
+bad run "experiment YAML" "stream window: block -2" 3 "e.yaml:7:53: 'block': expected a positive integer, got -2" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: sparsity, sparsity: 1.5}'
+bad run "experiment YAML" "duo-gates deploy: sparsity 1.5" 3 "e.yaml:9:42: 'sparsity': expected a number in \\[0, 1\\], got 1.5" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: sparsity, sparsity: -0.25}'
+bad run "experiment YAML" "duo-gates deploy: sparsity -0.25" 3 "e.yaml:9:42: 'sparsity': expected a number in \\[0, 1\\], got -0.25" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: count}'
+bad run "experiment YAML" "duo-gates deploy: unknown select" 3 "e.yaml:9:22: 'select': unknown value 'count' \\(expected one of: sparsity, threshold\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: passkeys'
+bad run "experiment YAML" "duo-gates fit_data: unknown kind" 3 "e.yaml:9:15: 'fit_data': unknown value 'passkeys' \\(expected one of: study, fresh\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 printf 'model: m\xff\xfe\ndata: {}\n' >"$T/e.yaml"
 bad run "experiment YAML" "non-UTF-8 bytes" 3 "e.yaml" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 bad run "experiment YAML" "a directory" 5 "dir.txt: is a directory" "$O" -- run "$T/dir.txt" --model "$M" --out "$O"
