@@ -253,9 +253,15 @@ void print_kv_compare(const KvCompare& k) {
     int wid = 16;  // the policy column: as wide as the longest name
     for (const auto& p : k.policies) wid = std::max(wid, static_cast<int>(p.size()));
     // budget: the column's fraction (a capacity column's: the fraction its capacity is); capacity: tokens per
-    // query head ("-": a budget column); kv_kept, kv_KiB: the prompt cache measured, mean over trials.
-    std::printf("%-*s %7s %8s %9s %9s %9s %9s %9s %6s  %s\n", wid, "policy", "budget", "capacity", "kv_kept", "kv_KiB", "accuracy",
-                "ROUGE-L F", "same", "groups", "random orders' accuracy");
+    // query head ("-": a budget column); kv_kept, kv_KiB: the prompt cache measured, mean over trials;
+    // peak_KiB, step_ms: the cache's allocated bytes at their peak and a decode step's time, measured on
+    // the longest trial decoded alone past the compression.
+    std::printf("cache %s: memory and step time measured on a %lld-token trial, %lld steps past the compression; full cache: "
+                "peak %.1f KiB, %.2f ms a step\n",
+                k.attrs.count("cache") ? std::get<std::string>(k.attrs.at("cache")).c_str() : "?", static_cast<long long>(k.timing_tokens),
+                static_cast<long long>(kKvTimedSteps), static_cast<double>(k.full_peak_cache_bytes) / 1024.0, k.full_decode_ms);
+    std::printf("%-*s %7s %8s %9s %9s %9s %9s %9s %6s %10s %8s  %s\n", wid, "policy", "budget", "capacity", "kv_kept", "kv_KiB",
+                "accuracy", "ROUGE-L F", "same", "groups", "peak_KiB", "step_ms", "random orders' accuracy");
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const int64_t i = p * B + b;
@@ -264,11 +270,13 @@ void print_kv_compare(const KvCompare& k) {
                 if (std::isfinite(k.random_accuracy[static_cast<size_t>(i * R + r)]))
                     rnd += fmt::format("{}{:.3f}", rnd.empty() ? "" : " ", k.random_accuracy[static_cast<size_t>(i * R + r)]);
             const int64_t g = k.full_groups[static_cast<size_t>(i)], C = k.capacities[static_cast<size_t>(b)];
-            std::printf("%-*s %7.3f %8s %9.3f %9.1f %9.3f %9.3f %9.3f %6s  %s\n", wid, k.policies[static_cast<size_t>(p)].c_str(),
-                        k.budgets[static_cast<size_t>(b)], C > 0 ? std::to_string(C).c_str() : "-", k.kv_fraction[static_cast<size_t>(i)],
+            std::printf("%-*s %7.3f %8s %9.3f %9.1f %9.3f %9.3f %9.3f %6s %10.1f %8.2f  %s\n", wid,
+                        k.policies[static_cast<size_t>(p)].c_str(), k.budgets[static_cast<size_t>(b)],
+                        C > 0 ? std::to_string(C).c_str() : "-", k.kv_fraction[static_cast<size_t>(i)],
                         k.kv_bytes[static_cast<size_t>(i)] / 1024.0, k.accuracy[static_cast<size_t>(i)],
                         k.rougeL_f[static_cast<size_t>(i)], k.same_as_full[static_cast<size_t>(i)],
-                        g < 0 ? "-" : std::to_string(g).c_str(), rnd.empty() ? "-" : rnd.c_str());
+                        g < 0 ? "-" : std::to_string(g).c_str(), static_cast<double>(k.peak_cache_bytes[static_cast<size_t>(i)]) / 1024.0,
+                        k.decode_ms[static_cast<size_t>(i)], rnd.empty() ? "-" : rnd.c_str());
         }
 }
 

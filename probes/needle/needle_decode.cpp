@@ -4,6 +4,7 @@
 
 #include "errors.h"
 #include "needle_scoring.h"
+#include "packed_kv.h"
 
 #include <torch/torch.h>
 
@@ -227,6 +228,39 @@ static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>&
     }
 }
 
+// The rows' head sets as pack_kv_cache reads them (DecodeSettings::pack_kv): each row's kept positions
+// or streaming heads, compressed at the prompt's end (the cache's length F). A set that does anything
+// else cannot be packed (HS_REQUIRE).
+static std::vector<PackRow> pack_rows(const ModelConfig& cfg, const std::vector<const Trial*>& trials,
+                                      const std::function<const HeadSet*(int64_t)>& set_of, int64_t F) {
+    std::vector<PackRow> rows(trials.size());
+    for (size_t b = 0; b < trials.size(); ++b) {
+        const HeadSet* hs = set_of(static_cast<int64_t>(b));
+        if (!hs || hs->empty()) continue;
+        PackRow& r = rows[b];
+        const int64_t from = hs->kv_from ? hs->kv_from(*trials[b]) : static_cast<int64_t>(trials[b]->prompt.size());
+        HS_REQUIRE(from == F, "decode: a packed cache is compressed at the prompt's end (kv_from the prompt's length)");
+        if (!hs->heads.empty()) {
+            HS_REQUIRE(hs->mode == Intervention::kStream && hs->window_after_prompt && hs->window.block == 1 && !hs->window.compensate,
+                       "decode: a packed cache realises kept positions and DuoAttention's windows only");
+            r.window = torch::zeros({cfg.n_layers, cfg.n_heads}, torch::kBool);
+            for (const auto& h : hs->heads) r.window[h.first][h.second] = true;
+            r.sink = hs->window.sink, r.recent = hs->window.recent;
+        }
+        if (hs->keep) {
+            r.keep = hs->keep(*trials[b]);
+            // A prompt the policy leaves whole (SnapKV's P < C) keeps the model's KV heads.
+            if (r.keep.all().item<bool>()) r.keep = at::Tensor();
+            r.per_query_head = hs->keep_query_heads && r.keep.defined();
+            r.compensate = hs->keep_compensate;
+        }
+    }
+    return rows;
+}
+
+// The bytes of the cache's allocated buffers.
+static int64_t held_bytes(const KVCache& c) { return c.packed ? c.packed->bytes() : cache_bytes(c); }
+
 // decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
@@ -291,12 +325,31 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     std::vector<int64_t> next(B);
     for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
     int64_t active = B;
+    auto set_of = [&](int64_t b) { return per_row ? (*per_row)[static_cast<size_t>(b)] : ablate; };
+    bool pack = false;
+    for (int64_t b = 0; b < B; ++b) pack |= set_of(b) && set_of(b)->pack_cache;
+    HS_REQUIRE(!pack || (s.scope == AblationScope::kDecode && !s.score),
+               "decode: a packed cache needs an unablated prefill and no per-step scores");
+    const Hooks none;  // the packed cache's steps: its sets' kept positions and windows are in the cache
     for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
+        if (pack && t == 1) {  // the first token came from the whole cache: compress it
+            const auto t_pack = Clock::now();
+            auto packed = pack_kv_cache(cfg, cache, pack_rows(cfg, trials, set_of, cache.length()), s.max_new_tokens - 1);
+            cache.clear();
+            cache.packed = std::move(packed);
+            if (s.cache_log) s.cache_log->pack_seconds += since(t_pack);
+        }
         const auto t_step = Clock::now();
         auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
-        auto logits = m.forward(in, &step, &cache, fold);  // [B, 1, V]
+        auto logits = m.forward(in, cache.packed ? &none : &step, &cache, fold);  // [B, 1, V]
         auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
         if (s.times) s.times->decode += since(t_step);
+        if (s.cache_log) {
+            s.cache_log->step_seconds.push_back(since(t_step));
+            s.cache_log->cache_bytes.push_back(held_bytes(cache));
+            s.cache_log->packed.push_back(cache.packed ? 1 : 0);
+            if (s.cache_log->keep_logits) s.cache_log->logits.push_back(logits.select(1, 0).to(torch::kCPU).clone());
+        }
         const auto t_score = Clock::now();
         const int64_t keys = cache.length();
         for (int64_t b = 0; b < B; ++b) {

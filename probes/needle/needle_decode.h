@@ -49,6 +49,16 @@ struct HeadSet {
     bool window_after_prompt = false;
     std::function<at::Tensor(const Trial&)> keep;
     bool keep_compensate = false;
+    // pack_cache: decode through a compressed cache (src/model/packed_kv.h) instead of masking the
+    // whole one: once the first token is decoded from the whole cache (kv_from must be the prompt's
+    // length), each row's kept entries (keep, keep_compensate's mean token; kStream heads with
+    // window_after_prompt: the sink and the window) are packed per head and the later steps attend over
+    // them alone. A batch with such a row packs every row (rows without a set keep every position);
+    // needs scope decode, no per-step scores, and sets of kept positions or such windows only
+    // (HS_REQUIRE). keep_query_heads: the kept entries are held one copy a query head (SnapKV and
+    // HeadKV select after repeat_kv), else one a KV head, shared by its query heads.
+    bool pack_cache = false;
+    bool keep_query_heads = false;
     bool empty() const { return heads.empty() && !keep; }  // decodes as the unablated model
     // row >= 0: that batch row only; `trial` (the row's) is needed by keep and window_after_prompt.
     void apply(Hooks& hooks, int64_t row = -1, const Trial* trial = nullptr) const;
@@ -61,6 +71,17 @@ struct DecodeTimes {
     double query = 0;  // QRHead's query passes (NeedleConfig::qrhead): the suffix with the question and the null query
 };
 
+// A decode's cache, step by step (DecodeSettings::cache_log): each step's forward time and the bytes
+// of the cache's allocated buffers after it, and whether it read a packed cache.
+struct CacheLog {
+    std::vector<double> step_seconds;
+    std::vector<int64_t> cache_bytes;
+    std::vector<char> packed;
+    double pack_seconds = 0;  // building the packed cache from the whole one
+    bool keep_logits = false;         // also each step's logits [B, V] (tests)
+    std::vector<at::Tensor> logits;
+};
+
 struct DecodeSettings {
     int64_t max_new_tokens = 50;
     int64_t prefill_chunk = 512;
@@ -71,6 +92,7 @@ struct DecodeSettings {
     // NeedleTest: keep the last prompt's KV cache and prefill only past the prefix the next batch
     // shares with it (PrefixCache). Off: every trial prefilled whole.
     bool reuse_prefix = true;
+    CacheLog* cache_log = nullptr;  // optional: per step (one decode of one or more rows)
 };
 
 // Prefills kept between decodes of one pass. The trials of a grid share the haystack before the

@@ -162,6 +162,8 @@ const PathEntry kLayout[] = {
     {"/retrieval/kv_compare/random_same_as_full", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/kv_bytes", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/full_groups", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/peak_cache_bytes", K::kDataset, "kv_compare"},
+    {"/retrieval/kv_compare/decode_ms", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/random_accuracy", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/random_rougeL_f", K::kDataset, "kv_compare"},
     {"/retrieval/kv_compare/random_kv_fraction", K::kDataset, "kv_compare"},
@@ -507,6 +509,8 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
     put(w, retrieval_kv_compare("random_same_as_full"), k.random_same_as_full, {k.P, k.B, k.R});
     put(w, retrieval_kv_compare("kv_bytes"), k.kv_bytes, {k.P, k.B});
     put(w, retrieval_kv_compare("full_groups"), k.full_groups, {k.P, k.B});
+    put(w, retrieval_kv_compare("peak_cache_bytes"), k.peak_cache_bytes, {k.P, k.B});
+    put(w, retrieval_kv_compare("decode_ms"), k.decode_ms, {k.P, k.B});
     put(w, retrieval_kv_compare("random_accuracy"), k.random_accuracy, {k.P, k.B, k.R});
     put(w, retrieval_kv_compare("random_rougeL_f"), k.random_rougeL_f, {k.P, k.B, k.R});
     put(w, retrieval_kv_compare("random_kv_fraction"), k.random_kv_fraction, {k.P, k.B, k.R});
@@ -518,7 +522,9 @@ void write_kv_compare(ResultWriter& w, const KvCompareRecord& k) {
         "cache (L K P entries), mean over trials; kv_bytes: the same in bytes (K and V, the model's dtype); full_groups: KV "
         "groups kept whole by an order policy (-1: not one); random_*: [policy, budget, order], random KV-group orders at the "
         "same count (NaN: no order); same_as_full: the fraction of trials whose generated tokens equal the full cache's; "
-        "docs/methods.md");
+        "peak_cache_bytes, decode_ms: measured on one trial decoded alone (timing_trial_tokens, timed_steps), the cache's "
+        "allocated bytes at their peak and the mean ms of a decode step through the compressed cache (the full cache's: "
+        "full_peak_cache_bytes, full_decode_ms); docs/methods.md");
     attrs(w, retrieval_kv_compare(), a);
 }
 
@@ -545,6 +551,10 @@ KvCompareRecord read_kv_compare(const ResultReader& r) {
     k.random_same_as_full = f(r.read(retrieval_kv_compare("random_same_as_full")));
     for (double v : r.read(retrieval_kv_compare("kv_bytes")).values) k.kv_bytes.push_back(static_cast<int64_t>(std::llround(v)));
     for (double v : r.read(retrieval_kv_compare("full_groups")).values) k.full_groups.push_back(static_cast<int64_t>(v));
+    if (r.exists(retrieval_kv_compare("peak_cache_bytes"))) {  // a file before the packed cache: none
+        for (double v : r.read(retrieval_kv_compare("peak_cache_bytes")).values) k.peak_cache_bytes.push_back(static_cast<int64_t>(v));
+        k.decode_ms = f(r.read(retrieval_kv_compare("decode_ms")));
+    }
     const auto ra = r.read(retrieval_kv_compare("random_accuracy"));
     k.R = ra.shape.size() == 3 ? ra.shape[2] : 0;
     k.random_accuracy = f(ra);

@@ -218,6 +218,10 @@ struct KvCompareRecord {
     std::vector<float> accuracy, rougeL_f, kv_fraction, same_as_full;  // [P, B]
     std::vector<int64_t> kv_bytes;          // [P, B]: rounded to the byte
     std::vector<int64_t> full_groups;       // [P, B]
+    // [P, B]: the cache's allocated bytes at their peak over the timed decode, and its mean ms per
+    // decode step through the compressed cache (kv_policy.h KvCompare; empty: a file before them)
+    std::vector<int64_t> peak_cache_bytes;
+    std::vector<float> decode_ms;
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R]
     Attrs attrs;  // the comparison's parameters (KvCompare::stored); the write adds the description
 };

@@ -187,6 +187,9 @@ KvPlan plan_configs(const KvContext& ctx) {
         if (fresh) pl.sets.push_back(pl.configs[c].set), keys += pl.configs[c].key + "\n";
         pl.set_of[c] = it->second;
     }
+    // Compressed at the prompt's end, the steps after the first decode through the kept entries alone.
+    if (ctx.spec.compresses_prompt_end())
+        for (auto& hs : pl.sets) hs.pack_cache = !hs.empty();
     pl.configurations_sha256 = sha256_bytes(keys.data(), keys.size());
     return pl;
 }
@@ -273,6 +276,53 @@ void decode_items(const KvPlan& pl, const NeedleTest& test, const KvCompareSpec&
         if (j + 1 < todo.size()) checkpoint.item_finished();
     }
     prog.finish();
+}
+
+// What one decode of the timing trial measured: the peak of its cache's allocated bytes and the mean
+// step time, over the steps past the compression (the first step reads the whole prefill).
+struct Timed {
+    int64_t peak = 0;
+    double ms = std::numeric_limits<double>::quiet_NaN();
+};
+
+// Every distinct set's decode of the longest ablation trial alone (batch 1), kKvTimedSteps steps past
+// the compression whatever the tokens (no stop), its prefill shared (scope decode) or its own; a
+// first decode of the full cache warms the allocator and is not kept. [set].
+std::vector<Timed> time_sets(const KvPlan& pl, const NeedleTest& test, const Model& m, const KvCompareSpec& spec, int64_t* tokens) {
+    const auto& trials = test.ablation_trials();
+    size_t t = 0;
+    for (size_t i = 1; i < trials.size(); ++i)
+        if (trials[i].prompt.size() > trials[t].prompt.size()) t = i;
+    const Trial* trial = &trials[t];
+    const int64_t P = static_cast<int64_t>(trial->prompt.size());
+    *tokens = P;
+    DecodeSettings s = test.config().decode;
+    s.score = false, s.times = nullptr, s.keep_stop = false;
+    s.scope = spec.compresses_prompt_end() ? AblationScope::kDecode : AblationScope::kAll;
+    s.max_new_tokens = 1 + kKvTimedSteps;
+    const int64_t max_pos = test.config().max_positions;
+    if (max_pos > 0) s.max_new_tokens = std::min(s.max_new_tokens, max_pos - P + 1);
+    std::vector<Timed> out(pl.sets.size());
+    if (s.max_new_tokens < 2) return out;  // no step past the prompt fits the model's context
+    PrefixCache prefix;
+    PrefixCache* pre = s.scope == AblationScope::kDecode ? &prefix : nullptr;
+    const auto never = [](int64_t) { return false; };
+    decode_batch_sets(m, {trial}, {nullptr}, s, never, pre);  // warm-up
+    Progress prog("KV cache memory and step time", static_cast<int64_t>(pl.sets.size()));
+    for (size_t i = 0; i < pl.sets.size(); ++i) {
+        CacheLog log;
+        s.cache_log = &log;
+        const HeadSet* hs = pl.sets[i].empty() ? nullptr : &pl.sets[i];
+        decode_batch_sets(m, {trial}, {hs}, s, never, pre);
+        double sum = 0;
+        int64_t n = 0;
+        for (size_t k = 1; k < log.step_seconds.size(); ++k)
+            sum += log.step_seconds[k], ++n, out[i].peak = std::max(out[i].peak, log.cache_bytes[k]);
+        if (n > 0) out[i].ms = 1000.0 * sum / static_cast<double>(n);
+        prog.tick();
+    }
+    prog.finish();
+    return out;
 }
 
 }  // namespace
@@ -372,7 +422,19 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
                         static_cast<float>(same / n), by / n};
     };
     measure_all(pl.configs, pl.main_idx, pl.rnd_idx, measure, R, &out);
+    const auto timed = time_sets(pl, test, m, spec, &out.timing_tokens);
+    for (int64_t c : pl.main_idx) {
+        const Timed& tm = timed[pl.set_of[static_cast<size_t>(c)]];
+        out.peak_cache_bytes.push_back(tm.peak), out.decode_ms.push_back(static_cast<float>(tm.ms));
+    }
+    const Timed& full = timed[pl.set_of[pl.full_config]];
+    out.full_peak_cache_bytes = full.peak, out.full_decode_ms = full.ms;
     out.attrs = compare_attrs(spec, out.full_bytes, out.trials);
+    out.attrs["cache"] = std::string(spec.compresses_prompt_end() ? "packed" : "masked");
+    out.attrs["full_peak_cache_bytes"] = out.full_peak_cache_bytes;
+    out.attrs["full_decode_ms"] = out.full_decode_ms;
+    out.attrs["timing_trial_tokens"] = out.timing_tokens;
+    out.attrs["timed_steps"] = kKvTimedSteps;
     return out;
 }
 
@@ -386,6 +448,7 @@ schema::KvCompareRecord KvCompare::stored(double baseline_accuracy) const {
     rec.random_same_as_full = random_same_as_full;
     for (double b : kv_bytes) rec.kv_bytes.push_back(std::llround(b));
     rec.full_groups = full_groups;
+    rec.peak_cache_bytes = peak_cache_bytes, rec.decode_ms = decode_ms;
     rec.random_accuracy = random_accuracy, rec.random_rougeL_f = random_rougeL_f, rec.random_kv_fraction = random_kv_fraction;
     rec.attrs = attrs;
     rec.attrs["baseline_accuracy"] = baseline_accuracy;

@@ -287,6 +287,9 @@ bool kv_snapkv_whole(int64_t B, int64_t P);
 // B - w > P - w: P < B. At P = B HeadKV compresses: a head whose capacity is below P - w drops positions.
 bool kv_headkv_whole(int64_t B, int64_t P);
 
+// The decode steps past the compression that KvCompare's memory and time are measured over.
+constexpr int64_t kKvTimedSteps = 8;
+
 // Configuration c = policy * B + column (budgets, then capacities); random controls [P, B, R].
 struct KvCompare {
     std::vector<std::string> policies;
@@ -299,6 +302,13 @@ struct KvCompare {
     std::vector<float> kv_fraction;          // [P, B]: mean over trials of the prompt cache kept / L K P
     std::vector<double> kv_bytes;            // [P, B]: mean over trials of the prompt cache's bytes
     std::vector<int64_t> full_groups;        // [P, B]: KV groups kept whole (order policies), -1 otherwise
+    // [P, B], measured on one trial (the longest; timing_tokens) decoded alone, kKvTimedSteps steps past
+    // the compression: the cache's allocated bytes at their peak (the packed cache's, src/model/packed_kv.h,
+    // or the masked path's whole one) and the mean ms of a step; the full cache's beside them.
+    std::vector<int64_t> peak_cache_bytes;
+    std::vector<float> decode_ms;
+    int64_t full_peak_cache_bytes = 0, timing_tokens = 0;
+    double full_decode_ms = 0;
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R], NaN without an order
     double full_bytes = 0;                   // mean over trials: the full prompt cache
     int64_t distinct_sets = 0, score_passes = 0;
@@ -333,7 +343,11 @@ std::shared_ptr<const schema::KvComparePartialRecord> load_kv_compare_resume(con
 
 // Runs every (policy, budget) and its random controls over test.ablation_trials(): SnapKV's scores once
 // per trial (when snapkv or headkv is listed), identical configurations once, the rest as rows of
-// shared forwards from one unablated prefill per trial; job.resumed's done items are skipped (a
+// shared forwards from one unablated prefill per trial. Compressed at the prompt's end (the default),
+// every step after the first decodes through a packed cache (HeadSet::pack_cache: each row's kept
+// entries alone); compressed before the question or the tail, the masked model runs (its prefill
+// queries see the compressed cache). Then each distinct configuration decodes the longest trial alone
+// for its measured peak cache bytes and step time (KvCompare). job.resumed's done items are skipped (a
 // StorageError, param "resume", when its configurations are not these). UsageError naming the policy
 // for a score of another shape or a negative HeadKV importance.
 KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompareSpec& spec, const KvCompareJob& job = {});

@@ -92,6 +92,7 @@ KvConfig snapkv_config(const std::string& key_name, double budget, const KvConte
         c.frac.push_back(kept / static_cast<double>(sh.L * sh.K * P));
     }
     c.set.kv_from = [s](const Trial& t) { return s.compress_at(t); };
+    c.set.keep_query_heads = true;  // selected per query head after repeat_kv: the cache holds H heads
     c.set.keep = [caps_for, pooled = ctx.pooled, w, s](const Trial& t) {
         const int64_t P = s.compress_at(t);
         const at::Tensor& sc = pooled->at(&t);  // [L, H, P - w]
