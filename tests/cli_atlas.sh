@@ -72,5 +72,33 @@ assert r[ind, 1, 0] and r[ind, 1, 1] and r[ind, 1, 3], r[ind]
 assert r[prev, 0, 2], r[prev]
 PY
 then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL the toy model's known heads lack their roles"; cat "$TMP/out"; fi
+# --needle: the needle scan's retrieval and QRHead columns on a short grid. On the CI toy recall
+# model (its recall heads L1H0, L1H1, L1H2 known from the training log) both rank them first, the
+# retrieval column gives them the retrieval role (> 0.1), and the columns equal `retrieval --score
+# retrieval,qrhead` on the same grid (the atlas runs the study's own scored pass: float32 copies).
+R="$(ci_toy recall)"
+NA=(--needles "$(dirname "$0")/../datasets/needles/toy_recall_needles.jsonl" --haystack "$(dirname "$0")/../datasets/needles/toy_recall_haystack.txt"
+    --template '{context}?{question}')
+expect "needle lengths auto on a short context" 2 "--needle-lengths auto: the model's context of 128 leaves" -- "$HS" atlas "$R" --needle "${NA[@]}" --out "$TMP/rn.h5"
+no_file "$TMP/rn.h5"
+ok "toy atlas --needle" -- "$HS" atlas "$R" --needle "${NA[@]}" --needle-lengths 16,24,32 --needle-max-new-tokens 1 --out "$TMP/rn.h5"
+grep -q "^needle trials: *[0-9]*, [0-9]* passed" "$TMP/out" && pass=$((pass+1)) || { fail=$((fail+1)); echo "FAIL no needle trials line"; cat "$TMP/out"; }
+ok "retrieval on the same grid" -- "$HS" retrieval "$R" "${NA[@]}" --lengths 16,24,32 --depths 0,50,100 --max-new-tokens 1 --score retrieval,qrhead --out "$TMP/rr.h5"
+if layout "$TMP/rn.h5" >/dev/null && "$PY" - "$TMP/rn.h5" "$TMP/rr.h5" <<'PY'
+import sys, h5py, numpy as np
+g = h5py.File(sys.argv[1], "r")["atlas"]
+f = h5py.File(sys.argv[2], "r")
+cols = [c.decode() if isinstance(c, bytes) else c for c in g.attrs["columns"]]
+s, r = g["scores"][()], g["roles"][()]
+for name in ("retrieval", "qrhead"):
+    k = cols.index(name)
+    top3 = set(np.argsort(-s[k].ravel(), kind="stable")[:3])
+    assert top3 == {4, 5, 6}, (name, s[k])           # L1H0, L1H1, L1H2 (4 heads a layer)
+    ref = f["scores/" + name + "/score"][()].astype(np.float32)
+    assert np.array_equal(np.nan_to_num(s[k], nan=-9), np.nan_to_num(ref, nan=-9)), (name, s[k], ref)
+k = cols.index("retrieval")
+assert r[k, 1, 0] and r[k, 1, 1] and r[k, 1, 2], r[k]
+PY
+then pass=$((pass+1)); else fail=$((fail+1)); echo "FAIL the atlas's needle columns"; cat "$TMP/out"; fi
 echo "cli-atlas: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

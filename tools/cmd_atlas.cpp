@@ -21,6 +21,10 @@ struct AtlasOptions {
     std::string maps_relations;
     std::vector<std::string> thresholds;  // NAME=VALUE
     int64_t max_rows = 64;
+    // --needle: the needle scan's scores on a short grid
+    bool needle = false;
+    std::string needle_lengths = "auto", needle_depths = "0,50,100", needles, haystack, tmpl = kDefaultTemplate;
+    int64_t needle_steps = 0;  // 0: the headscope protocol's
 };
 
 static std::map<std::string, double> parse_thresholds(const std::vector<std::string>& items) {
@@ -51,6 +55,41 @@ static AtlasSpec spec_of(const AtlasOptions& o) {
     return s;
 }
 
+// --needle's grid: the headscope protocol (token space, exact spans) on the shipped needles and
+// haystack unless given; lengths auto: a quarter, a half and all of min(2048, the context less the
+// decode steps and 64 tokens of template and question).
+static NeedleStudySpec needle_spec_of(const AtlasOptions& o, const Model& m) {
+    NeedleStudySpec p;
+    p.scores_text = "retrieval,qrhead";
+    p.scores = parse_needle_scores(p.scores_text);
+    p.proto = protocol_defaults(Protocol::kHeadscope);
+    if (o.needle_steps > 0) p.proto.max_new_tokens = p.proto.ablation_max_new_tokens = o.needle_steps;
+    p.needles = o.needles, p.haystack = o.haystack, p.tmpl = o.tmpl;
+    NeedleConfig& c = p.cfg;
+    c.tmpl = c.ablation_tmpl = with_flag("--template", [&] { return parse_template(o.tmpl); });
+    c.depths = with_flag({{"--needle-depths", "depths"}}, [&] { return parse_needle_depths(o.needle_depths); });
+    if (o.needle_lengths == "auto") {
+        const int64_t ctx = m.config.max_seq_len > 0 ? m.config.max_seq_len : 2048;
+        const int64_t top = std::min<int64_t>(2048, ctx - p.proto.max_new_tokens - 64);
+        if (top < 32)
+            throw UsageError(fmt::format("--needle-lengths auto: the model's context of {} leaves {} tokens after {} decode "
+                                         "steps and 64 of template; give --needle-lengths (and --needle-max-new-tokens)",
+                                         ctx, std::max<int64_t>(0, top), p.proto.max_new_tokens));
+        c.lengths = {top / 4, top / 2, top};
+    } else {
+        c.lengths = with_flag({{"--needle-lengths", "lengths"}}, [&] {
+            auto v = parse_needle_int_list(o.needle_lengths, "lengths");
+            check_needle_lengths(v);
+            return v;
+        });
+    }
+    c.decode.max_new_tokens = p.proto.max_new_tokens, c.ablation_max_new_tokens = p.proto.ablation_max_new_tokens;
+    c.decode.keep_stop = p.proto.stop_order == StopOrder::kAfter;
+    c.decode.scope = p.proto.scope;
+    c.batch = std::min<int64_t>(8, static_cast<int64_t>(c.depths.size()));  // a length's depths as rows (per needle)
+    return p;
+}
+
 static void print_atlas(const AtlasResult& r) {
     const int64_t L = r.roles.size(1), H = r.roles.size(2);
     for (size_t k = 0; k < r.columns.size(); ++k) {
@@ -75,6 +114,7 @@ static void print_atlas(const AtlasResult& r) {
         }
     std::printf("several roles:    %s\n", multi.empty() ? " none" : multi.c_str());
     if (!std::isnan(r.model_sink_rate)) std::printf("model sink rate:   %.2f%%\n", 100 * r.model_sink_rate);
+    if (r.needle_trials > 0) std::printf("needle trials:     %lld, %lld passed\n", static_cast<long long>(r.needle_trials), static_cast<long long>(r.needle_passed));
     for (const auto& s : r.skipped) std::printf("skipped:           %s\n", s.c_str());
     for (const auto& c : r.columns)
         if (const auto p = c.source.find("only through ties"); p != std::string::npos)
@@ -83,11 +123,12 @@ static void print_atlas(const AtlasResult& r) {
 
 void run_atlas_cmd(const AtlasOptions& o) {
     const WriteMode mode = write_mode(o.out);
-    const AtlasSpec spec = spec_of(o);
+    AtlasSpec spec = spec_of(o);
     auto l = open_model(o.model, false);
     const Model& m = *l.model;
+    if (o.needle) spec.needle = needle_spec_of(o, m);
     ResultWriter w = open_result(o.out.out, mode);
-    auto r = with_flag({{"--seq-len", "seq_len"}, {"--batch", "batch"}, {"--threshold", "thresholds"}},
+    auto r = with_flag({{"--seq-len", "seq_len"}, {"--batch", "batch"}, {"--threshold", "thresholds"}, {"--needle-lengths", "lengths"}},
                        [&] { return run_atlas(m, l.tokenizer.get(), spec); });
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, o.seed);
@@ -106,8 +147,9 @@ void setup_atlas(CLI::App& app) {
         "copy suppression's OV rank-0 share, the effective QK rank, MAPS with --maps-relations. A head takes\n"
         "a score's role when it is above the method's threshold (induction, previous-token, duplicate-token\n"
         "0.4 as ARENA's detectors; sink alpha_0 > --sink-epsilon; successor 0.4; the others none unless\n"
-        "--threshold NAME=VALUE). Writes /atlas (scores [S, L, H], roles, n_roles, Spearman correlations);\n"
-        "`headscope report` draws the page.\n"
+        "--threshold NAME=VALUE). --needle adds the needle scan's retrieval (Wu et al.) and QRHead scores on a\n"
+        "short grid (lengths auto: 1/4, 1/2 and all of min(2048, the context); depths 0,50,100).\n"
+        "Writes /atlas (scores [S, L, H], roles, n_roles, Spearman correlations); `headscope report` draws the page.\n"
         "Example: headscope atlas ../shared/testdata/stories260K/stories260K.bin --out atlas.h5");
     add_model_args(sub, o->model);
     add_output_args(sub, o->out, true);
@@ -122,6 +164,16 @@ void setup_atlas(CLI::App& app) {
         ->capture_default_str();
     sub->add_option("--maps-relations", o->maps_relations, "MAPS: relation files (a.json,b.json or a folder), as `maps --relations`");
     sub->add_option("--threshold", o->thresholds, "NAME=VALUE: a score's role threshold (repeatable), e.g. copy-suppression=0.5");
+    sub->add_flag("--needle", o->needle,
+                  "also the needle scan's retrieval and qrhead scores (one scored pass of a short grid, the headscope protocol)");
+    sub->add_option("--needle-lengths", o->needle_lengths, "--needle: context lengths, or auto")->capture_default_str();
+    sub->add_option("--needle-depths", o->needle_depths, "--needle: depths in percent")->capture_default_str();
+    sub->add_option("--needle-max-new-tokens", o->needle_steps, "--needle: greedy steps at most (0: the protocol's 50)")
+        ->check(at_least(0))
+        ->capture_default_str();
+    sub->add_option("--needles", o->needles, "--needle: JSON lines as `retrieval --needles` (default the shipped needles)");
+    sub->add_option("--haystack", o->haystack, "--needle: plain text (default the shipped haystack)");
+    sub->add_option("--template", o->tmpl, "--needle: the prompt, with {context} and {question}")->capture_default_str();
     sub->add_option("--max-rows", o->max_rows, "batch rows per forward pass (memory)")->check(at_least(1))->capture_default_str();
     sub->callback([o] { run_atlas_cmd(*o); });
 }

@@ -123,6 +123,34 @@ void add_weights(const Model& m, const Tokenizer* tok, const AtlasSpec& spec, co
     }
 }
 
+// The needle scan's head scores over one scored pass of the spec's trials (the study's own
+// functions: read_needle_inputs, make_needle_test, NeedleTest::run_baseline, summarize).
+void add_needle(const Model& m, const Tokenizer* tok, const NeedleStudySpec& s, AtlasResult& out) {
+    if (!tok) {
+        out.skipped.push_back("retrieval, qrhead: no tokenizer (the needle trials are text)");
+        return;
+    }
+    const NeedleInputs in = read_needle_inputs(s, m, *tok);
+    const auto test = make_needle_test(s, m, *tok, in);
+    const int64_t N = static_cast<int64_t>(test->trials().size()), L = m.config.n_layers, H = m.config.n_heads;
+    Progress prog("atlas: needle trials", N);
+    const auto rs = test->run_baseline([&prog] { prog.tick(); });
+    prog.finish();
+    NeedleResults res;
+    res.init(N, L, H, s.cfg.decode.max_new_tokens, s.cfg.ablation_max_new_tokens, false);
+    for (int64_t i = 0; i < N; ++i) res.set_trial(i, rs[static_cast<size_t>(i)]);
+    const NeedleSummary sum = summarize(res, 0, static_cast<uint64_t>(s.proto.seed), s.flag_threshold);
+    out.needle_trials = sum.n_done, out.needle_passed = sum.n_pass;
+    const std::string grid = fmt::format("{} trials (lengths {}, depths {}), {} passed", sum.n_done, fmt::join(s.cfg.lengths, ","),
+                                         fmt::join(s.cfg.depths, ","), sum.n_pass);
+    auto col = [&](NeedleScore id) { return sum.scores[static_cast<size_t>(id)].to(torch::kFloat); };
+    out.columns.push_back({"retrieval", "Wu et al. 2024's retrieval score (copy-paste while decoding, passing trials) over " + grid,
+                           col(NeedleScore::kRetrieval), "retrieval", s.flag_threshold, "Wu et al.'s 0.1 (--flag-threshold)"});
+    out.columns.push_back({"qrhead",
+                           "QRHead (Zhang et al. 2025): the question's calibrated attention to the needle, mean over " + grid,
+                           col(NeedleScore::kQrhead), "qrhead", NAN, "none published"});
+}
+
 }  // namespace
 
 double spearman(const std::vector<double>& a, const std::vector<double>& b) {
@@ -146,6 +174,7 @@ AtlasResult run_atlas(const Model& m, const Tokenizer* tok, const AtlasSpec& spe
     add_detectors(m, tok, spec, out);
     add_successor(m, tok, out);
     add_weights(m, tok, spec, relations, out);
+    if (spec.needle) add_needle(m, tok, *spec.needle, out);
     for (const auto& entry : spec.thresholds) {
         const auto& name = entry.first;  // (a named variable: clang 14 cannot capture a structured binding)
         const auto thr = entry.second;

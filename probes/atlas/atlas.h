@@ -12,12 +12,14 @@
 #include "attention_detectors.h"
 #include "copy_suppression.h"
 #include "model.h"
+#include "needle_study.h"
 
 #include <ATen/core/Tensor.h>
 
 #include <cmath>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -32,6 +34,10 @@ struct AtlasSpec {
     CopySuppressionOptions copy_suppression{2048, 2048, 0};  // n_tokens: source tokens scored (0: all)
     std::string maps_relations;      // "": no MAPS; else read_relations' spec
     std::map<std::string, double> thresholds;  // a column's role threshold, set or replaced by the caller
+    // On request (`atlas --needle`): the needle scan's scores on a short grid, the retrieval score
+    // (Wu et al.; role above the spec's flag_threshold, Wu's 0.1) and QRHead's, from one scored pass
+    // of the spec's trials (no ablation, nothing written but the atlas's columns).
+    std::optional<NeedleStudySpec> needle;
 };
 
 // One score of the atlas: its values [L, H], where it comes from, and its role.
@@ -54,6 +60,7 @@ struct AtlasResult {
     double model_sink_rate = NAN;      // Gu et al.'s model rate (sink-rate's rates)
     int64_t seq_len = 0;               // |R| of the detectors' rows (cut to the context)
     int64_t cs_tokens = 0;             // copy suppression's scored source tokens
+    int64_t needle_trials = 0, needle_passed = 0;  // the needle columns' trials (0: none asked)
 };
 
 // The methods' own thresholds (docs/methods.md, "The head atlas"): induction, previous-token and
