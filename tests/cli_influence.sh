@@ -6,8 +6,8 @@
 # writes the ranked table; the report draws the section; --from/--top takes the heads from a score
 # file (a detect result, and a retrieval scan: the paper's route, whose top 3 on the toy are the recall heads); two shards merged equal the unsharded run and --resume keeps finished chunks; --masking (the
 # default zero-query, and zero) is recorded and a resume or merge across maskings is refused;
-# --select-by tokens (the default) selects the samples a recomputation from the file's rank and
-# lengths selects; tests/influence_check.py (the reference lines in float64 torch) agrees with the
+# --select-by samples (the default, the paper's top 20% of samples) and tokens each select the samples a
+# recomputation from the file's rank and lengths selects; tests/influence_check.py (the reference lines in float64 torch) agrees with the
 # file's losses, scores and selection for both maskings and both losses; bad corpora and flags are one line, the documented exit code, and no file left behind.
 # Usage: cli_influence.sh path/to/headscope
 set -u
@@ -25,7 +25,7 @@ ok "influence (toy, recall heads, last token)" -- "$HS" influence "$TOY" --corpu
   --select-fraction 0.5 --random-controls 3 --out "$TMP/i.h5"
 check "prints the heads and 3 controls" -- grep -qE "^heads +L1H0,L1H1,L1H2 +mean score" "$TMP/out"
 check "prints the masking" -- grep -q "heads masked by zero-query$" "$TMP/out"
-check "prints the selection" -- grep -qE "^selected 16 of 32 samples, 1040 of 2080 tokens \(the top 0.5 by tokens\)$" "$TMP/out"
+check "prints the selection" -- grep -qE "^selected 16 of 32 samples, 1040 of 2080 tokens \(the top 0.5 by samples\)$" "$TMP/out"
 check "the ranking selects the recall rows" -- "$PY" -c "
 import h5py, numpy as np, sys
 f = h5py.File(sys.argv[1]); g = f['influence']
@@ -35,7 +35,7 @@ assert np.allclose(s, (ml - loss[None]) / loss[None], rtol=1e-6, atol=0)
 n = int(sel[0::2].sum()); print('recall rows selected:', n, 'of', int(sel.sum()))
 assert sel.sum() == 16 and n >= 14
 assert list(g['rank'][()][:1]) == [int(np.argmax(s[0]))]
-assert g.attrs['masking'] == 'zero-query' and g.attrs['select_by'] == 'tokens', dict(g.attrs)
+assert g.attrs['masking'] == 'zero-query' and g.attrs['select_by'] == 'samples' and g.attrs['select_fraction'] == 0.5, dict(g.attrs)
 " "$TMP/i.h5"
 # --masking zero (z = 0): the same losses unmasked, other masked losses, recorded; both maskings rank the recall rows first.
 ok "influence --masking zero --select-by samples" -- "$HS" influence "$TOY" --corpus "$C" --heads L1H0,L1H1,L1H2 --loss-tokens last \
@@ -57,9 +57,9 @@ random.seed(3)
 for i in range(12): print('{\"tokens\": [%s]}' % ', '.join(str(random.randrange(1, 20)) for _ in range(random.randrange(3, 40))))
 " >"$TMP/uneven.jsonl"
 ok "influence --select-by tokens (uneven lengths)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" --heads L1H0,L1H1,L1H2 \
-  --random-controls 0 --select-fraction 0.4 --out "$TMP/t.h5"
-ok "influence --select-by samples (uneven lengths)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" --heads L1H0,L1H1,L1H2 \
-  --random-controls 0 --select-fraction 0.4 --select-by samples --out "$TMP/t2.h5"
+  --random-controls 0 --select-fraction 0.4 --select-by tokens --out "$TMP/t.h5"
+ok "influence --select-by samples (uneven lengths, the default)" -- "$HS" influence "$TOY" --corpus "$TMP/uneven.jsonl" --heads L1H0,L1H1,L1H2 \
+  --random-controls 0 --select-fraction 0.4 --out "$TMP/t2.h5"
 check "token share and sample share as recomputed from the files" -- "$PY" -c "
 import h5py, json, math, numpy as np, sys
 g, h = h5py.File(sys.argv[1])['influence'], h5py.File(sys.argv[2])['influence']

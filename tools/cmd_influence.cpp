@@ -30,8 +30,8 @@ struct InfluenceCliOptions {
     int64_t detect_trials = 800, detect_length = 0, detect_seed = 0;
     double top_share = kInfluenceTopShare;
     int64_t top = 0, random_controls = 5, seed = 0, max_tokens = 0, max_rows = 8, show = 3;
-    double select_fraction = 0.3;
-    std::string select_by = "tokens";   // select_by_names(): the paper's share of tokens by default
+    double select_fraction = 0.2;       // the paper's top 20% of samples (section 5.1)
+    std::string select_by = "samples";  // select_by_names(): the paper's share of samples by default
     std::string masking = "zero-query"; // influence_masking_names(): the retrieval-head lineage's by default
     std::string loss_tokens = "all";
     int64_t chunk = 64;          // samples a work item (the unit a shard owns and a checkpoint completes)
@@ -261,8 +261,8 @@ void setup_influence(CLI::App& app) {
     sub->add_option("--select-fraction", o->select_fraction, "the top share of the ranking marked selected, counted as --select-by says")
         ->check(in_range(0, 1))->capture_default_str();
     sub->add_option("--select-by", o->select_by,
-                    "what --select-fraction counts: tokens (the paper's: 73B of 241B tokens; each sample's corpus length, "
-                    "whole samples\nin rank order until the share is reached) or samples")
+                    "what --select-fraction counts: samples (the paper's: \"the top 20% of samples\", section 5.1) or tokens "
+                    "(each sample's\ncorpus length, whole samples in rank order until the share is reached)")
         ->capture_default_str();
     sub->add_option("--loss-tokens", o->loss_tokens, "all (the paper's: every token after the first) or last (the last token alone)")
         ->check(CLI::IsMember({"all", "last"}))->capture_default_str();

@@ -30,8 +30,8 @@ struct InfluenceStudySpec {
     bool last_only = false;                 // the last token's loss alone, not every token's
     Intervention masking = Intervention::kZeroQuery;  // how a head is masked (influence_maskings())
     int64_t chunk = 64;                     // samples a work item
-    double select_fraction = 0.3;           // the top share of the done samples marked selected,
-    SelectBy select_by = SelectBy::kTokens; // counted in tokens or samples
+    double select_fraction = 0.2;           // the top share of the done samples marked selected,
+    SelectBy select_by = SelectBy::kSamples; // counted in samples (the paper's top 20%) or tokens
     jobs::Shard shard;
     // --detect: set 0 is detection->heads, found on detect_task with top_share (influence_detect.h);
     // the file keeps the score and the task's parameters, and a resume or merge compares them.
