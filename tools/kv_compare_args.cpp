@@ -259,7 +259,7 @@ void print_kv_compare(const KvCompare& k) {
     std::printf("cache %s: memory and step time measured on a %lld-token trial, %lld steps past the compression; full cache: "
                 "peak %.1f KiB, %.2f ms a step\n",
                 k.attrs.count("cache") ? std::get<std::string>(k.attrs.at("cache")).c_str() : "?", static_cast<long long>(k.timing_tokens),
-                static_cast<long long>(kKvTimedSteps), static_cast<double>(k.full_peak_cache_bytes) / 1024.0, k.full_decode_ms);
+                static_cast<long long>(k.timed_steps), static_cast<double>(k.full_peak_cache_bytes) / 1024.0, k.full_decode_ms);
     std::printf("%-*s %7s %8s %9s %9s %9s %9s %9s %6s %10s %8s  %s\n", wid, "policy", "budget", "capacity", "kv_kept", "kv_KiB",
                 "accuracy", "ROUGE-L F", "same", "groups", "peak_KiB", "step_ms", "random orders' accuracy");
     for (int64_t p = 0; p < P; ++p)

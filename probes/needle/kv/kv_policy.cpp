@@ -288,7 +288,8 @@ struct Timed {
 // Every distinct set's decode of the longest ablation trial alone (batch 1), kKvTimedSteps steps past
 // the compression whatever the tokens (no stop), its prefill shared (scope decode) or its own; a
 // first decode of the full cache warms the allocator and is not kept. [set].
-std::vector<Timed> time_sets(const KvPlan& pl, const NeedleTest& test, const Model& m, const KvCompareSpec& spec, int64_t* tokens) {
+std::vector<Timed> time_sets(const KvPlan& pl, const NeedleTest& test, const Model& m, const KvCompareSpec& spec, int64_t* tokens,
+                             int64_t* steps) {
     const auto& trials = test.ablation_trials();
     size_t t = 0;
     for (size_t i = 1; i < trials.size(); ++i)
@@ -302,6 +303,7 @@ std::vector<Timed> time_sets(const KvPlan& pl, const NeedleTest& test, const Mod
     s.max_new_tokens = 1 + kKvTimedSteps;
     const int64_t max_pos = test.config().max_positions;
     if (max_pos > 0) s.max_new_tokens = std::min(s.max_new_tokens, max_pos - P + 1);
+    *steps = std::max<int64_t>(0, s.max_new_tokens - 1);
     std::vector<Timed> out(pl.sets.size());
     if (s.max_new_tokens < 2) return out;  // no step past the prompt fits the model's context
     PrefixCache prefix;
@@ -422,7 +424,8 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
                         static_cast<float>(same / n), by / n};
     };
     measure_all(pl.configs, pl.main_idx, pl.rnd_idx, measure, R, &out);
-    const auto timed = time_sets(pl, test, m, spec, &out.timing_tokens);
+    int64_t steps = 0;
+    const auto timed = time_sets(pl, test, m, spec, &out.timing_tokens, &steps);
     for (int64_t c : pl.main_idx) {
         const Timed& tm = timed[pl.set_of[static_cast<size_t>(c)]];
         out.peak_cache_bytes.push_back(tm.peak), out.decode_ms.push_back(static_cast<float>(tm.ms));
@@ -434,7 +437,8 @@ KvCompare run_kv_compare(const NeedleTest& test, const Model& m, const KvCompare
     out.attrs["full_peak_cache_bytes"] = out.full_peak_cache_bytes;
     out.attrs["full_decode_ms"] = out.full_decode_ms;
     out.attrs["timing_trial_tokens"] = out.timing_tokens;
-    out.attrs["timed_steps"] = kKvTimedSteps;
+    out.timed_steps = steps;  // kKvTimedSteps, fewer where the model's context ends first
+    out.attrs["timed_steps"] = steps;
     return out;
 }
 

@@ -307,7 +307,7 @@ struct KvCompare {
     // or the masked path's whole one) and the mean ms of a step; the full cache's beside them.
     std::vector<int64_t> peak_cache_bytes;
     std::vector<float> decode_ms;
-    int64_t full_peak_cache_bytes = 0, timing_tokens = 0;
+    int64_t full_peak_cache_bytes = 0, timing_tokens = 0, timed_steps = 0;
     double full_decode_ms = 0;
     std::vector<float> random_accuracy, random_rougeL_f, random_kv_fraction, random_same_as_full;  // [P, B, R], NaN without an order
     double full_bytes = 0;                   // mean over trials: the full prompt cache
