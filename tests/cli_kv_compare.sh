@@ -144,6 +144,7 @@ ok "the study from its YAML file" -- "$HS" -q retrieval --config "$ROOT/datasets
 check "the YAML study prints the same table as the command line" -- diff <(sed -n '/^policy/,$p' "$TMP/out" | untimed) <(sed -n '/^policy/,$p' "$TMP/table" | untimed)
 ok "report" -- "$HS" -q report "$O" --out "$TMP/r.html"
 check "the report draws accuracy against the KV cache kept" -- grep -q "KV-cache policies at equal memory" "$TMP/r.html"
+check "the report's table shows the measured peak cache and step time" -- grep -q "peak cache KiB (measured)" "$TMP/r.html"
 
 # Ada-KV and CriticalAdaKV (kvpress's AdaKVPress, CriticalAdaKVPress): SnapKV's scores selected across a
 # layer's KV heads, at the memory per-head SnapKV keeps; their selection equals kvpress's code run step

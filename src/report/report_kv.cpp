@@ -61,7 +61,9 @@ std::string retrieval_kv_compare(FileView& f) {
     if (!k.same_as_full.empty()) out += chart(k.same_as_full, k.random_same_as_full, k.random_kv_fraction, "output as the full cache's");
     std::string t = "<table class=\"top\"><tr><th>policy</th><th>budget</th><th>capacity (tokens a head)</th><th>kept</th>"
                     "<th>kept KiB</th><th>accuracy</th><th>ROUGE-L F</th><th>same output as full</th><th>groups whole</th>"
+                    "<th>peak cache KiB (measured)</th><th>ms a decode step (measured)</th>"
                     "<th>random orders' accuracy</th></tr>";
+    const bool timed = !k.peak_cache_bytes.empty();  // a file before the packed cache: none
     for (int64_t p = 0; p < P; ++p)
         for (int64_t b = 0; b < B; ++b) {
             const int64_t i = p * B + b;
@@ -69,11 +71,12 @@ std::string retrieval_kv_compare(FileView& f) {
             for (int64_t r = 0; r < R; ++r)
                 if (std::isfinite(k.random_accuracy[i * R + r])) rnd += (rnd.empty() ? "" : " ") + num(k.random_accuracy[i * R + r]);
             t += fmt::format("<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td data-value=\"{}\">{}</td><td>{}</td><td>{}</td>"
-                             "<td>{}</td><td>{}</td></tr>",
+                             "<td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
                              esc(k.policies[p]), num(k.budgets[b]), k.capacities[b] > 0 ? std::to_string(k.capacities[b]) : "",
                              num(k.kv_fraction[i]), num(static_cast<double>(k.kv_bytes[i]) / 1024.0), exact(k.accuracy[i]), num(k.accuracy[i]),
                              num(k.rougeL_f[i]), k.same_as_full.empty() ? "" : num(k.same_as_full[i]),
-                             k.full_groups[i] < 0 ? "" : std::to_string(k.full_groups[i]), rnd);
+                             k.full_groups[i] < 0 ? "" : std::to_string(k.full_groups[i]),
+                             timed ? num(static_cast<double>(k.peak_cache_bytes[i]) / 1024.0) : "", timed ? num(k.decode_ms[i]) : "", rnd);
         }
     return out + t + "</table><details><summary>attributes</summary>" + attrs_table(a) + "</details>";
 }
