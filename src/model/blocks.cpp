@@ -528,7 +528,10 @@ void BlockedAttention::plan_blocks(int64_t attn_block) {
     see_scores_ = !whole_ && hooks_ && hooks_->wants(Point::kAttnScores, layer_);
     see_pattern_ = !whole_ && hooks_ && hooks_->wants(Point::kAttnPattern, layer_);
     rows_ = whole_ ? T_ : attention_block_rows(attn_block, B_, H_, T_, S_);
-    reuse_ = !whole_ && T_ > rows_;
+    // Not under autograd (the duo-gates fit differentiates through later layers' q, k, v): the
+    // scratch buffers are written with out= kernels, which autograd refuses.
+    const bool grad = at::GradMode::is_enabled() && (q3_.requires_grad() || k_.requires_grad() || v_.requires_grad());
+    reuse_ = !whole_ && T_ > rows_ && !grad;
     fp32_ = dtype_ == at::kFloat;
     cap_ = B_ * H_ * rows_ * S_;
     if (!reuse_) return;
