@@ -442,6 +442,13 @@ duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'deploy: {select: count}'
 bad run "experiment YAML" "duo-gates deploy: unknown select" 3 "e.yaml:9:22: 'select': unknown value 'count' \\(expected one of: sparsity, threshold\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: passkeys'
 bad run "experiment YAML" "duo-gates fit_data: unknown kind" 3 "e.yaml:9:15: 'fit_data': unknown value 'passkeys' \\(expected one of: study, fresh\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+# fit_data kind passkey (duo_attn/data.py's sample for a real tokenizer; the toy's tokenizer.json here).
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: nofile.txt, length: 512}'
+bad run "experiment YAML" "duo-gates fit_data passkey: missing haystack file" 3 "e.yaml:9:41: haystack: cannot read nofile.txt" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 512, passkeys: 21}'
+bad run "experiment YAML" "duo-gates fit_data passkey: 21 passkeys" 3 "e.yaml:9:107: 'passkeys': expected 1..20 \\(the reference's 20 ordinals and depths\\), got 21" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 320}'
+bad run "experiment YAML" "duo-gates fit_data passkey: length too short for the passkeys" 3 "e.yaml:9:92: fit_data passkey: length 320 leaves 0 haystack tokens after the buffer \\(300\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 printf 'model: m\xff\xfe\ndata: {}\n' >"$T/e.yaml"
 bad run "experiment YAML" "non-UTF-8 bytes" 3 "e.yaml" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 bad run "experiment YAML" "a directory" 5 "dir.txt: is a directory" "$O" -- run "$T/dir.txt" --model "$M" --out "$O"

@@ -14,6 +14,8 @@
 #include "model.h"
 #include "store.h"
 #include "test_util.h"
+#include "testdata.h"
+#include "tokenizer.h"
 #include "toy_recall_data.h"
 #include "tmpdir.h"
 #include "toy_tasks.h"
@@ -23,8 +25,10 @@
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 using namespace hs;
 using nlohmann::json;
@@ -447,4 +451,115 @@ TEST_CASE("duo-gates YAML: fresh samples, the block training window, the deploym
                                            HS_SOURCE_DIR, out)
                                    .c_str());
     CHECK(rc == 0);
+}
+
+// fit_data {kind: passkey}: duo_attn/data.py MultiplePasskeyRetrievalDataset on a real tokenizer
+// (probes/ablation/duo_data.h duo_passkey_sample). Here: the sample's shape and labels; then
+// tests/duo_passkey_check.py (the peers' venv: the tokenizers library on the same tokenizer.json, torch)
+// rebuilds every sample from its recorded draws with the reference's lines and compares the token ids
+// and labels exactly (tolerance: none).
+static std::vector<int64_t> ids_of(const at::Tensor& t) {
+    const auto c = t.contiguous().to(torch::kCPU);
+    return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
+}
+
+TEST_CASE("duo-gates: the reference's passkey sample on a real tokenizer equals data.py's lines (tinystories-656k)") {
+    HS_REQUIRE_TESTDATA(td);
+    const std::string tok_dir = td + "/tinystories-656k", hay_file = std::string(HS_SOURCE_DIR) + "/datasets/needles/tinystories_haystack.txt";
+    auto tok = load_tokenizer(tok_dir);
+    std::ifstream in(hay_file);
+    std::stringstream text;
+    text << in.rdbuf();
+    struct Case {
+        int64_t length, passkeys, words;
+    };
+    json dump = json::array();
+    for (const Case c : {Case{640, 2, 4}, Case{1200, 3, 5}, Case{4000, 10, 32}}) {  // the last: the reference's defaults
+        DuoPasskeyOptions o;
+        o.context_length = c.length, o.passkeys = c.passkeys, o.passkey_length = c.words;
+        const uint64_t seed = 11 + static_cast<uint64_t>(c.length);
+        const auto d = duo_passkey_data(*tok, text.str(), o, seed);
+        json jc = {{"length", c.length}, {"passkeys", c.passkeys}, {"words", c.words}, {"buffer", o.buffer},
+                   {"init_words", d.init_words}, {"haystack", d.haystack}, {"samples", json::array()}};
+        for (int64_t step = 0; step < 3; ++step) {
+            DuoPasskeyDraws dr;
+            const auto r = duo_passkey_sample(d, seed, step, torch::kCPU, &dr);
+            const int64_t T = r.tokens.size(1);
+            CHECK(T % 16 == 0);  // the reference asserts it
+            REQUIRE(static_cast<int64_t>(dr.labels.size()) == T);
+            CHECK(dr.depth_index.size() == static_cast<size_t>(c.passkeys));
+            CHECK(std::is_sorted(dr.depth_index.begin(), dr.depth_index.end()));
+            CHECK(std::adjacent_find(dr.depth_index.begin(), dr.depth_index.end()) == dr.depth_index.end());
+            const auto tv = ids_of(r.tokens);
+            std::vector<int64_t> labelled;
+            for (int64_t t = 0; t < T; ++t)
+                if (dr.labels[static_cast<size_t>(t)] != -100) {
+                    labelled.push_back(t);
+                    CHECK(tv[static_cast<size_t>(t)] == dr.labels[static_cast<size_t>(t)]);
+                }
+            CHECK(ids_of(r.pos) == labelled);  // the scored positions: the tokens the labels keep
+            CHECK(r.row.numel() == static_cast<int64_t>(labelled.size()));
+            jc["samples"].push_back({{"step", step}, {"depth_index", dr.depth_index}, {"words", dr.words}, {"tokens", tv}, {"labels", dr.labels}});
+        }
+        // The same seed and step draw the same sample; the next step another.
+        CHECK(duo_passkey_sample(d, seed, 1, torch::kCPU).tokens.equal(duo_passkey_sample(d, seed, 1, torch::kCPU).tokens));
+        dump.push_back(jc);
+    }
+    DuoPasskeyOptions bad;
+    bad.context_length = 600;  // 10 passkeys of 32 words do not fit 600 - 300 tokens
+    CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
+    bad.context_length = 4000, bad.passkeys = 21;
+    CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
+
+    TempDir dir;
+    const std::string dump_file = dir.file("passkey.json");
+    std::ofstream(dump_file) << dump.dump();
+    const char* venv = std::getenv("HEADSCOPE_PEERS_VENV");
+    const std::string py = (venv && *venv ? std::string(venv) : std::string(HS_SOURCE_DIR) + "/.venv-peers") + "/bin/python";
+    if (std::system(fmt::format("'{}' -c 'import torch, tokenizers' 2>/dev/null", py).c_str()) != 0) {
+        MESSAGE("skipped the reference check: no peers' venv with torch and tokenizers at " << py << " (scripts/setup_peers.sh)");
+        return;
+    }
+    const int rc = std::system(fmt::format("'{}' '{}/tests/duo_passkey_check.py' --dump '{}' --tokenizer '{}' --haystack '{}'", py,
+                                           HS_SOURCE_DIR, dump_file, tok_dir, hay_file)
+                                   .c_str());
+    CHECK(rc == 0);
+}
+
+TEST_CASE("duo-gates YAML: fit_data kind passkey fits on tinystories-656k; its bad values name the line") {
+    const std::string head = "model: m\ndata:\n  r: {kind: repeated, length: 5, count: 2}\n";
+    auto study = [](const std::string& body) { return "studies:\n  - name: s\n    sweep: duo-gates\n    mode: {kind: stream, sink: 1, recent: 2}\n" + body + "    metric: {kind: loss, data: r}\n"; };
+    const std::string hay = std::string(HS_SOURCE_DIR) + "/datasets/needles/tinystories_haystack.txt";
+    const auto p = parse_experiment_text(head + study("    fit_data: {kind: passkey, haystack: " + hay + ", length: 512}\n"), "exp.yaml", {}).studies.at(0);
+    CHECK(p.fit_fresh);
+    CHECK(p.fit_passkey);
+    CHECK(p.passkey_length == 512);
+    CHECK(p.passkey_count == 10);  // the reference's num_passkeys and passkey_length
+    CHECK(p.passkey_words == 32);
+    CHECK(cfg_error(head + study("    fit_data: {kind: passkey, haystack: nofile.txt, length: 512}\n")) == "exp.yaml:8:41: haystack: cannot read nofile.txt");
+    CHECK(cfg_error(head + study("    fit_data: {kind: passkey, haystack: " + hay + ", length: 512, passkeys: 21}\n"))
+              .find("'passkeys': expected 1..20 (the reference's 20 ordinals and depths), got 21") != std::string::npos);
+    CHECK(cfg_error(head + study("    fit_data: {kind: passkey, length: 512}\n")) == "exp.yaml:8:15: fit_data: kind passkey needs 'haystack' (a text file)");
+    CHECK(cfg_error(head + study("    fit_data: {kind: fresh, words: 4}\n")) == "exp.yaml:8:36: fit_data: 'words' applies to kind passkey only");
+    CHECK(cfg_error(head + study("    fit_data: {kind: passkey, rows: 2}\n")) == "exp.yaml:8:37: fit_data: 'rows' applies to kind fresh only");
+
+    HS_REQUIRE_TESTDATA(td);
+    TempDir dir;
+    const std::string exp = dir.file("p.yaml"), out = dir.file("p.h5");
+    const std::string body = "model: {}\nseed: 3\ndata:\n  r: {{kind: repeated, length: 8, count: 2}}\n"
+                             "studies:\n  - name: duo\n    sweep: duo-gates\n    mode: {{kind: stream, sink: 2, recent: 8}}\n"
+                             "    train_window: {{sink: 4, recent: 16, block: 1}}\n"
+                             "    fit_data: {{kind: passkey, haystack: {}, length: {}, passkeys: 2, words: 4}}\n"
+                             "    fit_steps: 3\n    metric: {{kind: loss, data: r}}\n";
+    std::ofstream(exp) << fmt::format(body, td + "/tinystories-656k", hay, 640);
+    REQUIRE(run_cli(fmt::format("-q run '{}' --out '{}'", exp, out)) == 0);
+    ResultReader rd(out);
+    const Attrs a = rd.attrs("/ablation/duo/duo");
+    CHECK(attr_to_string(a.at("fit_data")) == "passkey");
+    CHECK(attr_to_string(a.at("passkeys")) == "2");
+    CHECK(attr_to_string(a.at("passkey_words")) == "4");
+    CHECK(rd.read_numbers("/ablation/duo/duo/history").shape == std::vector<int64_t>{3, 2});
+    // 2 passkeys of 4 words (224 tokens of pieces with this tokenizer) leave no haystack in 320 - 300 tokens: refused at the length's place.
+    std::ofstream(exp) << fmt::format(body, td + "/tinystories-656k", hay, 320);
+    CHECK(run_cli(fmt::format("-q run '{}' --out '{}'", exp, dir.file("q.h5"))) == 3);
 }

@@ -12,6 +12,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <fstream>
+#include <memory>
+#include <sstream>
 #include <limits>
 
 namespace hs {
@@ -76,7 +79,8 @@ std::vector<ExperimentProbe> compute_probes(const Experiment& e, const Model& m,
 // Study si's Ablator and configurations (none run yet). The seeds (resample, gating's initial gates,
 // duo's controls) derive from the experiment's seed and the study's index.
 StudyState make_study(const Experiment& e, size_t si, const Model& m, const AblationData* data, const AblationData* reference,
-                      const std::vector<std::pair<std::string, at::Tensor>>& computed, bool prefix_reuse) {
+                      const std::vector<std::pair<std::string, at::Tensor>>& computed, bool prefix_reuse,
+                      const Tokenizer* tok) {
     const auto& s = e.studies[si];
     const int L = m.config.n_layers, H = m.config.n_heads;
     StudyState st;
@@ -120,11 +124,30 @@ StudyState make_study(const Experiment& e, size_t si, const Model& m, const Abla
         DuoGateOptions dg;
         dg.window = s.train_window, dg.steps = s.fit_steps, dg.lr = s.lr, dg.lambda = s.lambda;
         const int64_t study_seed = e.seed * 1000003 + static_cast<int64_t>(si);
-        if (s.fit_fresh) {
+        if (s.fit_passkey) {
+            // duo_attn/data.py MultiplePasskeyRetrievalDataset with the model's tokenizer (duo_data.h).
+            if (!tok) e.fail(s.fit_data_mark, "fit_data kind passkey needs the model's tokenizer (none found; set 'tokenizer:')");
+            std::ifstream in(s.passkey_haystack, std::ios::binary);
+            std::stringstream text;
+            text << in.rdbuf();
+            if (!in) e.fail(s.fit_data_mark, fmt::format("haystack: cannot read {}", s.passkey_haystack));
+            DuoPasskeyOptions po;
+            po.context_length = s.passkey_length, po.passkeys = s.passkey_count, po.passkey_length = s.passkey_words;
+            st.duo_facts.fresh_seed = study_seed + 5;
+            const uint64_t seed = static_cast<uint64_t>(st.duo_facts.fresh_seed);
+            std::shared_ptr<const DuoPasskeyData> pd;
+            try {
+                pd = std::make_shared<const DuoPasskeyData>(duo_passkey_data(*tok, text.str(), po, seed));
+            } catch (const ConfigError& ex) {
+                e.fail(s.passkey_length_mark, fmt::format("fit_data passkey: {}", ex.what()));
+            }
+            const auto dev = m.options.device;
+            dg.sample = [=](int64_t step) { return duo_passkey_sample(*pd, seed, step, dev); };
+        } else if (s.fit_fresh) {
             if (m.config.vocab_size != toy::kVocabSize)
                 e.fail(s.fit_data_mark, fmt::format("fit_data fresh draws toy recall samples (the {}-token toy vocabulary); this "
-                                                    "model has {} tokens (a passkey generator for a real tokenizer is not built: "
-                                                    "use fit_data: study)", toy::kVocabSize, m.config.vocab_size));
+                                                    "model has {} tokens (for a real tokenizer use fit_data: {{kind: passkey, "
+                                                    "haystack: FILE, length: N}})", toy::kVocabSize, m.config.vocab_size));
             st.duo_facts.fresh_seed = study_seed + 5;
             const auto dev = m.options.device;
             const uint64_t seed = static_cast<uint64_t>(st.duo_facts.fresh_seed);
@@ -255,7 +278,7 @@ AblationStudy::AblationStudy(const Experiment& e, const Model& m, const Tokenize
     for (size_t si = 0; si < e.studies.size(); ++si) {
         const auto& s = e.studies[si];
         studies_.push_back(make_study(e, si, m, find(s.metric.data), s.mode.data.empty() ? nullptr : find(s.mode.data), computed,
-                                      prefix_reuse));
+                                      prefix_reuse, tok));
     }
 }
 

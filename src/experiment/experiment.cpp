@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 #include <set>
 
 namespace hs {
@@ -334,7 +335,8 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
 }
 
 // duo-gates' own keys: train_window {sink, recent, block} (each defaulting to the reference's training,
-// 128, 256, 128), fit_data (study | fresh | {kind: fresh, rows, length}), deploy ({select: sparsity,
+// 128, 256, 128), fit_data (study | fresh | {kind: fresh, rows, length} | {kind: passkey, haystack,
+// length, passkeys, words}), deploy ({select: sparsity,
 // sparsity: S} | {select: threshold, threshold: T}).
 void parse_duo_keys(const Reader& r, const YAML::Node& n, StudySpec& s) {
     if (const auto w = n["train_window"]) {
@@ -351,13 +353,32 @@ void parse_duo_keys(const Reader& r, const YAML::Node& n, StudySpec& s) {
         if (f.IsScalar()) {
             s.fit_fresh = r.choice(f, "fit_data", {"study", "fresh"}) == "fresh";
         } else {
-            r.keys(f, "fit_data", {"kind", "rows", "length"});
-            if (!f["kind"]) r.fail(f, "fit_data: missing 'kind' (study or fresh)");
-            s.fit_fresh = r.choice(f["kind"], "kind", {"study", "fresh"}) == "fresh";
-            for (const char* key : {"rows", "length"})
-                if (f[key] && !s.fit_fresh) r.fail(f[key], fmt::format("fit_data: '{}' applies to kind fresh only", key));
+            r.keys(f, "fit_data", {"kind", "rows", "length", "haystack", "passkeys", "words"});
+            if (!f["kind"]) r.fail(f, "fit_data: missing 'kind' (study, fresh or passkey)");
+            const std::string kind = r.choice(f["kind"], "kind", {"study", "fresh", "passkey"});
+            s.fit_fresh = kind != "study";
+            s.fit_passkey = kind == "passkey";
+            if (f["rows"] && kind != "fresh") r.fail(f["rows"], "fit_data: 'rows' applies to kind fresh only");
+            if (f["length"] && !s.fit_fresh) r.fail(f["length"], "fit_data: 'length' applies to kinds fresh and passkey only");
+            for (const char* key : {"haystack", "passkeys", "words"})
+                if (f[key] && !s.fit_passkey) r.fail(f[key], fmt::format("fit_data: '{}' applies to kind passkey only", key));
+            if (s.fit_passkey) {
+                // duo_attn/data.py MultiplePasskeyRetrievalDataset: num_passkeys 10 of 20 ordinals, 32 words.
+                if (!f["haystack"]) r.fail(f, "fit_data: kind passkey needs 'haystack' (a text file)");
+                if (!f["length"]) r.fail(f, "fit_data: kind passkey needs 'length' (the sample's context length in tokens)");
+                s.passkey_haystack = r.str(f["haystack"], "haystack");
+                if (!std::ifstream(s.passkey_haystack)) r.fail(f["haystack"], fmt::format("haystack: cannot read {}", s.passkey_haystack));
+                s.passkey_length = r.positive(f["length"], "length");
+                s.passkey_length_mark = mark_of(f["length"]);
+                if (f["passkeys"]) {
+                    s.passkey_count = r.positive(f["passkeys"], "passkeys");
+                    if (s.passkey_count > 20)
+                        r.fail(f["passkeys"], fmt::format("'passkeys': expected 1..20 (the reference's 20 ordinals and depths), got {}", s.passkey_count));
+                }
+                if (f["words"]) s.passkey_words = r.positive(f["words"], "words");
+            }
             if (f["rows"]) s.fresh_rows = r.positive(f["rows"], "rows");
-            if (f["length"]) {
+            if (f["length"] && !s.fit_passkey) {
                 s.fresh_length = r.positive(f["length"], "length");
                 if (s.fresh_length < 8) r.fail(f["length"], fmt::format("'length': expected at least 8 tokens, got {}", s.fresh_length));
             }

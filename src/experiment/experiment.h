@@ -120,6 +120,12 @@ struct StudySpec {
     // default) = the study's metric data every step.
     bool fit_fresh = false;
     int64_t fresh_rows = 8, fresh_length = 64;
+    // fit_data {kind: passkey, haystack, length, passkeys, words}: the reference's multi-passkey sample
+    // for a real tokenizer (probes/ablation/duo_data.h duo_passkey_sample); fit_fresh is set too.
+    bool fit_passkey = false;
+    std::string passkey_haystack;
+    int64_t passkey_length = 0, passkey_count = 10, passkey_words = 32;
+    YamlMark passkey_length_mark;
     // deploy: which heads the `duo` configuration streams: sparsity (the default, the reference's
     // sparsify_attention_heads at deploy_value 0.5, probes/ablation/duo_sparsity.h) or threshold
     // (alpha < deploy_value streamed).

@@ -104,7 +104,7 @@ Attrs duo_attrs(const StudySpec& s, const DuoFitFacts& f) {
                                                   "and the last ceil(recent / block) blocks up to itself, causal within its "
                                                   "block (block_streaming_attn_func)", s.train_window.block)
                                     : std::string("tokens: the query at p sees keys [0, sink) and (p - recent, p]")},
-               {"fit_data", std::string(s.fit_fresh ? "fresh" : "study")},
+               {"fit_data", std::string(s.fit_passkey ? "passkey" : s.fit_fresh ? "fresh" : "study")},
                {"deploy_select", std::string(s.deploy_sparsity ? "sparsity" : "threshold")},
                {"deploy_streamed", f.deploy_streamed},
                {"distill_full", f.distill_full},
@@ -118,7 +118,16 @@ Attrs duo_attrs(const StudySpec& s, const DuoFitFacts& f) {
     } else {
         a["deploy_threshold"] = s.deploy_value;
     }
-    if (s.fit_fresh) {
+    if (s.fit_passkey) {
+        a["fresh_seed"] = f.fresh_seed;
+        a["passkey_haystack"] = s.passkey_haystack;
+        a["passkey_length"] = s.passkey_length;
+        a["passkeys"] = s.passkey_count;
+        a["passkey_words"] = s.passkey_words;
+        a["fresh_sample"] = std::string("duo_attn/data.py MultiplePasskeyRetrievalDataset (duo_passkey_sample): passkeys of "
+                                        "alphabet words at sorted depths of linspace(0.1, 0.9, 20) in the haystack, then their "
+                                        "questions with the passkeys; the question-and-answer tokens labelled");
+    } else if (s.fit_fresh) {
         a["fresh_rows"] = s.fresh_rows;
         a["fresh_length"] = s.fresh_length;
         a["fresh_seed"] = f.fresh_seed;
