@@ -68,6 +68,16 @@ std::string gguf_config_json(const GgufFile& f) {
     nlohmann::json j;
     j["architectures"] = {a.hf};
     const int64_t D = need_int(f, p + "embedding_length"), L = need_int(f, p + "block_count");
+    int64_t blocks = 0;  // blocks the file holds tensors of ("blk.N.")
+    for (const auto& entry : f.tensors()) {
+        const std::string& name = entry.first;
+        if (name.rfind("blk.", 0) != 0) continue;
+        const auto dot = name.find('.', 4);
+        const auto n = dot == std::string::npos ? std::nullopt : parse_int64(name.substr(4, dot - 4));
+        if (n && *n >= 0 && *n < L) blocks = std::max(blocks, *n + 1);
+    }
+    if (L > blocks)
+        throw ModelLoadError(fmt::format("{}: {}block_count is {} but the file has tensors for {} blocks", f.path(), p, L, blocks));
     const int64_t H = need_int(f, p + "attention.head_count");
     const int64_t V = rows_of(f, "token_embd.weight");
     const int64_t ctx = f.get_int(p + "context_length").value_or(2048);
