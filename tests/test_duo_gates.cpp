@@ -551,7 +551,7 @@ TEST_CASE("duo-gates YAML: fit_data kind passkey fits on tinystories-656k; its b
                              "    train_window: {{sink: 4, recent: 16, block: 1}}\n"
                              "    fit_data: {{kind: passkey, haystack: {}, length: {}, passkeys: 2, words: 4}}\n"
                              "    fit_steps: 3\n    metric: {{kind: loss, data: r}}\n";
-    std::ofstream(exp) << fmt::format(body, td + "/tinystories-656k", hay, 640);
+    std::ofstream(exp) << fmt::format(fmt::runtime(body), td + "/tinystories-656k", hay, 640);
     REQUIRE(run_cli(fmt::format("-q run '{}' --out '{}'", exp, out)) == 0);
     ResultReader rd(out);
     const Attrs a = rd.attrs("/ablation/duo/duo");
@@ -560,6 +560,6 @@ TEST_CASE("duo-gates YAML: fit_data kind passkey fits on tinystories-656k; its b
     CHECK(attr_to_string(a.at("passkey_words")) == "4");
     CHECK(rd.read_numbers("/ablation/duo/duo/history").shape == std::vector<int64_t>{3, 2});
     // 2 passkeys of 4 words (224 tokens of pieces with this tokenizer) leave no haystack in 320 - 300 tokens: refused at the length's place.
-    std::ofstream(exp) << fmt::format(body, td + "/tinystories-656k", hay, 320);
+    std::ofstream(exp) << fmt::format(fmt::runtime(body), td + "/tinystories-656k", hay, 320);
     CHECK(run_cli(fmt::format("-q run '{}' --out '{}'", exp, dir.file("q.h5"))) == 3);
 }
