@@ -25,12 +25,6 @@ struct FvCliOptions {
     int top = 10;
 };
 
-static std::vector<int32_t> ints(const at::Tensor& t) {
-    auto c = t.to(torch::kInt).contiguous();
-    return {c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel()};
-}
-static std::vector<int32_t> ints(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
-
 static void print_top(const at::Tensor& aie, const at::Tensor& patched, int k) {
     const int64_t H = aie.size(1);
     auto flat = aie.to(torch::kDouble).contiguous().view(-1);
@@ -53,27 +47,6 @@ static std::string task_group(const std::string& name, const std::string& path, 
     for (auto& c : stem)
         if (c == ' ' || c == '/') c = '_';
     return name + "-" + stem;
-}
-
-static void write_task(ResultWriter& w, const FvCliOptions& o, const std::string& group, const std::string& task,
-                       const FvPrompts& prompts, const FvResult& r) {
-    schema::PatchingRecord rec;
-    rec.name = group;
-    rec.shape = r.aie.sizes().vec();
-    rec.scores = host_floats(r.aie), rec.patched = host_floats(r.patched);
-    rec.metric_clean = static_cast<float>(r.p_clean), rec.metric_corrupt = static_cast<float>(r.p_corrupt);
-    schema::FvHeadsRun run;
-    run.task = task, run.n_shots = o.fv.n_shots, run.n_trials = o.fv.n_trials, run.seed = o.fv.seed;
-    run.test_split = o.fv.test_split;
-    run.input_prefix = o.fv.tmpl.input_prefix, run.output_prefix = o.fv.tmpl.output_prefix;
-    run.input_sep = o.fv.tmpl.input_sep, run.output_sep = o.fv.tmpl.output_sep, run.prepend_space = o.fv.tmpl.prepend_space;
-    run.top1_clean = r.top1_clean, run.forwards = r.forwards, run.seconds = r.seconds_mean + r.seconds_sweep;
-    schema::FvPromptsRecord q;
-    q.clean_shape = prompts.clean.sizes().vec(), q.corrupt_shape = prompts.corrupt.sizes().vec();
-    q.clean_tokens = ints(prompts.clean), q.corrupt_tokens = ints(prompts.corrupt);
-    q.clean_lengths = ints(prompts.clean_lengths), q.corrupt_lengths = ints(prompts.corrupt_lengths);
-    q.clean_answer = ints(prompts.clean_answer), q.corrupt_answer = ints(prompts.corrupt_answer);
-    schema::write_fv_heads(w, rec, run, q);
 }
 
 void run_fv_heads(FvCliOptions o) {
@@ -104,7 +77,7 @@ void run_fv_heads(FvCliOptions o) {
                     static_cast<long long>(r.forwards), r.seconds_mean, r.seconds_sweep,
                     r.seconds_sweep / static_cast<double>(r.aie.numel()));
         groups.push_back(task_group(name, o.tasks[i], tasks.size()));
-        write_task(w, o, groups.back(), o.tasks[i], prompts[i], r);
+        write_fv_heads_result(w, groups.back(), o.tasks[i], o.fv, prompts[i], r);
         sum_aie = sum_aie.defined() ? sum_aie + r.aie : r.aie.clone();
         sum_patched = sum_patched.defined() ? sum_patched + r.patched : r.patched.clone();
         sum_clean += r.p_clean, sum_corrupt += r.p_corrupt;

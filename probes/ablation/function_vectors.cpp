@@ -4,6 +4,8 @@
 #include "guard.h"
 #include "hooks.h"
 #include "patching.h"
+#include "score_records.h"
+#include "store.h"
 #include "tokenizer.h"
 
 #include <fmt/format.h>
@@ -183,6 +185,39 @@ FvResult function_vector_heads(const Model& m, const FvPrompts& p, const FvOptio
     r.seconds_mean = std::chrono::duration<double>(t1 - t0).count();
     r.seconds_sweep = std::chrono::duration<double>(t2 - t1).count();
     return r;
+}
+
+namespace {
+std::vector<float> floats(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kFloat).contiguous();
+    return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+std::vector<int32_t> ints(const at::Tensor& t) {
+    auto c = t.to(torch::kCPU, torch::kInt).contiguous();
+    return {c.data_ptr<int32_t>(), c.data_ptr<int32_t>() + c.numel()};
+}
+std::vector<int32_t> ints(const std::vector<int64_t>& v) { return {v.begin(), v.end()}; }
+}  // namespace
+
+void write_fv_heads_result(ResultWriter& w, const std::string& group, const std::string& task, const FvOptions& o,
+                           const FvPrompts& prompts, const FvResult& r) {
+    schema::PatchingRecord rec;
+    rec.name = group;
+    rec.shape = r.aie.sizes().vec();
+    rec.scores = floats(r.aie), rec.patched = floats(r.patched);
+    rec.metric_clean = static_cast<float>(r.p_clean), rec.metric_corrupt = static_cast<float>(r.p_corrupt);
+    schema::FvHeadsRun run;
+    run.task = task, run.n_shots = o.n_shots, run.n_trials = o.n_trials, run.seed = o.seed;
+    run.test_split = o.test_split;
+    run.input_prefix = o.tmpl.input_prefix, run.output_prefix = o.tmpl.output_prefix;
+    run.input_sep = o.tmpl.input_sep, run.output_sep = o.tmpl.output_sep, run.prepend_space = o.tmpl.prepend_space;
+    run.top1_clean = r.top1_clean, run.forwards = r.forwards, run.seconds = r.seconds_mean + r.seconds_sweep;
+    schema::FvPromptsRecord q;
+    q.clean_shape = prompts.clean.sizes().vec(), q.corrupt_shape = prompts.corrupt.sizes().vec();
+    q.clean_tokens = ints(prompts.clean), q.corrupt_tokens = ints(prompts.corrupt);
+    q.clean_lengths = ints(prompts.clean_lengths), q.corrupt_lengths = ints(prompts.corrupt_lengths);
+    q.clean_answer = ints(prompts.clean_answer), q.corrupt_answer = ints(prompts.corrupt_answer);
+    schema::write_fv_heads(w, rec, run, q);
 }
 
 }  // namespace hs

@@ -19,6 +19,8 @@
 
 namespace hs {
 
+class ResultWriter;
+
 class Tokenizer;
 
 struct WordPair {
@@ -78,5 +80,10 @@ struct FvResult {
     double seconds_mean = 0, seconds_sweep = 0;
 };
 FvResult function_vector_heads(const Model& m, const FvPrompts& p, const FvOptions& o);
+
+// One task's result as the file keeps it (src/store/score_records.h: /patching/<group>, the AIE, the
+// run's settings and every prompt's tokens), written through w.
+void write_fv_heads_result(ResultWriter& w, const std::string& group, const std::string& task, const FvOptions& o,
+                           const FvPrompts& prompts, const FvResult& r);
 
 }  // namespace hs
