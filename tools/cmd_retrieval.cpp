@@ -13,7 +13,6 @@
 #include "progress.h"
 #include "schema.h"
 #include "study_config.h"
-#include "system.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -260,13 +259,7 @@ void run_retrieval(const RetrievalOptions& o, bool range_given) {
     if (o.ablate_top > L * H) throw UsageError(fmt::format("--ablate-top {}: the model has {} heads", o.ablate_top, L * H));
     if (!o.from.empty()) p.from_score = with_flag("--from", [&] { return read_head_score(split_head_score_ref(o.from), L, H); });
     {  // rows of one decode forward, from the grid, the model and the memory (printed)
-        int64_t avail = available_memory_bytes();
-        if (m.options.device.is_cuda()) {  // the caches live on the device: its memory less the weights
-            const auto devs = cuda_devices();
-            const auto i = static_cast<size_t>(std::max<int>(0, m.options.device.index()));
-            avail = i < devs.size() ? devs[i].total_bytes - m.n_params() * static_cast<int64_t>(c10::elementSize(m.options.dtype)) : -1;
-        }
-        const auto b = auto_needle_batching(p, m, in, o.batch == "auto", o.sweep_rows == "auto", avail);
+        const auto b = auto_needle_batching(p, m, in, o.batch == "auto", o.sweep_rows == "auto", free_cache_memory(m));
         p.cfg.batch = b.batch, p.sweep_rows = b.sweep_rows;
         if (!b.note.empty()) log_info(b.note);
     }

@@ -8,6 +8,7 @@
 #include "needle_records.h"
 #include "progress.h"
 #include "schema.h"
+#include "system.h"
 #include "util.h"
 
 #include <torch/torch.h>
@@ -141,6 +142,13 @@ NeedleInputs read_needle_inputs(const NeedleStudySpec& s, const Model& m, const 
             throw UsageError(fmt::format("{} is outside the vocabulary (0..{})", id, tok.vocab_size() - 1), "stop_ids");
     set_stop_rule(in.facts, tok, s.proto.stop, config_eos, generation_eos, s.extra_stop_ids);
     return in;
+}
+
+int64_t free_cache_memory(const Model& m) {
+    if (!m.options.device.is_cuda()) return available_memory_bytes();
+    const auto devs = cuda_devices();
+    const auto i = static_cast<size_t>(std::max<int>(0, m.options.device.index()));
+    return i < devs.size() ? devs[i].total_bytes - m.n_params() * static_cast<int64_t>(c10::elementSize(m.options.dtype)) : -1;
 }
 
 NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, const NeedleInputs& in, bool batch_auto,

@@ -113,6 +113,9 @@ struct NeedleBatching {
     std::string note;
 };
 // available_bytes < 0: unknown (no memory cap; the note says so).
+// The memory the model's KV caches may take: the host's free memory (available_memory_bytes), or on
+// CUDA the device's memory less the weights; -1 when unknown.
+int64_t free_cache_memory(const Model& m);
 NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, const NeedleInputs& in, bool batch_auto,
                                     bool rows_auto, int64_t available_bytes);
 
