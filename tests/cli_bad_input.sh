@@ -446,7 +446,16 @@ bad run "experiment YAML" "duo-gates fit_data: unknown kind" 3 "e.yaml:9:15: 'fi
 duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: nofile.txt, length: 512}'
 bad run "experiment YAML" "duo-gates fit_data passkey: missing haystack file" 3 "e.yaml:9:41: haystack: cannot read nofile.txt" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 512, passkeys: 21}'
-bad run "experiment YAML" "duo-gates fit_data passkey: 21 passkeys" 3 "e.yaml:9:107: 'passkeys': expected 1..20 \\(the reference's 20 ordinals and depths\\), got 21" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+bad run "experiment YAML" "duo-gates fit_data passkey: 21 passkeys" 3 "e.yaml:9:107: 'passkeys': expected 1..20 \\(the reference's 20 ordinals\\), got 21" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+# Many context lengths, as train.py's dataset (length_min, length_max, length_intervals) and its depths.
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 512, length_max: 900}'
+bad run "experiment YAML" "duo-gates fit_data passkey: length and length_max" 3 "e.yaml:9:109: fit_data: 'length_max' and 'length' exclude each other \\(one length, or length_min and length_max\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length_min: 512}'
+bad run "experiment YAML" "duo-gates fit_data passkey: length_min without length_max" 3 "e.yaml:9:15: fit_data: a range of lengths needs both 'length_min' and 'length_max' \\('length_max' is missing\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length_min: 900, length_max: 600}'
+bad run "experiment YAML" "duo-gates fit_data passkey: length_min above length_max" 3 "e.yaml:9:96: 'length_min' 900 is above 'length_max' 600" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
+duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 512, depth_intervals: 5}'
+bad run "experiment YAML" "duo-gates fit_data passkey: more passkeys than depths" 3 "e.yaml:9:114: 'passkeys' 10 is above 'depth_intervals' 5 \\(each passkey takes its own depth\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 duo_yaml 'mode: {kind: stream, sink: 1, recent: 4}' 'fit_data: {kind: passkey, haystack: datasets/needles/tinystories_haystack.txt, length: 320}'
 bad run "experiment YAML" "duo-gates fit_data passkey: length too short for the passkeys" 3 "e.yaml:9:92: fit_data passkey: length 320 leaves 0 haystack tokens after the buffer \\(300\\)" "$O" -- run "$T/e.yaml" --model "$M" --out "$O"
 printf 'model: m\xff\xfe\ndata: {}\n' >"$T/e.yaml"

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <fstream>
+#include <set>
 #include <sstream>
 
 using namespace hs;
@@ -463,6 +464,25 @@ static std::vector<int64_t> ids_of(const at::Tensor& t) {
     return std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel());
 }
 
+// train.py's DataLoader(shuffle=True) over the dataset's n context lengths: every epoch of n steps a
+// permutation of the n items, a new one each epoch, the same for the same seed.
+TEST_CASE("duo-gates: the passkey sample's context lengths, an epoch of items per n steps in a shuffled order") {
+    for (const int64_t n : {1, 2, 7, 50}) {
+        std::vector<int64_t> first, second;
+        for (int64_t step = 0; step < 2 * n; ++step) (step < n ? first : second).push_back(duo_passkey_item(n, 5, step));
+        for (auto* epoch : {&first, &second}) {
+            auto sorted = *epoch;
+            std::sort(sorted.begin(), sorted.end());
+            for (int64_t i = 0; i < n; ++i) CHECK(sorted[static_cast<size_t>(i)] == i);
+        }
+        if (n == 50) CHECK(first != second);  // a fresh order each epoch (RandomSampler.__iter__)
+        CHECK(duo_passkey_item(n, 5, 2 * n - 1) == second.back());  // the same seed and step, the same item
+    }
+    std::vector<int64_t> a, b;
+    for (int64_t step = 0; step < 50; ++step) a.push_back(duo_passkey_item(50, 5, step)), b.push_back(duo_passkey_item(50, 6, step));
+    CHECK(a != b);  // another seed, another order
+}
+
 TEST_CASE("duo-gates: the reference's passkey sample on a real tokenizer equals data.py's lines (tinystories-656k)") {
     HS_REQUIRE_TESTDATA(td);
     const std::string tok_dir = td + "/tinystories-656k", hay_file = std::string(HS_SOURCE_DIR) + "/datasets/needles/tinystories_haystack.txt";
@@ -471,21 +491,42 @@ TEST_CASE("duo-gates: the reference's passkey sample on a real tokenizer equals 
     std::stringstream text;
     text << in.rdbuf();
     struct Case {
-        int64_t length, passkeys, words;
+        int64_t length_min, length_max, intervals, passkeys, words, steps;
+        double depth_min = 0.05, depth_max = 0.95;
+        int64_t depth_intervals = 1000;
     };
     json dump = json::array();
-    for (const Case c : {Case{640, 2, 4}, Case{1200, 3, 5}, Case{4000, 10, 32}}) {  // the last: the reference's defaults
+    // One length (the class's own depths, then scripts/train.sh's), then ranges of lengths over two
+    // epochs of items; the last: scripts/train.sh's whole setting (1000..32000 in 50 lengths, 10
+    // passkeys of 32 words, linspace(0.05, 0.95, 1000) depths), a few steps.
+    for (const Case c : {Case{640, 640, 1, 2, 4, 3, 0.1, 0.9, 20}, Case{1200, 1200, 1, 3, 5, 3}, Case{4000, 4000, 1, 10, 32, 3, 0.1, 0.9, 20},
+                         Case{640, 1200, 5, 2, 4, 10}, Case{700, 4000, 7, 10, 32, 14, 0.1, 0.9, 20}, Case{1000, 32000, 50, 10, 32, 4}}) {
         DuoPasskeyOptions o;
-        o.context_length = c.length, o.passkeys = c.passkeys, o.passkey_length = c.words;
-        const uint64_t seed = 11 + static_cast<uint64_t>(c.length);
+        o.context_length_min = c.length_min, o.context_length_max = c.length_max, o.context_lengths_num_intervals = c.intervals;
+        o.passkeys = c.passkeys, o.passkey_length = c.words;
+        o.depth_min = c.depth_min, o.depth_max = c.depth_max, o.depth_intervals = c.depth_intervals;
+        const uint64_t seed = 11 + static_cast<uint64_t>(c.length_max + c.intervals);
         const auto d = duo_passkey_data(*tok, text.str(), o, seed);
-        json jc = {{"length", c.length}, {"passkeys", c.passkeys}, {"words", c.words}, {"buffer", o.buffer},
+        REQUIRE(static_cast<int64_t>(d.lengths.size()) == c.intervals);
+        CHECK(d.lengths.front() == c.length_min);
+        CHECK(d.lengths.back() == c.length_max);
+        // torch >= 2.0's integer linspace (duo_data.cpp torch_linspace_int); libtorch 1.13's gives 7958 at [11].
+        if (c.intervals == 50) CHECK(d.lengths[11] == 7959);
+        json jc = {{"length_min", c.length_min}, {"length_max", c.length_max}, {"length_intervals", c.intervals},
+                   {"passkeys", c.passkeys}, {"words", c.words}, {"buffer", o.buffer}, {"depth_min", c.depth_min},
+                   {"depth_max", c.depth_max}, {"depth_intervals", c.depth_intervals}, {"lengths", d.lengths},
                    {"init_words", d.init_words}, {"haystack", d.haystack}, {"samples", json::array()}};
-        for (int64_t step = 0; step < 3; ++step) {
+        std::set<int64_t> lengths_seen;
+        for (int64_t step = 0; step < c.steps; ++step) {
             DuoPasskeyDraws dr;
             const auto r = duo_passkey_sample(d, seed, step, torch::kCPU, &dr);
             const int64_t T = r.tokens.size(1);
             CHECK(T % 16 == 0);  // the reference asserts it
+            CHECK(dr.context_length == d.lengths[static_cast<size_t>(dr.item)]);
+            // The trim fits the prompts with __init__'s one passkey in length_max - 300; each sample's own passkeys
+            // tokenize to other lengths (up to 3808 tokens at 4000 here), which the 300-token buffer absorbs.
+            CHECK(T <= c.length_max);
+            lengths_seen.insert(dr.context_length);
             REQUIRE(static_cast<int64_t>(dr.labels.size()) == T);
             CHECK(dr.depth_index.size() == static_cast<size_t>(c.passkeys));
             CHECK(std::is_sorted(dr.depth_index.begin(), dr.depth_index.end()));
@@ -499,16 +540,24 @@ TEST_CASE("duo-gates: the reference's passkey sample on a real tokenizer equals 
                 }
             CHECK(ids_of(r.pos) == labelled);  // the scored positions: the tokens the labels keep
             CHECK(r.row.numel() == static_cast<int64_t>(labelled.size()));
-            jc["samples"].push_back({{"step", step}, {"depth_index", dr.depth_index}, {"words", dr.words}, {"tokens", tv}, {"labels", dr.labels}});
+            jc["samples"].push_back({{"step", step}, {"item", dr.item}, {"context_length", dr.context_length},
+                                     {"depth_index", dr.depth_index}, {"words", dr.words}, {"tokens", tv}, {"labels", dr.labels}});
         }
+        CHECK(static_cast<int64_t>(lengths_seen.size()) == std::min(c.intervals, c.steps));  // distinct lengths within an epoch
         // The same seed and step draw the same sample; the next step another.
         CHECK(duo_passkey_sample(d, seed, 1, torch::kCPU).tokens.equal(duo_passkey_sample(d, seed, 1, torch::kCPU).tokens));
         dump.push_back(jc);
     }
     DuoPasskeyOptions bad;
-    bad.context_length = 600;  // 10 passkeys of 32 words do not fit 600 - 300 tokens
+    bad.context_length_min = bad.context_length_max = 600;  // 10 passkeys of 32 words do not fit 600 - 300 tokens
     CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
-    bad.context_length = 4000, bad.passkeys = 21;
+    bad.context_length_min = 100, bad.context_length_max = 4000;  // the trim is the max's: a min of 100 is fine
+    CHECK_NOTHROW(duo_passkey_data(*tok, text.str(), bad, 1));
+    bad.context_length_min = 4001;  // min above max
+    CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
+    bad.context_length_min = 4000, bad.passkeys = 21;
+    CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
+    bad.passkeys = 10, bad.depth_intervals = 9;  // randperm(9)[:10] would leave a passkey without a depth
     CHECK_THROWS_AS(duo_passkey_data(*tok, text.str(), bad, 1), ConfigError);
 
     TempDir dir;
@@ -533,12 +582,44 @@ TEST_CASE("duo-gates YAML: fit_data kind passkey fits on tinystories-656k; its b
     const auto p = parse_experiment_text(head + study("    fit_data: {kind: passkey, haystack: " + hay + ", length: 512}\n"), "exp.yaml", {}).studies.at(0);
     CHECK(p.fit_fresh);
     CHECK(p.fit_passkey);
-    CHECK(p.passkey_length == 512);
+    CHECK(p.passkey_length_min == 512);
+    CHECK(p.passkey_length_max == 512);
+    CHECK(p.passkey_length_intervals == 1);
     CHECK(p.passkey_count == 10);  // the reference's num_passkeys and passkey_length
     CHECK(p.passkey_words == 32);
+    CHECK(p.passkey_depth_min == 0.05);  // scripts/train.sh's depths
+    CHECK(p.passkey_depth_max == 0.95);
+    CHECK(p.passkey_depth_intervals == 1000);
+    // A range of lengths: scripts/train.sh's 50 intervals unless the study says.
+    const auto q = parse_experiment_text(head + study("    fit_data: {kind: passkey, haystack: " + hay + ", length_min: 1000, length_max: 32000}\n"),
+                                         "exp.yaml", {}).studies.at(0);
+    CHECK(q.passkey_length_min == 1000);
+    CHECK(q.passkey_length_max == 32000);
+    CHECK(q.passkey_length_intervals == 50);
+    const auto q2 = parse_experiment_text(head + study("    fit_data: {kind: passkey, haystack: " + hay +
+                                                       ", length_min: 600, length_max: 900, length_intervals: 4, depth_min: 0.1, "
+                                                       "depth_max: 0.9, depth_intervals: 20}\n"),
+                                          "exp.yaml", {}).studies.at(0);
+    CHECK(q2.passkey_length_intervals == 4);
+    CHECK(q2.passkey_depth_min == 0.1);
+    CHECK(q2.passkey_depth_max == 0.9);
+    CHECK(q2.passkey_depth_intervals == 20);
+    const std::string pk = "    fit_data: {kind: passkey, haystack: " + hay;
+    CHECK(cfg_error(head + study(pk + ", length: 512, length_max: 900}\n")).find("'length_max' and 'length' exclude each other") != std::string::npos);
+    CHECK(cfg_error(head + study(pk + ", length_min: 512}\n")).find("needs both 'length_min' and 'length_max' ('length_max' is missing)") !=
+          std::string::npos);
+    CHECK(cfg_error(head + study(pk + ", length_min: 900, length_max: 600}\n")).find("'length_min' 900 is above 'length_max' 600") !=
+          std::string::npos);
+    CHECK(cfg_error(head + study(pk + ", length: 512, depth_max: 1.5}\n")).find("'depth_max': expected a number in [0, 1], got 1.5") !=
+          std::string::npos);
+    CHECK(cfg_error(head + study(pk + ", length: 512, depth_min: 0.6, depth_max: 0.5}\n")).find("'depth_min' 0.6 is above 'depth_max' 0.5") !=
+          std::string::npos);
+    CHECK(cfg_error(head + study(pk + ", length: 512, depth_intervals: 5}\n")).find("'passkeys' 10 is above 'depth_intervals' 5") !=
+          std::string::npos);
+    CHECK(cfg_error(head + study("    fit_data: {kind: fresh, length_min: 64}\n")) == "exp.yaml:8:41: fit_data: 'length_min' applies to kind passkey only");
     CHECK(cfg_error(head + study("    fit_data: {kind: passkey, haystack: nofile.txt, length: 512}\n")) == "exp.yaml:8:41: haystack: cannot read nofile.txt");
     CHECK(cfg_error(head + study("    fit_data: {kind: passkey, haystack: " + hay + ", length: 512, passkeys: 21}\n"))
-              .find("'passkeys': expected 1..20 (the reference's 20 ordinals and depths), got 21") != std::string::npos);
+              .find("'passkeys': expected 1..20 (the reference's 20 ordinals), got 21") != std::string::npos);
     CHECK(cfg_error(head + study("    fit_data: {kind: passkey, length: 512}\n")) == "exp.yaml:8:15: fit_data: kind passkey needs 'haystack' (a text file)");
     CHECK(cfg_error(head + study("    fit_data: {kind: fresh, words: 4}\n")) == "exp.yaml:8:36: fit_data: 'words' applies to kind passkey only");
     CHECK(cfg_error(head + study("    fit_data: {kind: passkey, rows: 2}\n")) == "exp.yaml:8:37: fit_data: 'rows' applies to kind fresh only");
@@ -559,6 +640,23 @@ TEST_CASE("duo-gates YAML: fit_data kind passkey fits on tinystories-656k; its b
     CHECK(attr_to_string(a.at("passkeys")) == "2");
     CHECK(attr_to_string(a.at("passkey_words")) == "4");
     CHECK(rd.read_numbers("/ablation/duo/duo/history").shape == std::vector<int64_t>{3, 2});
+    // A range of lengths (train.py's items): 40, 340 and 640 tokens of context; below the trimmed
+    // haystack's 116 tokens the first is shorter, so the fit's steps change length.
+    const std::string range_body = "model: {}\nseed: 3\ndata:\n  r: {{kind: repeated, length: 8, count: 2}}\n"
+                                   "studies:\n  - name: duo\n    sweep: duo-gates\n    mode: {{kind: stream, sink: 2, recent: 8}}\n"
+                                   "    train_window: {{sink: 4, recent: 16, block: 1}}\n"
+                                   "    fit_data: {{kind: passkey, haystack: {}, length_min: 40, length_max: 640, length_intervals: 3, "
+                                   "passkeys: 2, words: 4}}\n"
+                                   "    fit_steps: 6\n    metric: {{kind: loss, data: r}}\n";
+    std::ofstream(exp) << fmt::format(fmt::runtime(range_body), td + "/tinystories-656k", hay);
+    REQUIRE(run_cli(fmt::format("-q run '{}' --out '{}'", exp, dir.file("r.h5"))) == 0);
+    ResultReader rr(dir.file("r.h5"));
+    const Attrs ra = rr.attrs("/ablation/duo/duo");
+    CHECK(attr_to_string(ra.at("passkey_length_min")) == "40");
+    CHECK(attr_to_string(ra.at("passkey_length_max")) == "640");
+    CHECK(attr_to_string(ra.at("passkey_length_intervals")) == "3");
+    CHECK(attr_to_string(ra.at("passkey_depth_intervals")) == "1000");
+    CHECK(rr.read_numbers("/ablation/duo/duo/history").shape == std::vector<int64_t>{6, 2});
     // 2 passkeys of 4 words (224 tokens of pieces with this tokenizer) leave no haystack in 320 - 300 tokens: refused at the length's place.
     std::ofstream(exp) << fmt::format(fmt::runtime(body), td + "/tinystories-656k", hay, 320);
     CHECK(run_cli(fmt::format("-q run '{}' --out '{}'", exp, dir.file("q.h5"))) == 3);

@@ -132,7 +132,10 @@ StudyState make_study(const Experiment& e, size_t si, const Model& m, const Abla
             text << in.rdbuf();
             if (!in) e.fail(s.fit_data_mark, fmt::format("haystack: cannot read {}", s.passkey_haystack));
             DuoPasskeyOptions po;
-            po.context_length = s.passkey_length, po.passkeys = s.passkey_count, po.passkey_length = s.passkey_words;
+            po.context_length_min = s.passkey_length_min, po.context_length_max = s.passkey_length_max;
+            po.context_lengths_num_intervals = s.passkey_length_intervals;
+            po.passkeys = s.passkey_count, po.passkey_length = s.passkey_words;
+            po.depth_min = s.passkey_depth_min, po.depth_max = s.passkey_depth_max, po.depth_intervals = s.passkey_depth_intervals;
             st.duo_facts.fresh_seed = study_seed + 5;
             const uint64_t seed = static_cast<uint64_t>(st.duo_facts.fresh_seed);
             std::shared_ptr<const DuoPasskeyData> pd;

@@ -334,9 +334,62 @@ MetricSpec parse_metric(const Reader& r, const YAML::Node& n) {
     return m;
 }
 
+// fit_data {kind: passkey, ...}: duo_attn/data.py MultiplePasskeyRetrievalDataset with the arguments
+// train.py passes it (l. 324-336): num_passkeys 10 of 20 ordinals, 32 words; one context length
+// (`length`) or scripts/train.sh's `--context_length_min/max --context_lengths_num_intervals 50`
+// (`length_min`, `length_max`, `length_intervals`); its `--min/max_needle_depth_ratio 0.05/0.95
+// --depth_ratio_num_intervals 1000` (`depth_min`, `depth_max`, `depth_intervals`).
+void parse_passkey_data(const Reader& r, const YAML::Node& f, StudySpec& s) {
+    if (!f["haystack"]) r.fail(f, "fit_data: kind passkey needs 'haystack' (a text file)");
+    const bool range = f["length_min"] || f["length_max"] || f["length_intervals"];
+    if (f["length"] && range) {
+        const char* other = f["length_min"] ? "length_min" : f["length_max"] ? "length_max" : "length_intervals";
+        r.fail(f[other], fmt::format("fit_data: '{}' and 'length' exclude each other (one length, or length_min and length_max)", other));
+    }
+    if (!f["length"] && !range)
+        r.fail(f, "fit_data: kind passkey needs 'length' (the sample's context length in tokens) or 'length_min' and 'length_max'");
+    s.passkey_haystack = r.str(f["haystack"], "haystack");
+    if (!std::ifstream(s.passkey_haystack)) r.fail(f["haystack"], fmt::format("haystack: cannot read {}", s.passkey_haystack));
+    if (f["length"]) {
+        s.passkey_length_min = s.passkey_length_max = r.positive(f["length"], "length");
+        s.passkey_length_intervals = 1;
+        s.passkey_length_mark = mark_of(f["length"]);
+    } else {
+        for (const char* key : {"length_min", "length_max"})
+            if (!f[key]) r.fail(f, fmt::format("fit_data: a range of lengths needs both 'length_min' and 'length_max' ('{}' is missing)", key));
+        s.passkey_length_min = r.positive(f["length_min"], "length_min");
+        s.passkey_length_max = r.positive(f["length_max"], "length_max");
+        if (s.passkey_length_min > s.passkey_length_max)
+            r.fail(f["length_min"], fmt::format("'length_min' {} is above 'length_max' {}", s.passkey_length_min, s.passkey_length_max));
+        s.passkey_length_intervals = f["length_intervals"] ? r.positive(f["length_intervals"], "length_intervals") : 50;
+        s.passkey_length_mark = mark_of(f["length_max"]);
+    }
+    if (f["passkeys"]) {
+        s.passkey_count = r.positive(f["passkeys"], "passkeys");
+        if (s.passkey_count > 20)
+            r.fail(f["passkeys"], fmt::format("'passkeys': expected 1..20 (the reference's 20 ordinals), got {}", s.passkey_count));
+    }
+    if (f["words"]) s.passkey_words = r.positive(f["words"], "words");
+    for (const char* key : {"depth_min", "depth_max"})
+        if (f[key]) {
+            const double v = r.number(f[key], key);
+            if (!(v >= 0 && v <= 1)) r.fail(f[key], fmt::format("'{}': expected a number in [0, 1], got {}", key, f[key].Scalar()));
+            (std::string(key) == "depth_min" ? s.passkey_depth_min : s.passkey_depth_max) = v;
+        }
+    if (s.passkey_depth_min > s.passkey_depth_max)
+        r.fail(f["depth_min"] ? f["depth_min"] : f["depth_max"],
+               fmt::format("'depth_min' {} is above 'depth_max' {}", s.passkey_depth_min, s.passkey_depth_max));
+    if (f["depth_intervals"]) s.passkey_depth_intervals = r.positive(f["depth_intervals"], "depth_intervals");
+    if (s.passkey_count > s.passkey_depth_intervals)
+        r.fail(f["depth_intervals"] ? f["depth_intervals"] : f["passkeys"],
+               fmt::format("'passkeys' {} is above 'depth_intervals' {} (each passkey takes its own depth)", s.passkey_count,
+                           s.passkey_depth_intervals));
+}
+
 // duo-gates' own keys: train_window {sink, recent, block} (each defaulting to the reference's training,
 // 128, 256, 128), fit_data (study | fresh | {kind: fresh, rows, length} | {kind: passkey, haystack,
-// length, passkeys, words}), deploy ({select: sparsity,
+// length | length_min + length_max + length_intervals, passkeys, words, depth_min, depth_max,
+// depth_intervals}), deploy ({select: sparsity,
 // sparsity: S} | {select: threshold, threshold: T}).
 void parse_duo_keys(const Reader& r, const YAML::Node& n, StudySpec& s) {
     if (const auto w = n["train_window"]) {
@@ -353,30 +406,18 @@ void parse_duo_keys(const Reader& r, const YAML::Node& n, StudySpec& s) {
         if (f.IsScalar()) {
             s.fit_fresh = r.choice(f, "fit_data", {"study", "fresh"}) == "fresh";
         } else {
-            r.keys(f, "fit_data", {"kind", "rows", "length", "haystack", "passkeys", "words"});
+            r.keys(f, "fit_data", {"kind", "rows", "length", "haystack", "passkeys", "words", "length_min", "length_max",
+                                   "length_intervals", "depth_min", "depth_max", "depth_intervals"});
             if (!f["kind"]) r.fail(f, "fit_data: missing 'kind' (study, fresh or passkey)");
             const std::string kind = r.choice(f["kind"], "kind", {"study", "fresh", "passkey"});
             s.fit_fresh = kind != "study";
             s.fit_passkey = kind == "passkey";
             if (f["rows"] && kind != "fresh") r.fail(f["rows"], "fit_data: 'rows' applies to kind fresh only");
             if (f["length"] && !s.fit_fresh) r.fail(f["length"], "fit_data: 'length' applies to kinds fresh and passkey only");
-            for (const char* key : {"haystack", "passkeys", "words"})
+            for (const char* key : {"haystack", "passkeys", "words", "length_min", "length_max", "length_intervals", "depth_min",
+                                    "depth_max", "depth_intervals"})
                 if (f[key] && !s.fit_passkey) r.fail(f[key], fmt::format("fit_data: '{}' applies to kind passkey only", key));
-            if (s.fit_passkey) {
-                // duo_attn/data.py MultiplePasskeyRetrievalDataset: num_passkeys 10 of 20 ordinals, 32 words.
-                if (!f["haystack"]) r.fail(f, "fit_data: kind passkey needs 'haystack' (a text file)");
-                if (!f["length"]) r.fail(f, "fit_data: kind passkey needs 'length' (the sample's context length in tokens)");
-                s.passkey_haystack = r.str(f["haystack"], "haystack");
-                if (!std::ifstream(s.passkey_haystack)) r.fail(f["haystack"], fmt::format("haystack: cannot read {}", s.passkey_haystack));
-                s.passkey_length = r.positive(f["length"], "length");
-                s.passkey_length_mark = mark_of(f["length"]);
-                if (f["passkeys"]) {
-                    s.passkey_count = r.positive(f["passkeys"], "passkeys");
-                    if (s.passkey_count > 20)
-                        r.fail(f["passkeys"], fmt::format("'passkeys': expected 1..20 (the reference's 20 ordinals and depths), got {}", s.passkey_count));
-                }
-                if (f["words"]) s.passkey_words = r.positive(f["words"], "words");
-            }
+            if (s.fit_passkey) parse_passkey_data(r, f, s);
             if (f["rows"]) s.fresh_rows = r.positive(f["rows"], "rows");
             if (f["length"] && !s.fit_passkey) {
                 s.fresh_length = r.positive(f["length"], "length");

@@ -120,12 +120,18 @@ struct StudySpec {
     // default) = the study's metric data every step.
     bool fit_fresh = false;
     int64_t fresh_rows = 8, fresh_length = 64;
-    // fit_data {kind: passkey, haystack, length, passkeys, words}: the reference's multi-passkey sample
-    // for a real tokenizer (probes/ablation/duo_data.h duo_passkey_sample); fit_fresh is set too.
+    // fit_data {kind: passkey, haystack, length | length_min + length_max [+ length_intervals], passkeys,
+    // words, depth_min, depth_max, depth_intervals}: the reference's multi-passkey sample for a real
+    // tokenizer (probes/ablation/duo_data.h duo_passkey_sample); fit_fresh is set too. `length` N is
+    // min = max = N, 1 interval; the defaults are scripts/train.sh's (50 length intervals; depths
+    // linspace(0.05, 0.95, 1000)).
     bool fit_passkey = false;
     std::string passkey_haystack;
-    int64_t passkey_length = 0, passkey_count = 10, passkey_words = 32;
-    YamlMark passkey_length_mark;
+    int64_t passkey_length_min = 0, passkey_length_max = 0, passkey_length_intervals = 1;
+    int64_t passkey_count = 10, passkey_words = 32;
+    double passkey_depth_min = 0.05, passkey_depth_max = 0.95;
+    int64_t passkey_depth_intervals = 1000;
+    YamlMark passkey_length_mark;  // `length`, else `length_max`: where a length too short is refused
     // deploy: which heads the `duo` configuration streams: sparsity (the default, the reference's
     // sparsify_attention_heads at deploy_value 0.5, probes/ablation/duo_sparsity.h) or threshold
     // (alpha < deploy_value streamed).

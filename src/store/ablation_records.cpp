@@ -121,12 +121,22 @@ Attrs duo_attrs(const StudySpec& s, const DuoFitFacts& f) {
     if (s.fit_passkey) {
         a["fresh_seed"] = f.fresh_seed;
         a["passkey_haystack"] = s.passkey_haystack;
-        a["passkey_length"] = s.passkey_length;
+        a["passkey_length_min"] = s.passkey_length_min;
+        a["passkey_length_max"] = s.passkey_length_max;
+        a["passkey_length_intervals"] = s.passkey_length_intervals;
         a["passkeys"] = s.passkey_count;
         a["passkey_words"] = s.passkey_words;
-        a["fresh_sample"] = std::string("duo_attn/data.py MultiplePasskeyRetrievalDataset (duo_passkey_sample): passkeys of "
-                                        "alphabet words at sorted depths of linspace(0.1, 0.9, 20) in the haystack, then their "
-                                        "questions with the passkeys; the question-and-answer tokens labelled");
+        a["passkey_depth_min"] = s.passkey_depth_min;
+        a["passkey_depth_max"] = s.passkey_depth_max;
+        a["passkey_depth_intervals"] = s.passkey_depth_intervals;
+        a["fresh_sample"] = fmt::format(
+            "duo_attn/data.py MultiplePasskeyRetrievalDataset (duo_passkey_sample): step s trains on one of the {} context "
+            "lengths torch.linspace({}, {}, {}, dtype=int), each once an epoch of {} steps in a shuffled order (train.py's "
+            "DataLoader, shuffle=True; epoch e's order from std::mt19937_64(fresh_seed + 2^40 + e)); passkeys of alphabet words "
+            "at sorted depths of linspace({}, {}, {}) in the haystack cut to that length, then their questions with the "
+            "passkeys; the question-and-answer tokens labelled; step s's draws from std::mt19937_64(fresh_seed + s)",
+            s.passkey_length_intervals, s.passkey_length_min, s.passkey_length_max, s.passkey_length_intervals,
+            s.passkey_length_intervals, s.passkey_depth_min, s.passkey_depth_max, s.passkey_depth_intervals);
     } else if (s.fit_fresh) {
         a["fresh_rows"] = s.fresh_rows;
         a["fresh_length"] = s.fresh_length;
