@@ -76,12 +76,14 @@ static int64_t common_prefix(const std::vector<int64_t>& a, const std::vector<in
     return n;
 }
 
-// The bytes a cache's buffers take (its views may show less).
+// The bytes a cache's buffers take (its views may show less), its shared prompt caches' once each.
 static int64_t cache_bytes(const KVCache& c) {
     int64_t n = 0;
     for (size_t l = 0; l < c.k.size(); ++l)
         if (c.k[l].defined())
             n += static_cast<int64_t>(c.k[l].storage().nbytes() + c.v[l].storage().nbytes());
+    if (c.shared)
+        for (const auto& s : *c.shared) n += cache_bytes(s);
     return n;
 }
 
@@ -198,7 +200,7 @@ static void prefill_rows(const Model& m, const std::vector<const Trial*>& trials
 // its cache copied to its rows; sets acting in the prefill (`scope_all`) prefill every row with its
 // own interventions (`prefill`). `reserve`: the keys the decode will reach.
 static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>& trials, const at::Tensor& ids, bool sets,
-                                bool scope_all, int64_t chunk, Hooks& prefill, const ForwardOptions& no_logits,
+                                bool scope_all, bool share, int64_t chunk, Hooks& prefill, const ForwardOptions& no_logits,
                                 PrefixCache* prefix, int64_t reserve, KVCache& cache) {
     const int64_t B = ids.size(0), P = ids.size(1);
     if (sets && scope_all) {
@@ -217,6 +219,16 @@ static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>&
         std::vector<const Trial*> distinct;
         for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
         const int64_t D = static_cast<int64_t>(distinct.size());
+        if (sets && share && D < B) {
+            // The rows read their trial's prefill where it is (the kept prefill itself: no copy).
+            auto each = std::make_shared<std::vector<KVCache>>();
+            for (const Trial* t : distinct) each->push_back(prefill_trial(m, *t, chunk, nullptr, no_logits, prefix));
+            cache = KVCache();
+            cache.shared = std::move(each);
+            cache.shared_rows = row_of;
+            cache.reserve(reserve);
+            return;
+        }
         prefill_rows(m, distinct, chunk, sets ? nullptr : &prefill, no_logits, prefix, cache);
         cache.reserve(reserve);
         if (D < B) {
@@ -316,8 +328,13 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const auto t_prefill = Clock::now();
-    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, chunk, prefill, no_logits, prefix,
-                        P - 1 + s.max_new_tokens, cache);
+    // Shared prompt caches (DecodeSettings::share_prompt): no row's set hides keys by position.
+    bool share = s.share_prompt && per_row && !s.score;
+    if (share)
+        for (const HeadSet* hs : *per_row)
+            if (hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream)) share = false;
+    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, share, chunk, prefill, no_logits,
+                        prefix, P - 1 + s.max_new_tokens, cache);
     if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);
     std::vector<PerNeedleScore<std::vector<at::Tensor>>> steps(B, per_needle_score_steps<std::vector<at::Tensor>>());
@@ -334,6 +351,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     for (int64_t t = 0; t < s.max_new_tokens && active > 0; ++t) {
         if (pack && t == 1) {  // the first token came from the whole cache: compress it
             const auto t_pack = Clock::now();
+            cache.unshare();  // (a packed batch shares nothing: pack_rows sets hide keys)
             auto packed = pack_kv_cache(cfg, cache, pack_rows(cfg, trials, set_of, cache.length()), s.max_new_tokens - 1);
             cache.clear();
             cache.packed = std::move(packed);

@@ -93,6 +93,11 @@ struct DecodeSettings {
     // shares with it (PrefixCache). Off: every trial prefilled whole.
     bool reuse_prefix = true;
     CacheLog* cache_log = nullptr;  // optional: per step (one decode of one or more rows)
+    // Rows of one trial with an unablated prefill (decode_batch_sets, scope decode) read one prompt
+    // cache together (KVCache::shared): no copy a row, each decode step reads its keys once. Only
+    // where no row's set hides keys by position (kept positions, windows) and nothing is scored a step;
+    // off: each row decodes from its own copy (the same tokens; scores within float rounding).
+    bool share_prompt = true;
 };
 
 // Prefills kept between decodes of one pass. The trials of a grid share the haystack before the

@@ -765,6 +765,67 @@ at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, i
     return zb.view({B_, H_, b.n, d_});
 }
 
+// A step's attention when rows share prompt caches (KVCache::shared): row b's keys are its shared
+// cache's P positions, then its own So. The scores [B, H, T, P + So] are the whole keys' scores (the
+// same products, the rows of one shared cache stacked into one product against its keys, which are
+// read once for all of them), scaled, soft-capped, masked (causal, the layer's sliding window),
+// observed and edited, and softmaxed as the blocked attention does them; z adds the two parts'
+// values. q [B, T, H, d] after RoPE, k_own, v_own [B, So, K, d] -> z [B, T, H, d].
+at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const KVCache& cache,
+                           const at::Tensor& k_own, const at::Tensor& v_own, const Hooks* hooks) {
+    const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head, g = H / K;
+    const auto& shared = *cache.shared;
+    const int64_t P = cache.shared_length(), So = k_own.size(1), S = P + So, gT = g * T;
+    const auto dev = q.device();
+    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    int exponent = 0;
+    const bool scale_in_q = std::frexp(scale, &exponent) == 0.5;  // exact, as BlockedAttention
+    auto q4 = q.permute({0, 2, 1, 3}).reshape({B, K, gT, d});  // a kv head's g query heads stacked
+    q4 = scale_in_q ? q4 * scale : q4.contiguous();
+    // Each shared cache's rows, and its keys and values [K, P, d] (views of its buffers).
+    std::vector<std::vector<int64_t>> rows_of(shared.size());
+    for (int64_t b = 0; b < B; ++b) rows_of.at(static_cast<size_t>(cache.shared_rows[static_cast<size_t>(b)])).push_back(b);
+    auto kv_of = [&](const std::vector<at::Tensor>& x) { return x.at(static_cast<size_t>(layer)).select(0, 0).permute({1, 0, 2}); };
+    std::vector<at::Tensor> idx(shared.size());
+    auto scores = at::empty({B, K, gT, S}, q.options());
+    for (size_t p = 0; p < shared.size(); ++p) {
+        const int64_t n = static_cast<int64_t>(rows_of[p].size());
+        if (n == 0) continue;
+        idx[p] = torch::tensor(rows_of[p], torch::kLong).to(dev);
+        auto qp = q4.index_select(0, idx[p]).permute({1, 0, 2, 3}).reshape({K, n * gT, d});
+        auto sp = at::bmm(qp, kv_of(shared[p].k).transpose(1, 2));  // [K, n*g*T, P]
+        scores.narrow(3, 0, P).index_copy_(0, idx[p], sp.view({K, n, gT, P}).permute({1, 0, 2, 3}));
+    }
+    at::Tensor vo3;
+    if (So > 0) {
+        auto as3 = [&](const at::Tensor& x) { return x.permute({0, 2, 1, 3}).reshape({B * K, So, d}); };
+        vo3 = as3(v_own);
+        scores.narrow(3, P, So).copy_(at::bmm(q4.view({B * K, gT, d}), as3(k_own).transpose(1, 2)).view({B, K, gT, So}));
+    }
+    if (!scale_in_q) scores.mul_(scale);
+    if (cfg.attn_softcap > 0) scores.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
+    auto s4 = scores.view({B, H, T, S});
+    const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
+    if (T > 1 || (window > 0 && window < S))
+        s4.masked_fill_(visible_mask(T, S, S - T, window, dev).logical_not(), -std::numeric_limits<float>::infinity());
+    const bool whole = hooks && (hooks->needs_whole(Point::kAttnScores, layer) || hooks->needs_whole(Point::kAttnPattern, layer));
+    if (whole) s4 = hook(hooks, Point::kAttnScores, layer, s4);
+    else if (hooks && hooks->wants(Point::kAttnScores, layer)) hooks->run_rows(Point::kAttnScores, layer, 0, s4);
+    auto pattern = torch::softmax(s4.to(torch::kFloat), -1).to(q.scalar_type());  // [B, H, T, S]
+    if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
+    else if (hooks && hooks->wants(Point::kAttnPattern, layer)) hooks->run_rows(Point::kAttnPattern, layer, 0, pattern);
+    auto pat = pattern.reshape({B, K, gT, S});
+    auto z = at::empty({B, K, gT, d}, q.options());
+    for (size_t p = 0; p < shared.size(); ++p) {
+        if (!idx[p].defined()) continue;
+        const int64_t n = idx[p].size(0);
+        auto pp = pat.index_select(0, idx[p]).narrow(3, 0, P).permute({1, 0, 2, 3}).reshape({K, n * gT, P});
+        z.index_copy_(0, idx[p], at::bmm(pp, kv_of(shared[p].v)).view({K, n, gT, d}).permute({1, 0, 2, 3}));
+    }
+    if (So > 0) z.view({B * K, gT, d}).add_(at::bmm(pat.narrow(3, P, So).reshape({B * K, gT, So}), vo3));
+    return z.view({B, H, T, d}).permute({0, 2, 1, 3});
+}
+
 }  // namespace
 
 at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::Tensor v, const Hooks* hooks,
@@ -780,9 +841,19 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
         q = hook(hooks, Point::kAttnQ, layer, q);
         return attention_output(m, layer, packed_attention(m.config, layer, *cache->packed, q, k, v), hooks, per_row);
     }
-    if (cache) std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
+    bool shared_z = false;  // rows reading shared prompt caches: their keys read once per cache
+    if (cache) {
+        std::tie(k, v) = cache->append(layer, k, v);  // [B, S, K, d] views of [B, K, capacity, d] buffers
+        if (cache->shared) {
+            // Hooks that read whole keys or hide keys by position see them gathered (a copy).
+            shared_z = !(hooks && (hooks->wants(Point::kAttnK, layer) || hooks->wants(Point::kAttnV, layer) ||
+                                   hooks->has_windows(layer) || hooks->has_keeps(layer)));
+            if (!shared_z) std::tie(k, v) = cache->whole(layer);
+        }
+    }
     if (hooks && hooks->has_q_interventions(layer)) q = hooks->apply_q(layer, q);
     q = hook(hooks, Point::kAttnQ, layer, q);  // [B, T, H, d]
+    if (shared_z) return attention_output(m, layer, shared_prompt_z(m.config, layer, q, *cache, k, v, hooks), hooks, per_row);
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
     // The rows where a window hides some key from some query of this call ([B] bool): a window

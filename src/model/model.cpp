@@ -8,19 +8,50 @@
 
 namespace hs {
 
+int64_t KVCache::shared_length() const { return shared && !shared->empty() ? shared->front().length() : 0; }
+
 int64_t KVCache::length() const {
     if (packed) return packed_length(*packed);
+    const int64_t s = shared_length();
     for (const auto& t : k)
-        if (t.defined()) return t.size(1);
-    return 0;
+        if (t.defined()) return s + t.size(1);
+    return s;
 }
 
-KVCache::KVCache(const KVCache& o) : k(o.k), v(o.v), packed(o.packed ? clone_packed(*o.packed) : nullptr), reserved_(o.reserved_) {}
+std::pair<at::Tensor, at::Tensor> KVCache::whole(int layer) const {
+    const auto l = static_cast<size_t>(layer);
+    at::Tensor ok = l < k.size() ? k[l] : at::Tensor(), ov = l < v.size() ? v[l] : at::Tensor();
+    if (!shared) return {ok, ov};
+    std::vector<at::Tensor> ks, vs;
+    for (const int64_t r : shared_rows) {
+        const KVCache& c = shared->at(static_cast<size_t>(r));
+        HS_REQUIRE(l < c.k.size() && c.k[l].defined(), "KVCache::whole: a shared cache without this layer");
+        ks.push_back(c.k[l]), vs.push_back(c.v[l]);
+    }
+    auto sk = torch::cat(ks, 0), sv = torch::cat(vs, 0);
+    if (ok.defined() && ok.size(1) > 0) sk = torch::cat({sk, ok}, 1), sv = torch::cat({sv, ov}, 1);
+    return {sk, sv};
+}
+
+void KVCache::unshare() {
+    if (!shared) return;
+    const size_t L = shared->empty() ? 0 : shared->front().k.size();
+    std::vector<at::Tensor> nk(L), nv(L);
+    for (size_t l = 0; l < L; ++l) std::tie(nk[l], nv[l]) = whole(static_cast<int>(l));
+    k = std::move(nk), v = std::move(nv);  // foreign views: the next append copies them into own buffers
+    kbuf_.clear(), vbuf_.clear(), owned_.clear();
+    shared.reset(), shared_rows.clear();
+}
+
+KVCache::KVCache(const KVCache& o)
+    : k(o.k), v(o.v), packed(o.packed ? clone_packed(*o.packed) : nullptr), shared(o.shared), shared_rows(o.shared_rows),
+      reserved_(o.reserved_) {}
 
 KVCache& KVCache::operator=(const KVCache& o) {
     if (this != &o) {
         k = o.k, v = o.v, reserved_ = o.reserved_;
         packed = o.packed ? clone_packed(*o.packed) : nullptr;
+        shared = o.shared, shared_rows = o.shared_rows;
         kbuf_.clear(), vbuf_.clear(), owned_.clear();
     }
     return *this;
@@ -29,10 +60,13 @@ KVCache& KVCache::operator=(const KVCache& o) {
 void KVCache::clear() {
     k.clear(), v.clear(), kbuf_.clear(), vbuf_.clear(), owned_.clear();
     packed.reset();
+    shared.reset(), shared_rows.clear();
 }
 
 void KVCache::truncate(int64_t positions) {
     HS_REQUIRE(!packed, "KVCache::truncate: a compressed (packed) cache cannot be truncated");
+    HS_REQUIRE(positions >= shared_length(), "KVCache::truncate: below the shared prompt caches' positions");
+    positions -= shared_length();
     for (size_t l = 0; l < k.size(); ++l) {
         if (!k[l].defined() || k[l].size(1) <= positions) continue;
         const bool own = l < owned_.size() && owned_[l] == k[l].unsafeGetTensorImpl();
@@ -47,11 +81,13 @@ std::pair<at::Tensor, at::Tensor> KVCache::append(int layer, const at::Tensor& k
     if (k.size() <= l) k.resize(l + 1), v.resize(l + 1);
     if (kbuf_.size() <= l) kbuf_.resize(l + 1), vbuf_.resize(l + 1), owned_.resize(l + 1, nullptr);
     const int64_t B = k_new.size(0), T = k_new.size(1), K = k_new.size(2), d = k_new.size(3);
+    HS_REQUIRE(!shared || static_cast<int64_t>(shared_rows.size()) == B, "KVCache::append: one shared cache a row");
     const int64_t past = k[l].defined() ? k[l].size(1) : 0, need = past + T;
     const bool own = kbuf_[l].defined() && k[l].defined() && owned_[l] == k[l].unsafeGetTensorImpl();
     if (!own || kbuf_[l].size(2) < need || kbuf_[l].size(0) != B || kbuf_[l].scalar_type() != k_new.scalar_type() ||
         kbuf_[l].device() != k_new.device()) {
-        int64_t cap = reserved_ >= need ? reserved_ : need;
+        const int64_t hint = reserved_ - shared_length();  // reserve() counts the shared positions too
+        int64_t cap = hint >= need ? hint : need;
         if (own && cap == need) cap = std::max(need, 2 * kbuf_[l].size(2));  // growing without a hint: double
         auto kb = at::empty({B, K, cap, d}, k_new.options()), vb = at::empty({B, K, cap, d}, v_new.options());
         if (past > 0) {

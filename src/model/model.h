@@ -70,16 +70,29 @@ bool fused_attention_enabled(const LoadOptions& o);
 // A compressed cache (`packed`, src/model/packed_kv.h: the entries a KV-cache policy keeps, ragged per
 // (row, layer, head), and the tokens decoded after them) replaces k and v: pack_kv_cache() makes one
 // from a whole cache, attention() reads it, length() is then its absolute length.
+// Prompt caches shared by rows (`shared`): row b's keys are every position of the batch-1 cache
+// (*shared)[shared_rows[b]] (all of one length, read only: never written through this cache), then the
+// row's own positions k[l], v[l] [B, S_own, K, d]; length() counts both, and appends go to the own
+// buffers alone. blocks::attention reads each shared cache once for all the rows that share it (the
+// ablation rows of one trial, docs/forward.md "Shared prompt caches"); a reader of whole keys gets
+// them gathered by whole() (a copy), and unshare() turns the cache into an ordinary one.
 struct PackedKV;
 struct KVCache {
     std::vector<at::Tensor> k, v;
     std::shared_ptr<PackedKV> packed;  // when set, k and v are empty (a copy of the cache clones it)
+    std::shared_ptr<const std::vector<KVCache>> shared;
+    std::vector<int64_t> shared_rows;  // [B]: the shared cache each row reads
     KVCache() = default;
     KVCache(const KVCache& o);
     KVCache& operator=(const KVCache& o);
     KVCache(KVCache&&) = default;
     KVCache& operator=(KVCache&&) = default;
     int64_t length() const;
+    int64_t shared_length() const;  // the positions every row reads from its shared cache (0: none)
+    // Layer `layer`'s keys and values [B, S, K, d] of every position a row sees: with shared caches a
+    // copy gathering them in front of the own positions, else k[l], v[l].
+    std::pair<at::Tensor, at::Tensor> whole(int layer) const;
+    void unshare();  // the shared positions copied into this cache's own (k[l], v[l] = whole(l))
     void clear();
     // The positions the cache will hold (e.g. prompt + new tokens): buffers are made that large at once.
     void reserve(int64_t positions) { reserved_ = positions; }

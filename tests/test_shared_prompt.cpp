@@ -1,0 +1,175 @@
+// Shared prompt caches (KVCache::shared, issue 44): rows that read one prompt cache together (the
+// ablation rows of a trial) decode as rows that each hold a copy of it. On every family fixture
+// (GPT-2's learned positions, Qwen3's GQA and q-norm, Gemma 2's soft-cap and sliding window, Gemma 3's
+// mixed local/global layers, Mistral's window, NeoX's parallel block) the shared attention's logits
+// and attention patterns equal the copied cache's within float32 rounding (kTol, relative to the
+// largest value), with per-row interventions, observers of the pattern and a whole-tensor edit of the
+// scores; a hook that reads whole keys gets them gathered. Then the needle decode: rows of a trial
+// decoded with shared prompts (DecodeSettings::share_prompt) give the tokens their copies give, hold
+// less memory, and trials of the CI toy keep their answers.
+#include <doctest/doctest.h>
+
+#include "ci_toy.h"
+#include "hooks.h"
+#include "model.h"
+#include "needle_decode.h"
+
+#include <torch/torch.h>
+
+#include <string>
+#include <vector>
+
+using namespace hs;
+
+namespace {
+
+// The shared attention stacks the rows of a prompt into one product, the copied one runs a product a
+// row: the sums are the same, the BLAS kernels may differ in the last bits.
+constexpr double kTol = 1e-5;
+
+double rel_diff(const at::Tensor& a, const at::Tensor& b) {
+    REQUIRE(a.sizes() == b.sizes());
+    const double scale = std::max(1.0, a.abs().max().item<double>());
+    return (a.to(torch::kDouble) - b.to(torch::kDouble)).abs().max().item<double>() / scale;
+}
+
+struct Run {
+    std::vector<at::Tensor> logits;    // a step's [B, 1, V]
+    std::vector<at::Tensor> patterns;  // a step's layer-0 and last-layer pattern rows [B, H, S]
+    std::vector<at::Tensor> values;    // the attn.v seen at the last layer (when asked)
+};
+
+// Four decode steps of the rows over `cache` (shared or whole), with a zero-query ablation on row 2,
+// LOCOS-style pattern observers, and optionally a whole-tensor score edit or a value reader.
+Run decode_steps(const Model& m, KVCache cache, const at::Tensor& steps, bool edit_scores, bool read_values) {
+    const int L = m.config.n_layers;
+    Run r;
+    Hooks h;
+    HeadIntervention zq;
+    zq.layer = L - 1, zq.head = 0, zq.row = 2, zq.op = HeadOp::kZero;
+    h.intervene_q(zq);
+    h.capture_rows(Point::kAttnPattern, [&](int l, int64_t, const at::Tensor& rows) {
+        if (l == 0 || l == L - 1) r.patterns.push_back(rows.select(2, 0).clone());
+    });
+    if (edit_scores)  // a whole-tensor edit: scores of head 1 at the last layer halved
+        h.edit(Point::kAttnScores, [](int, const at::Tensor& s) -> std::optional<at::Tensor> {
+            auto out = s.clone();
+            out.select(1, 1).mul_(0.5);
+            return out;
+        }, L - 1);
+    if (read_values) h.capture(Point::kAttnV, [&](int, const at::Tensor& v) { r.values.push_back(v.clone()); }, L - 1);
+    ForwardOptions fold;
+    fold.gemm = GemmMode::kFolded;
+    for (int64_t t = 0; t < steps.size(1); ++t) r.logits.push_back(m.forward(steps.narrow(1, t, 1), &h, &cache, fold));
+    return r;
+}
+
+void check_family(const std::string& dir) {
+    CAPTURE(dir);
+    auto m = load_model(dir);
+    const auto& cfg = m->config;
+    torch::manual_seed(5);
+    const int64_t n = 9;  // past every fixture's sliding window (5, 6)
+    std::vector<KVCache> prompts(2);
+    for (auto& c : prompts) m->forward(torch::randint(1, cfg.vocab_size, {1, n}, torch::kLong), nullptr, &c);
+    const std::vector<int64_t> rows = {0, 1, 0, 1, 0};
+    const auto steps = torch::randint(1, cfg.vocab_size, {5, 4}, torch::kLong);
+    steps[2].copy_(steps[0]);  // rows 0 and 2: one prompt, one input, row 2 ablated
+    KVCache shared;
+    shared.shared = std::make_shared<const std::vector<KVCache>>(prompts);
+    shared.shared_rows = rows;
+    CHECK(shared.length() == n);
+    KVCache copied = shared;
+    copied.unshare();
+    CHECK(!copied.shared);
+    CHECK(copied.length() == n);
+    REQUIRE(copied.k[0].size(0) == 5);
+    for (const bool edit : {false, true}) {
+        CAPTURE(edit);
+        const Run a = decode_steps(*m, shared, steps, edit, false), b = decode_steps(*m, copied, steps, edit, false);
+        REQUIRE(a.logits.size() == b.logits.size());
+        double worst = 0;
+        for (size_t t = 0; t < a.logits.size(); ++t) worst = std::max(worst, rel_diff(a.logits[t], b.logits[t]));
+        REQUIRE(a.patterns.size() == b.patterns.size());
+        for (size_t i = 0; i < a.patterns.size(); ++i) worst = std::max(worst, rel_diff(a.patterns[i], b.patterns[i]));
+        CHECK(worst <= kTol);
+        MESSAGE(dir << std::string(edit ? " (scores edited)" : "") << ": shared against copied, largest difference " << worst);
+        // The ablated row differs from its twin (row 0: the same prompt and inputs): its own intervention acted.
+        CHECK(rel_diff(a.logits.back()[2], a.logits.back()[0]) > 1e-6);
+    }
+    // A reader of whole values sees every position, the shared ones gathered in front.
+    const Run c = decode_steps(*m, shared, steps, false, true), d = decode_steps(*m, copied, steps, false, true);
+    REQUIRE(c.values.size() == d.values.size());
+    for (size_t t = 0; t < c.values.size(); ++t) {
+        REQUIRE(c.values[t].size(1) == n + static_cast<int64_t>(t) + 1);
+        CHECK(torch::equal(c.values[t].narrow(1, 0, n), d.values[t].narrow(1, 0, n)));  // the prompt's, as kept
+        CHECK(rel_diff(c.values[t], d.values[t]) <= kTol);  // the decoded tokens' (through layers in rounding)
+    }
+    for (size_t t = 0; t < c.logits.size(); ++t) CHECK(rel_diff(c.logits[t], d.logits[t]) <= kTol);
+}
+
+}  // namespace
+
+TEST_CASE("shared prompt: rows reading one prompt cache equal rows holding a copy (every family fixture)") {
+    for (const char* f : {"gpt2", "qwen3", "gemma2", "gemma3", "mistral_window", "gpt_neox", "olmo2"})
+        check_family(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + f);
+}
+
+TEST_CASE("shared prompt: the cache's bookkeeping (length, truncate, appends to the rows' own buffers)") {
+    auto m = load_model(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/qwen3");
+    std::vector<KVCache> prompts(2);
+    for (auto& c : prompts) m->forward(torch::randint(1, m->config.vocab_size, {1, 6}, torch::kLong), nullptr, &c);
+    KVCache c;
+    c.shared = std::make_shared<const std::vector<KVCache>>(prompts);
+    c.shared_rows = {1, 0, 1};
+    c.reserve(6 + 3);
+    m->forward(torch::ones({3, 2}, torch::kLong), nullptr, &c);
+    CHECK(c.length() == 8);
+    CHECK(c.k[0].size(1) == 2);  // only the rows' own positions are held
+    CHECK(prompts[0].length() == 6);  // the shared caches are never written
+    CHECK(c.whole(0).first.size(1) == 8);
+    c.truncate(7);
+    CHECK(c.length() == 7);
+    CHECK_THROWS(c.truncate(5));  // below the shared positions
+    CHECK_THROWS(m->forward(torch::ones({2, 1}, torch::kLong), nullptr, &c));  // one shared cache a row
+}
+
+TEST_CASE("shared prompt: a trial's ablation rows decode from one prompt cache as from copies (CI toy recall)") {
+    auto m = load_model(ci_toy_model("recall"));
+    const auto& cfg = m->config;
+    torch::manual_seed(3);
+    auto rnd = [&](int64_t len) {
+        auto t = torch::randint(1, cfg.vocab_size, {len}, torch::kLong);
+        Trial tr;
+        tr.prompt.assign(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + len);
+        tr.length = len;
+        return tr;
+    };
+    const Trial t1 = rnd(40), t2 = rnd(40);
+    HeadSet zq{{{1, 0}, {1, 1}}, Intervention::kZeroQuery, {}};
+    HeadSet zero{{{0, 2}}, Intervention::kZero, {}};
+    // Three sets (one unablated) x two trials, set-major as the study lays them out.
+    const std::vector<const Trial*> trials = {&t1, &t2, &t1, &t2, &t1, &t2};
+    const std::vector<const HeadSet*> sets = {nullptr, nullptr, &zq, &zq, &zero, &zero};
+    auto run = [&](bool share, CacheLog& log) {
+        DecodeSettings s;
+        s.max_new_tokens = 8, s.score = false, s.scope = AblationScope::kDecode, s.prefill_chunk = 16, s.share_prompt = share;
+        log.keep_logits = true;
+        s.cache_log = &log;
+        return decode_batch_sets(*m, trials, sets, s, [](int64_t) { return false; });
+    };
+    CacheLog shared_log, copied_log;
+    const auto a = run(true, shared_log), b = run(false, copied_log);
+    REQUIRE(a.size() == b.size());
+    for (size_t r = 0; r < a.size(); ++r) {
+        CAPTURE(r);
+        CHECK(a[r].generated == b[r].generated);
+    }
+    double worst = 0;
+    for (size_t t = 0; t < shared_log.logits.size(); ++t) worst = std::max(worst, rel_diff(shared_log.logits[t], copied_log.logits[t]));
+    CHECK(worst <= kTol);
+    // Two prompt caches held instead of six copies.
+    CHECK(shared_log.cache_bytes.front() * 2 < copied_log.cache_bytes.front());
+    // The sets act: zero-query on the recall heads changes what the rows decode.
+    CHECK(a[2].generated != a[0].generated);
+}
