@@ -19,6 +19,13 @@ check "memory fit line" -- grep -q "^linear fit: .* MiB per 1024 tokens" "$TMP/b
 check "bf16 line" -- grep -q "bfloat16 forward" "$TMP/bench.out"
 # Section 6 (the peers): compared when scripts/setup_peers.sh's environment exists, else one line.
 check "peers compared or skipped in one line" -- grep -qE "^peers: (skipped \(no venv; run scripts/setup_peers.sh\)|torch )" "$TMP/bench.out"
+# The machine's limits (`bench --limits`, and beside the forward's figures): both printed and positive,
+# never compared with a size.
+"$HS" -q bench "$TMP/bench/smoke" --limits --json >"$TMP/limits.json" 2>&1
+check "bench --limits: GEMM rate, read and copy bandwidth over 1 GiB" -- /usr/bin/python3 -c "import json, sys
+j = json.load(open('$TMP/limits.json'))
+sys.exit(0 if min(j[k] for k in ('gemm_gflops_512_float32', 'memory_read_gbs', 'memory_copy_gbs')) > 0 and j['memory_buffer_bytes'] == 1 << 30 else 1)"
+check "bench prints the bandwidth beside the GEMM rate" -- bash -c "'$HS' -q bench '$TMP/bench/smoke' --batch 1 --seq 16 --reps 1 | grep -q '^memory read .* GB/s, copy'"
 [ "$fail" -eq 0 ] || cat "$TMP/bench.out"
 echo "cli-bench: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]

@@ -1,5 +1,5 @@
 // headscope bench: forward-pass throughput on this machine, with and without capture, against the
-// machine's measured fp32 GEMM rate. docs/performance.md explains the numbers.
+// machine's measured fp32 GEMM rate and memory bandwidth. docs/performance.md explains the numbers.
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
@@ -23,6 +23,7 @@ struct BenchOptions {
     int64_t seed = 0;
     bool json = false;
     double stream_decode = -1;  // fraction of heads streaming in the decode-step timing (< 0: not run)
+    bool limits = false;        // only the machine's limits (GEMM rate, memory bandwidth), no forward
     StreamWindow window;
 };
 
@@ -87,7 +88,29 @@ static void bench_stream_decode(const BenchOptions& o, const Model& m, const at:
                t_stream / t_full);
 }
 
+// The machine's limits the forward's figures are read against: the fp32 512^3 product's rate and the
+// memory bandwidth (a 1 GiB streaming sum and copy; docs/performance.md "The machine's limits").
+static void bench_limits(const BenchOptions& o) {
+    const double gemm = measure_gemm_gflops(512, 5);
+    const auto bw = measure_memory_bandwidth();
+    if (o.json) {
+        nlohmann::json j = {{"threads", torch::get_num_threads()}, {"gemm_gflops_512_float32", gemm},
+                            {"memory_read_gbs", bw.read_gbs}, {"memory_copy_gbs", bw.copy_gbs},
+                            {"memory_buffer_bytes", bw.bytes}};
+        fmt::print("{}\n", j.dump(2));
+        return;
+    }
+    fmt::print("Float GEMM       {:8.1f} GFLOP/s (512x512x512, {} threads)\n", gemm, torch::get_num_threads());
+    fmt::print("memory read      {:8.1f} GB/s (sum over {} MiB)\n", bw.read_gbs, bw.bytes >> 20);
+    fmt::print("memory copy      {:8.1f} GB/s (bytes read + written)\n", bw.copy_gbs);
+}
+
 void run_bench(const BenchOptions& o) {
+    if (o.limits) {
+        set_threads(o.model.threads);
+        bench_limits(o);
+        return;
+    }
     auto l = open_model(o.model, false);
     const auto& c = l.model->config;
     if (o.seq > c.max_seq_len) throw UsageError(fmt::format("--seq {} exceeds the model's context {}", o.seq, c.max_seq_len));
@@ -129,6 +152,7 @@ void run_bench(const BenchOptions& o) {
     const auto dt = l.model->options.dtype;
     const double gemm = l.model->options.device.is_cpu() ? measure_gemm_gflops(512, 5, dt) : 0.0;
     const double gemm_f32 = dt == c10::kFloat ? gemm : l.model->options.device.is_cpu() ? measure_gemm_gflops(512, 5) : 0.0;
+    const auto bw = l.model->options.device.is_cpu() ? measure_memory_bandwidth() : MemoryBandwidth{};
     const double flops = forward_flops(c, o.batch, o.seq);
     const double tok = static_cast<double>(o.batch) * o.seq;
     // A probe of the numbers, for comparison with another implementation: the first row's last
@@ -143,7 +167,8 @@ void run_bench(const BenchOptions& o) {
                             {"forward_pattern_capture_s", t_capture}, {"logits_probe", probe},
                             {"forward_head_out_s", t_head_out}, {"tokens_per_s", tok / t_plain},
                             {"forward_gflops", flops / t_plain / 1e9}, {"gemm_gflops_512", gemm},
-                            {"gemm_gflops_512_float32", gemm_f32}};
+                            {"gemm_gflops_512_float32", gemm_f32}, {"memory_read_gbs", bw.read_gbs},
+                            {"memory_copy_gbs", bw.copy_gbs}, {"memory_buffer_bytes", bw.bytes}};
         fmt::print("{}\n", j.dump(2));
         return;
     }
@@ -156,6 +181,8 @@ void run_bench(const BenchOptions& o) {
     fmt::print("+ head_out       {:8.2f} ms  ({:+.0f}%)\n", t_head_out * 1e3, 100.0 * (t_head_out / t_plain - 1));
     fmt::print("{:<16s} {:8.1f} GFLOP/s (512x512x512)\n", std::string(c10::toString(dt)) + " GEMM", gemm);
     if (dt != c10::kFloat) fmt::print("{:<16s} {:8.1f} GFLOP/s (512x512x512)\n", "Float GEMM", gemm_f32);
+    if (bw.bytes > 0)
+        fmt::print("memory read      {:8.1f} GB/s, copy {:.1f} GB/s (over {} MiB)\n", bw.read_gbs, bw.copy_gbs, bw.bytes >> 20);
 }
 
 void setup_bench(CLI::App& app) {
@@ -171,6 +198,9 @@ void setup_bench(CLI::App& app) {
     sub->add_option("--stream-decode", o->stream_decode,
                     "instead: time one decode step after --seq - 1 cached tokens, no window vs this fraction of heads "
                     "streaming (--sink, --recent)");
+    sub->add_flag("--limits", o->limits,
+                  "instead: measure only the machine's limits, the float32 512^3 GEMM rate and the memory bandwidth "
+                  "(a streaming sum and a copy of 1 GiB); MODEL is not loaded");
     sub->add_option("--sink", o->window.sink, "--stream-decode: sink keys")->capture_default_str();
     sub->add_option("--recent", o->window.recent, "--stream-decode: recent keys")->capture_default_str();
     sub->callback([o] { run_bench(*o); });

@@ -1,4 +1,5 @@
 #include "system.h"
+#include "errors.h"
 
 #include <ATen/Version.h>
 #include <dlfcn.h>
@@ -190,6 +191,31 @@ bool cpu_gemm_supported(c10::ScalarType dtype) {
     } catch (const std::exception&) {
         return false;
     }
+}
+
+MemoryBandwidth measure_memory_bandwidth(int64_t bytes, int reps) {
+    torch::NoGradGuard ng;
+    MemoryBandwidth r;
+    const int64_t n = std::max<int64_t>(2, bytes / 8 * 2);  // an even count of floats
+    r.bytes = n * 4;
+    auto buf = torch::empty({n}, torch::kFloat);
+    buf.fill_(1.0f);  // every page mapped and written before the timed passes
+    auto secs = [](auto t0) { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    double read = 1e30, copy = 1e30;
+    auto lo = buf.narrow(0, 0, n / 2), hi = buf.narrow(0, n / 2, n / 2);
+    float sink = 0;
+    for (int i = 0; i < std::max(1, reps); ++i) {
+        auto t0 = std::chrono::steady_clock::now();
+        sink += buf.sum().item<float>();
+        read = std::min(read, secs(t0));
+        t0 = std::chrono::steady_clock::now();
+        hi.copy_(lo);
+        copy = std::min(copy, secs(t0));
+    }
+    HS_REQUIRE(sink > 0, "measure_memory_bandwidth: the sum of a buffer of ones is not positive");
+    r.read_gbs = static_cast<double>(r.bytes) / read / 1e9;
+    r.copy_gbs = static_cast<double>(r.bytes) / copy / 1e9;  // n/2 floats read + n/2 written
+    return r;
 }
 
 double measure_gemm_gflops(int n, int reps, c10::ScalarType dtype) {

@@ -46,6 +46,16 @@ void tune_allocator();
 SystemInfo system_info();
 // Measured GEMM rate (GFLOP/s) on an n x n product in `dtype` on the CPU, best of `reps`.
 double measure_gemm_gflops(int n = 512, int reps = 5, c10::ScalarType dtype = c10::kFloat);
+// Measured host memory bandwidth in GB/s (1e9 bytes a second), the rate a decode step that reads
+// every weight once can at best stream them: `read` a sum over a float buffer of `bytes` (far larger
+// than the caches), counting the bytes read; `copy` its first half copied into its second, counting
+// bytes read + written. Each the best of `reps` passes over libtorch's intra-op threads; the buffer is
+// written once before timing, so no pass faults pages in.
+struct MemoryBandwidth {
+    double read_gbs = 0, copy_gbs = 0;
+    int64_t bytes = 0;  // the buffer's size
+};
+MemoryBandwidth measure_memory_bandwidth(int64_t bytes = int64_t{1} << 30, int reps = 5);
 // Whether this build can multiply matrices of `dtype` on the CPU at all (libtorch 1.13 has no CPU
 // float16 product, for one).
 bool cpu_gemm_supported(c10::ScalarType dtype);
