@@ -75,6 +75,11 @@ check "passing trials" -- grep -q '^trials 18, passed [1-9]' "$TMP/out.run"
 "$HS" -v retrieval "$M" "${H[@]}" --template '{context} {question}' --lengths 80,160 --depths 0,50,100 --max-new-tokens 6 \
   --ablate-top 2 --random-controls 2 --out "$TMP/auto.h5" 2>"$TMP/auto.err" >/dev/null
 check "auto batching logged" -- grep -qE 'batching: --batch [2-8] \(auto: .*--sweep-rows [0-9]+ \(auto: [2-8] x 3 head sets' "$TMP/auto.err"
+# The log counts the decode forwards (headscope's time per decode step, scripts/bench_needle_study.sh):
+# with --stop none and one trial a forward, 9 trials of 4 steps each.
+"$HS" -v retrieval "$M" "${H[@]}" --template '{context} {question}' --lengths 80 --depths 0,50,100 --max-new-tokens 4 \
+  --stop none --batch 1 --out "$TMP/fw.h5" 2>"$TMP/fw.err" >/dev/null
+check "decode forwards logged (9 trials x 4 steps)" -- grep -q 'decode steps [0-9.]* s (36 forwards of 1.0 rows' "$TMP/fw.err"
 ok "one trial a forward" -- "$HS" retrieval "$M" "${H[@]}" --template '{context} {question}' --lengths 80,160 --depths 0,50,100 --max-new-tokens 6 \
   --ablate-top 2 --random-controls 2 --batch 1 --sweep-rows 1 --out "$TMP/one.h5"
 if /usr/bin/python3 -c "import h5py" 2>/dev/null; then

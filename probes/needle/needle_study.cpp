@@ -500,8 +500,12 @@ void NeedleStudy::run() {
                              reused, reused + computed, 100.0 * static_cast<double>(reused) / static_cast<double>(reused + computed)));
     {
         const auto& t = test_.times();
-        log_info(fmt::format("time: prefill {:.2f} s, decode steps {:.2f} s, scoring {:.2f} s{}", t.prefill, t.decode, t.score,
-                             t.query > 0 ? fmt::format(", QRHead's query passes {:.2f} s", t.query) : std::string()));
+        const auto [forwards, rows] = test_.decode_forwards();
+        log_info(fmt::format("time: prefill {:.2f} s, decode steps {:.2f} s ({} forwards of {:.1f} rows on average{}), "
+                             "scoring {:.2f} s{}",
+                             t.prefill, t.decode, forwards, forwards ? static_cast<double>(rows) / static_cast<double>(forwards) : 0.0,
+                             forwards ? fmt::format(", {:.1f} ms a forward", 1e3 * t.decode / static_cast<double>(forwards)) : std::string(),
+                             t.score, t.query > 0 ? fmt::format(", QRHead's query passes {:.2f} s", t.query) : std::string()));
     }
     write(n_sets_planned());
 }
