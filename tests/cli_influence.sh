@@ -166,6 +166,15 @@ expect "resume with another masking" 6 "--resume: another run's file \(masking: 
 printf '{"text": "1a2b"}\nnot json\n' >"$TMP/bad.jsonl"
 expect "corpus line not JSON" 5 "bad.jsonl:2: not a JSON object" -- "$HS" influence "$TOY" --corpus "$TMP/bad.jsonl" --heads L1H0 --out "$TMP/b.h5"
 no_file "$TMP/b.h5"
+# The corpus is read before --detect decodes its trials (800 of up to 4096 tokens take hours on a CPU):
+# a bad corpus is refused with no detection run (no "detected" line).
+out=$("$HS" influence "$TOY" --corpus "$TMP/bad.jsonl" --detect --detect-trials 100 --out "$TMP/b.h5" 2>&1); rc=$?
+if [ "$rc" -eq 5 ] && grep -q "bad.jsonl:2: not a JSON object" <<<"$out" && ! grep -q "^detected" <<<"$out"; then
+  pass=$((pass+1))
+else
+  fail=$((fail+1)); echo "FAIL a bad corpus with --detect is refused before the detection: exit $rc, output: $out"
+fi
+no_file "$TMP/b.h5"
 printf '{"words": 3}\n' >"$TMP/notext.jsonl"
 expect "corpus line without text" 5 "notext.jsonl:1: has neither a string \"text\" nor a list \"tokens\"" -- "$HS" influence "$TOY" --corpus "$TMP/notext.jsonl" --heads L1H0 --out "$TMP/b.h5"
 no_file "$TMP/b.h5"

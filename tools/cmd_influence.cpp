@@ -126,6 +126,10 @@ static InfluenceStudySpec influence_spec(InfluenceCliOptions& o, const Loaded& l
     s.masking = with_flag("--masking", [&] { return parse_name(influence_masking_names(), o.masking, ""); });
     s.select_by = with_flag("--select-by", [&] { return parse_name(select_by_names(), o.select_by, ""); });
     if (!(o.top_share > 0 && o.top_share <= 1)) throw UsageError(fmt::format("--top-share: {} is not in (0, 1]", o.top_share));
+    // The corpus first: a bad corpus is refused before --detect decodes its trials (800 of up to 4096
+    // tokens: hours on a CPU), not after.
+    s.corpus_path = o.corpus;
+    s.corpus = read_corpus(o.corpus, l.tokenizer.get(), m.config.vocab_size, o.max_tokens);
     std::vector<Head> heads;
     std::string source;
     if (o.detect) {
@@ -138,8 +142,6 @@ static InfluenceStudySpec influence_spec(InfluenceCliOptions& o, const Loaded& l
     } else {
         std::tie(heads, source) = chosen_heads(o, L, H);
     }
-    s.corpus_path = o.corpus;
-    s.corpus = read_corpus(o.corpus, l.tokenizer.get(), m.config.vocab_size, o.max_tokens);
     s.sets = {heads};
     if (o.random_controls > 0)
         for (auto& set : with_flag("--random-controls", [&] {
@@ -218,7 +220,7 @@ void setup_influence(CLI::App& app) {
     auto* sub = app.add_subcommand(
         "influence", "AttentionInfluence (Hua et al. 2025): rank a JSONL corpus by the relative rise of each sample's loss\n"
                      "when the given (retrieval) heads are masked, with random head sets of the same size as controls,\n"
-                     "and select the top share of it (by default 0.3 of the tokens, heads masked by a zeroed query)\n"
+                     "and select the top share of it (by default 0.2 of the samples, heads masked by a zeroed query)\n"
                      "Example: headscope influence ../shared/testdata/tinystories-656k --corpus "
                      "datasets/examples/influence-corpus.jsonl --heads L1H1,L1H6 --out influence.h5\n"
                      "Example: headscope influence models/toy-recall --corpus datasets/examples/toy-recall-influence.jsonl "

@@ -51,9 +51,9 @@ RetrievalDetection detect_retrieval_heads(const Model& m, const Tokenizer& tok, 
     d.passed = s.n_pass;
     d.score = s.score(NeedleScore::kRetrieval).clone();
     if (d.passed == 0)
-        throw DataError(fmt::format("key-value task: none of the {} trials passed (length {}), so no head has a retrieval "
-                                    "score (the model does not retrieve at this length)",
-                                    d.trials, task.length));
+        throw DataError(fmt::format("key-value task: none of the {} trials passed (length {}: prompts of up to {} tokens, "
+                                    "{}-{} pairs), so no head has a retrieval score (the model does not retrieve at this length)",
+                                    d.trials, task.length, d.max_prompt, d.min_pairs, d.max_pairs));
     d.heads = top_heads(d.score, top_share_count(top_share, static_cast<int64_t>(L) * H));
     std::sort(d.heads.begin(), d.heads.end());  // a set: named in (layer, head) order whatever the ranking's
     return d;
