@@ -65,11 +65,10 @@ void run_fv_heads(FvCliOptions o) {
     ResultWriter w = open_result(o.out.out, mode);
     if (mode == WriteMode::kAppend) check_same_model(w, m);
     write_meta(w, m, 0);
-    at::Tensor sum_aie, sum_patched;
-    double sum_clean = 0, sum_corrupt = 0;
+    std::vector<FvResult> results;
     std::vector<std::string> groups;
     for (size_t i = 0; i < tasks.size(); ++i) {
-        const auto r = function_vector_heads(m, prompts[i], o.fv);
+        const auto& r = results.emplace_back(function_vector_heads(m, prompts[i], o.fv));
         std::printf("task %s: %zu pairs, %d shots, %d trials; clean p(answer) %.6f (top-1 %.3f), corrupted (shuffled labels) %.6f\n",
                     o.tasks[i].c_str(), tasks[i].size(), o.fv.n_shots, o.fv.n_trials, r.p_clean, r.top1_clean, r.p_corrupt);
         if (tasks.size() == 1) print_top(r.aie, r.patched, o.top);
@@ -78,20 +77,12 @@ void run_fv_heads(FvCliOptions o) {
                     r.seconds_sweep / static_cast<double>(r.aie.numel()));
         groups.push_back(task_group(name, o.tasks[i], tasks.size()));
         write_fv_heads_result(w, groups.back(), o.tasks[i], o.fv, prompts[i], r);
-        sum_aie = sum_aie.defined() ? sum_aie + r.aie : r.aie.clone();
-        sum_patched = sum_patched.defined() ? sum_patched + r.patched : r.patched.clone();
-        sum_clean += r.p_clean, sum_corrupt += r.p_corrupt;
     }
     if (tasks.size() > 1) {  // Todd et al. pick heads by the AIE averaged over tasks
-        const double n = static_cast<double>(tasks.size());
+        const auto mean = fv_heads_mean(results);
         std::printf("the AIE averaged over the %zu tasks (/patching/%s):\n", tasks.size(), name.c_str());
-        print_top(sum_aie / n, sum_patched / n, o.top);
-        schema::PatchingRecord rec;
-        rec.name = name;
-        rec.shape = sum_aie.sizes().vec();
-        rec.scores = host_floats(sum_aie / n), rec.patched = host_floats(sum_patched / n);
-        rec.metric_clean = static_cast<float>(sum_clean / n), rec.metric_corrupt = static_cast<float>(sum_corrupt / n);
-        schema::write_fv_heads_mean(w, rec, o.tasks, groups);
+        print_top(mean.aie, mean.patched, o.top);
+        write_fv_heads_mean_result(w, name, o.tasks, groups, mean);
     }
     w.commit();
     log_info("wrote {} ({})", o.out.out, schema::patching(name));

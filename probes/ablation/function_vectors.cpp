@@ -220,4 +220,31 @@ void write_fv_heads_result(ResultWriter& w, const std::string& group, const std:
     schema::write_fv_heads(w, rec, run, q);
 }
 
+FvResult fv_heads_mean(const std::vector<FvResult>& results) {
+    HS_REQUIRE(!results.empty(), "fv_heads_mean: no results");
+    FvResult m;
+    double p_clean = 0, p_corrupt = 0, top1 = 0;
+    for (const auto& r : results) {
+        m.aie = m.aie.defined() ? m.aie + r.aie : r.aie.clone();
+        m.patched = m.patched.defined() ? m.patched + r.patched : r.patched.clone();
+        p_clean += r.p_clean, p_corrupt += r.p_corrupt, top1 += r.top1_clean;
+        m.forwards += r.forwards, m.seconds_mean += r.seconds_mean, m.seconds_sweep += r.seconds_sweep;
+    }
+    const double n = static_cast<double>(results.size());
+    m.aie = m.aie / n, m.patched = m.patched / n;
+    m.p_clean = p_clean / n, m.p_corrupt = p_corrupt / n, m.top1_clean = top1 / n;
+    return m;
+}
+
+void write_fv_heads_mean_result(ResultWriter& w, const std::string& group, const std::vector<std::string>& tasks,
+                                const std::vector<std::string>& task_groups, const FvResult& mean) {
+    HS_REQUIRE(tasks.size() == task_groups.size(), "write_fv_heads_mean_result: a group for every task");
+    schema::PatchingRecord rec;
+    rec.name = group;
+    rec.shape = mean.aie.sizes().vec();
+    rec.scores = floats(mean.aie), rec.patched = floats(mean.patched);
+    rec.metric_clean = static_cast<float>(mean.p_clean), rec.metric_corrupt = static_cast<float>(mean.p_corrupt);
+    schema::write_fv_heads_mean(w, rec, tasks, task_groups);
+}
+
 }  // namespace hs

@@ -86,4 +86,13 @@ FvResult function_vector_heads(const Model& m, const FvPrompts& p, const FvOptio
 void write_fv_heads_result(ResultWriter& w, const std::string& group, const std::string& task, const FvOptions& o,
                            const FvPrompts& prompts, const FvResult& r);
 
+// Several tasks' results as one (Todd et al. rank heads by the AIE averaged over the tasks): aie,
+// patched, p_clean, p_corrupt and top1_clean summed in the tasks' order and divided by their count;
+// forwards and seconds summed. At least one result.
+FvResult fv_heads_mean(const std::vector<FvResult>& results);
+// That mean as the file keeps it (src/store/score_records.h write_fv_heads_mean: /patching/<group>,
+// the task files and their groups, in order, as attributes), written through w.
+void write_fv_heads_mean_result(ResultWriter& w, const std::string& group, const std::vector<std::string>& tasks,
+                                const std::vector<std::string>& task_groups, const FvResult& mean);
+
 }  // namespace hs
