@@ -48,11 +48,7 @@ static RetrievalDetection detect_heads(const InfluenceCliOptions& o, const Loade
     task.length = o.detect_length ? o.detect_length : std::min<int64_t>(4096, m.config.max_seq_len);
     if (task.length > m.config.max_seq_len)
         throw UsageError(fmt::format("--detect-length: {} is over the model's context of {}", task.length, m.config.max_seq_len));
-    Progress bar("detect (key-value trials)", task.samples);
-    int64_t n = 0;
-    auto d = with_flag("--detect", [&] { return detect_retrieval_heads(m, *l.tokenizer, task, o.top_share, 512, [&] { bar.update(++n); }); });
-    bar.finish();
-    return d;
+    return with_flag("--detect", [&] { return detect_retrieval_heads(m, *l.tokenizer, task, o.top_share); });
 }
 
 static void print_detection(const RetrievalDetection& d, double share, int L, int H) {

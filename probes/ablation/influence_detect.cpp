@@ -4,6 +4,7 @@
 #include "errors.h"
 #include "needle.h"
 #include "needle_results.h"
+#include "progress.h"
 
 #include <fmt/format.h>
 
@@ -41,7 +42,12 @@ RetrievalDetection detect_retrieval_heads(const Model& m, const Tokenizer& tok, 
     c.decode.reuse_prefix = false;  // every context is drawn anew: only the instruction is shared
     c.max_positions = m.config.max_seq_len;
     NeedleTest test(m, tok, std::move(builder), std::move(c), std::move(kv.trials));
-    const auto results = test.run_baseline(tick);
+    Progress bar("detect (key-value trials)", d.trials);  // on stderr, drawn only on a terminal
+    const auto results = test.run_baseline([&] {
+        bar.tick();
+        if (tick) tick();
+    });
+    bar.finish();
     NeedleResults r;
     r.init(d.trials, L, H, kv.max_new_tokens, kv.max_new_tokens, false);
     for (size_t i = 0; i < results.size(); ++i) r.set_trial(static_cast<int64_t>(i), results[i]);

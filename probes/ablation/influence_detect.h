@@ -42,8 +42,9 @@ struct RetrievalDetection {
 
 // Builds the task's trials for the model's tokenizer (key_value_trials), decodes every one greedily
 // with the retrieval score (prompts prefilled in chunks of prefill_chunk; the task's stop rule), and
-// keeps the top_share_count(top_share, L x H) heads. tick() after each trial. UsageError when a trial
-// does not fit the model's context; DataError when no trial passes (the score would be NaN: the model
+// keeps the top_share_count(top_share, L x H) heads. A progress bar over the trials on stderr (drawn
+// only on a terminal: src/base/progress.h), and tick() after each trial. UsageError when a trial does
+// not fit the model's context; DataError when no trial passes (the score would be NaN: the model
 // cannot do the task at this length, so no head is a retrieval head by it).
 RetrievalDetection detect_retrieval_heads(const Model& m, const Tokenizer& tok, const KeyValueTask& task, double top_share,
                                           int64_t prefill_chunk = 512, const std::function<void()>& tick = {});
