@@ -273,6 +273,15 @@ static std::vector<PackRow> pack_rows(const ModelConfig& cfg, const std::vector<
 // The bytes of the cache's allocated buffers.
 static int64_t held_bytes(const KVCache& c) { return c.packed ? c.packed->bytes() : cache_bytes(c); }
 
+// Whether rows with their own sets read shared prompt caches (DecodeSettings::share_prompt): nothing is
+// scored a step and no row's set hides keys by position (kept positions, windows, a packed cache).
+static bool shares_prompt(const DecodeSettings& s, const std::vector<const HeadSet*>* per_row) {
+    if (!s.share_prompt || !per_row || s.score) return false;
+    for (const HeadSet* hs : *per_row)
+        if (hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream)) return false;
+    return true;
+}
+
 // decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
 static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector<const Trial*>& trials,
                                                const DecodeSettings& s, const std::function<bool(int64_t)>& stop,
@@ -328,13 +337,8 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const auto t_prefill = Clock::now();
-    // Shared prompt caches (DecodeSettings::share_prompt): no row's set hides keys by position.
-    bool share = s.share_prompt && per_row && !s.score;
-    if (share)
-        for (const HeadSet* hs : *per_row)
-            if (hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream)) share = false;
-    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, share, chunk, prefill, no_logits,
-                        prefix, P - 1 + s.max_new_tokens, cache);
+    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, shares_prompt(s, per_row), chunk,
+                        prefill, no_logits, prefix, P - 1 + s.max_new_tokens, cache);
     if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);
     std::vector<PerNeedleScore<std::vector<at::Tensor>>> steps(B, per_needle_score_steps<std::vector<at::Tensor>>());

@@ -18,6 +18,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <limits>
 
 namespace hs {
 
@@ -164,14 +165,23 @@ NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, co
     const int64_t positions = std::min<int64_t>(longest + 256 + steps, std::max<int64_t>(c.max_seq_len, longest + steps));
     const int64_t row_bytes = 2 * int64_t{c.n_layers} * c.n_kv_heads * c.d_head * positions *
                               static_cast<int64_t>(c10::elementSize(m.options.dtype));
-    int64_t cap = -1;  // rows the memory holds
+    // Set rows that read their trial's kept prefill in place (KVCache::shared: an unablated prefill and
+    // no windows, DecodeSettings::share_prompt) hold only the tokens they decode.
+    const bool shared_rows = s.ablating && s.cfg.decode.share_prompt && s.cfg.decode.scope == AblationScope::kDecode &&
+                             s.ablation != Intervention::kStream && s.full_fractions.empty();
+    const int64_t own_bytes = row_bytes / positions * (steps + 1);
+    int64_t cap = -1, set_cap = -1;  // rows the memory holds (scan rows; set rows)
     std::string mem;
     if (available_bytes >= 0) {
         const int64_t prefix = s.cfg.decode.reuse_prefix ? s.cfg.prefix_max_bytes : 0;
         const int64_t budget = std::max<int64_t>(0, available_bytes / 2 - prefix);
         cap = std::max<int64_t>(1, budget / std::max<int64_t>(1, row_bytes));
+        set_cap = shared_rows ? std::max<int64_t>(1, budget / std::max<int64_t>(1, own_bytes)) : cap;
         mem = fmt::format("half of {:.1f} GiB free, {:.1f} MiB of KV cache a row: at most {} rows",
                           static_cast<double>(available_bytes) / (1 << 30), static_cast<double>(row_bytes) / (1 << 20), cap);
+        if (shared_rows)
+            mem += fmt::format("; a set row reads its trial's prompt cache and holds its {} decoded tokens, {:.2f} MiB: at most {}",
+                               steps + 1, static_cast<double>(own_bytes) / (1 << 20), set_cap);
     } else {
         mem = "free memory unknown: no memory cap";
     }
@@ -195,7 +205,8 @@ NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, co
     if (!s.full_fractions.empty())
         sets = std::max<int64_t>(sets, static_cast<int64_t>(s.full_fractions.size()) * (1 + s.random_orders));
     if (rows_auto)
-        b.sweep_rows = std::max<int64_t>(1, capped(std::min<int64_t>(64, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
+        b.sweep_rows = std::max<int64_t>(1, std::min<int64_t>(set_cap > 0 ? set_cap : std::numeric_limits<int64_t>::max(),
+                                                          std::min<int64_t>(64, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
     b.note = fmt::format("batching: --batch {}{}, --sweep-rows {}{} ({})", b.batch,
                          !from_file.empty() ? from_file : batch_auto ? " (auto: a length's trials, at most 8)" : "",
                          b.sweep_rows,
