@@ -172,17 +172,6 @@ PrefixCache* NeedleTest::prefix_for(const HeadSet* ablate, bool ablation_trials)
     return &prefix_;
 }
 
-// One decode_batch call's forwards, from its outputs: its rows share the prompt length P, the cache
-// holds P - 1 positions after the prefill and one more after each step, and a row's peak_keys is the
-// cache's length at its last step; the batch steps until its last row ends, every row in every step.
-void NeedleTest::count_forwards(const std::vector<const Trial*>& rows, const std::vector<DecodeOut>& outs) const {
-    if (rows.empty()) return;
-    int64_t peak = 0;
-    for (const auto& o : outs) peak = std::max(peak, o.peak_keys);
-    const int64_t steps = std::max<int64_t>(0, peak - (static_cast<int64_t>(rows.front()->prompt.size()) - 1));
-    decode_forwards_ += steps, decode_rows_ += steps * static_cast<int64_t>(rows.size());
-}
-
 std::pair<int64_t, int64_t> NeedleTest::prefix_stats() const {
     return {prefix_reused_ + prefix_.reused, prefix_computed_ + prefix_.computed};
 }
@@ -264,7 +253,6 @@ std::vector<TrialResult> NeedleTest::run_baseline_batch(int64_t batch) const {
     s.score = true;
     s.times = &times_;
     const auto outs = decode_batch(m_, ptrs, s, stopper(), nullptr, prefix_for(nullptr, false));
-    count_forwards(ptrs, outs);
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) {
         at::Tensor cal;
@@ -285,7 +273,6 @@ std::vector<TrialResult> NeedleTest::run_ablated_batch(const HeadSet& ablate, in
     for (auto i : g) ptrs.push_back(&trials[static_cast<size_t>(i)]);
     const HeadSet* set = ablate.empty() ? nullptr : &ablate;
     const auto outs = decode_batch(m_, ptrs, ablation_settings(), stopper(), set, prefix_for(set, true));
-    count_forwards(ptrs, outs);
     std::vector<TrialResult> res;
     for (size_t k = 0; k < g.size(); ++k) res.push_back(judge(g[k], outs[k].generated));
     return res;
@@ -328,8 +315,7 @@ std::vector<std::vector<TrialResult>> NeedleTest::run_ablated_sets_batch(const s
         // Unablated prefills (scope decode) share the kept chunks of the trials before.
         PrefixCache* prefix = s.scope == AblationScope::kDecode ? prefix_for(nullptr, true) : nullptr;
         const auto outs = decode_batch_sets(m_, ptrs, hs, s, stopper(), prefix);
-        count_forwards(ptrs, outs);
-        for (int64_t j = s0; j < s1; ++j)
+            for (int64_t j = s0; j < s1; ++j)
             for (int64_t k = 0; k < n; ++k)
                 out[static_cast<size_t>(j)].push_back(
                     judge(g[static_cast<size_t>(k)], outs[static_cast<size_t>((j - s0) * n + k)].generated));

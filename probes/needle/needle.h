@@ -149,7 +149,7 @@ public:
     const DecodeTimes& times() const { return times_; }
     // The decode forwards times().decode spent, and their batch rows summed (rows / forwards: the
     // rows a step decoded on average), over every pass so far.
-    std::pair<int64_t, int64_t> decode_forwards() const { return {decode_forwards_, decode_rows_}; }
+    std::pair<int64_t, int64_t> decode_forwards() const { return {times_.forwards, times_.rows}; }
     std::vector<TrialResult> run_baseline_batch(int64_t batch) const;
     std::vector<TrialResult> run_ablated_batch(const HeadSet& ablate, int64_t batch) const;
     // One ablation batch under each of `sets` (nullptr or no heads: unablated) as rows of shared
@@ -180,8 +180,6 @@ private:
     mutable PrefixCache prefix_;
     mutable int64_t prefix_reused_ = 0, prefix_computed_ = 0;
     mutable DecodeTimes times_;
-    mutable int64_t decode_forwards_ = 0, decode_rows_ = 0;
-    void count_forwards(const std::vector<const Trial*>& rows, const std::vector<DecodeOut>& outs) const;
 };
 
 }  // namespace hs

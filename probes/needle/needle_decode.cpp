@@ -365,7 +365,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         auto in = torch::tensor(next, torch::kLong).view({B, 1}).to(dev);
         auto logits = m.forward(in, cache.packed ? &none : &step, &cache, fold);  // [B, 1, V]
         auto ys = logits.select(1, 0).argmax(-1).to(torch::kCPU);
-        if (s.times) s.times->decode += since(t_step);
+        if (s.times) s.times->step(since(t_step), B);
         if (s.cache_log) {
             s.cache_log->step_seconds.push_back(since(t_step));
             s.cache_log->cache_bytes.push_back(held_bytes(cache));

@@ -69,6 +69,8 @@ struct HeadSet {
 struct DecodeTimes {
     double prefill = 0, decode = 0, score = 0;
     double query = 0;  // QRHead's query passes (NeedleConfig::qrhead): the suffix with the question and the null query
+    int64_t forwards = 0, rows = 0;  // the decode steps' forwards, and their batch rows summed
+    void step(double seconds, int64_t batch_rows) { decode += seconds, ++forwards, rows += batch_rows; }
 };
 
 // A decode's cache, step by step (DecodeSettings::cache_log): each step's forward time and the bytes
