@@ -320,6 +320,53 @@ TEST_CASE("needle: per-step credit and L+/L- on hand-made rows equal direct sums
     }
 }
 
+TEST_CASE("needle: a layer's rows scored at once equal each row scored alone, bit for bit (GQA, ties, a row left out)") {
+    // A batch of 5 rows whose row 1 is done (left out); the values in the KV cache's layout ([B, K,
+    // capacity, d] buffers seen as [B, S, K, d]); spans of different widths and places, one row
+    // without a needle and with a sliding window; rows 0 and 2 generated the same y; row 3's weights
+    // in 8 levels (ties at the k-th largest weight, in the span and before it). score_layer on the 4
+    // rows at once against score_step on each row alone: every array torch::equal.
+    const int64_t B = 5, H = 4, K = 2, d = 3, D = 5, S = 40, V = 30;
+    torch::manual_seed(7);
+    const auto v = torch::randn({B, K, S + 8, d}).narrow(2, 0, S).permute({0, 2, 1, 3});  // [B, S, K, d]
+    auto pattern = torch::softmax(torch::randn({B, H, S}) * 3, 2);
+    pattern[3] = torch::randint(0, 8, {H, S}).to(torch::kFloat) / 64;
+    const auto wo = torch::randn({D, H * d}), W = torch::randn({V, D});
+    std::vector<std::vector<int64_t>> prompts(B);
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t j = 0; j < S - 3; ++j) prompts[b].push_back((j * 7 + b) % 20 + 1);  // keys >= S - 3: generated
+    prompts[0][9] = prompts[2][23] = 25;
+    pattern[0][0][9] = 5.0;   // row 0, head 0: argmax on its answer's key 9, which holds y
+    pattern[2][1][23] = 5.0;  // row 2, head 1: the same on key 23
+    const std::vector<int64_t> scored = {0, 2, 3, 4}, ys = {25, 25, 21, 4};  // no key holds 21 or 4
+    const std::vector<StepSpans> spans = {{5, 12, 8, 12, 0}, {20, 26, 22, 26, 0}, {10, 30, 12, 20, 0}, {-1, -1, -1, -1, 6}};
+    std::vector<const std::vector<int64_t>*> pp;
+    for (auto b : scored) pp.push_back(&prompts[b]);
+    const auto a = pattern.index_select(0, torch::tensor(scored, torch::kLong));
+    const auto u = W.index_select(0, torch::tensor(ys, torch::kLong));
+    const auto batch = score_layer(NeedleStepInput{a, v, scored, wo, u, pp, spans, ys});
+    for (size_t r = 0; r < scored.size(); ++r) {
+        CAPTURE(r);
+        const auto b = scored[r];
+        const auto alone = score_step(pattern[b], v[b], wo, W[ys[r]], prompts[b], spans[r], ys[r]);
+        for (size_t sc = 0; sc < batch.size(); ++sc)
+            for (size_t p = 0; p < batch[sc].size(); ++p) {
+                CAPTURE(sc);
+                CAPTURE(p);
+                CHECK(batch[sc][p].sizes() == at::IntArrayRef{4, H});
+                CHECK(torch::equal(batch[sc][p][static_cast<int64_t>(r)], alone.of[sc][p]));
+            }
+    }
+    // What the rows score: the copies, R2 on the tied row, L+ and L- (none without a needle).
+    const auto ret = batch[static_cast<size_t>(NeedleScore::kRetrieval)][0];
+    CHECK(ret[0][0].item<double>() == 0.25);
+    CHECK(ret[1][1].item<double>() == 0.25);
+    CHECK(ret.abs().sum().item<double>() == 0.5);
+    CHECK(batch[static_cast<size_t>(NeedleScore::kR2)][0][2].abs().sum().item<double>() > 0.0);
+    CHECK(batch[static_cast<size_t>(NeedleScore::kLocos)][0][3].abs().sum().item<double>() == 0.0);
+    CHECK(batch[static_cast<size_t>(NeedleScore::kLocos)][1][0].abs().sum().item<double>() > 0.0);
+}
+
 TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full forward, scores equal loops (planted model)") {
     auto m = planted_model();
     const Trial t = planted_trial();

@@ -374,6 +374,8 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
         }
         const auto t_score = Clock::now();
         const int64_t keys = cache.length();
+        std::vector<int64_t> scored, scored_y;  // the rows this step scores, all at once below
+        std::vector<const Trial*> scored_trials;
         for (int64_t b = 0; b < B; ++b) {
             if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
             const int64_t y = ys[b].item<int64_t>();
@@ -386,10 +388,13 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             out[b].generated.push_back(y);
             next[b] = y;
             if (stops) done[b] = 1, --active;  // kept and scored below, then the row ends (Wu's order)
-            if (!s.score) continue;
-            const auto sc = score_row(m, rows, vals, b, *trials[b], keys, y);
-            for (size_t k = 0; k < sc.size(); ++k)
-                for (size_t p = 0; p < sc[k].size(); ++p) steps[b][k][p].push_back(sc[k][p]);
+            if (s.score) scored.push_back(b), scored_y.push_back(y), scored_trials.push_back(trials[b]);
+        }
+        if (!scored.empty()) {
+            const auto sc = score_rows(m, rows, vals, scored, scored_trials, keys, scored_y);
+            for (size_t r = 0; r < scored.size(); ++r)
+                for (size_t k = 0; k < sc[r].size(); ++k)
+                    for (size_t p = 0; p < sc[r][k].size(); ++p) steps[scored[r]][k][p].push_back(sc[r][k][p]);
         }
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());

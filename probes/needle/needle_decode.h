@@ -149,7 +149,7 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
 // generated[t] from that query's logits; a stop token ends the loop without being kept or scored.
 struct DecodeOut {
     std::vector<int64_t> generated;
-    // Per step t and head, every score's step arrays (score_step: retrieval credit, LOCOS L+ and L-
+    // Per step t and head, every score's step arrays (score_rows: retrieval credit, LOCOS L+ and L-
     // already scaled by n/(K-n), HeadKV's R2 credit): [score][part] [steps, L, H] double.
     PerNeedleScore<at::Tensor> steps;
     int64_t peak_keys = 0;

@@ -8,99 +8,242 @@
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <map>
 #include <utility>
 
 namespace hs {
 
 using torch::indexing::Slice;
 
+// The layer's step arithmetic runs on the scored rows of a batch at once, each (row, head) computed
+// as the row alone computed it: comparisons (argmax, topk, ties) on the pattern in its own dtype
+// (its conversion to double is exact and monotone: the same keys, the same first index of ties), the
+// same per-row vector-matrix product W_O^T u, the same per-matrix products over the values, and
+// each sum a reduction over one (row, head)'s keys of the same length as the row alone took.
+
+namespace {
+
+// Rows grouped by a key (ascending key; each group's rows in their order): the rows sharing one
+// reduction shape.
+std::map<int64_t, std::vector<int64_t>> group_rows(const std::vector<int64_t>& key) {
+    std::map<int64_t, std::vector<int64_t>> g;
+    for (size_t r = 0; r < key.size(); ++r) g[key[r]].push_back(static_cast<int64_t>(r));
+    return g;
+}
+
+// The given rows of x [R, ...] (x itself when they are all of its rows, in order).
+at::Tensor take_rows(const at::Tensor& x, const std::vector<int64_t>& rs) {
+    bool all = static_cast<int64_t>(rs.size()) == x.size(0);
+    for (size_t i = 0; all && i < rs.size(); ++i) all = rs[i] == static_cast<int64_t>(i);
+    return all ? x : x.index_select(0, torch::tensor(rs, torch::kLong).to(x.device()));
+}
+
+// Per row r, the sum of x[r] [H, S] over its keys Slice(from[r], to[r]) -> [R, H]: each row's slice
+// as the row alone takes it, the rows whose slices have one width stacked into one reduction over
+// the last dimension (each (row, head) summed over the same keys in the same way).
+at::Tensor slice_sums(const at::Tensor& x, const std::vector<int64_t>& from, const std::vector<int64_t>& to) {
+    const int64_t R = x.size(0);
+    std::vector<at::Tensor> slices(static_cast<size_t>(R));
+    std::vector<int64_t> width(static_cast<size_t>(R));
+    for (int64_t r = 0; r < R; ++r) {
+        slices[r] = x[r].index({Slice(), Slice(from[r], to[r])});
+        width[r] = slices[r].size(1);
+    }
+    const auto groups = group_rows(width);
+    if (groups.size() == 1) return torch::stack(slices).sum(2);
+    auto out = at::empty({R, x.size(1)}, x.options());
+    for (const auto& [w, rs] : groups) {
+        std::vector<at::Tensor> g;
+        for (auto r : rs) g.push_back(slices[r]);
+        out.index_copy_(0, torch::tensor(rs, torch::kLong).to(x.device()), torch::stack(g).sum(2));
+    }
+    return out;
+}
+
+}  // namespace
+
 // Retrieval: the argmax key (first of ties) in the answer's span holding the generated token.
 std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in) {
-    const int64_t H = in.a.size(0), as = in.spans.answer_start, ae = in.spans.answer_end;
-    auto jstar = in.a.argmax(1).to(torch::kCPU);
-    auto credit = torch::zeros({H}, torch::kDouble);
-    auto js = jstar.accessor<int64_t, 1>();
-    for (int64_t h = 0; h < H; ++h) {
-        const int64_t j = js[h];
-        if (j >= as && j < ae && j < static_cast<int64_t>(in.prompt.size()) && in.prompt[j] == in.y)
-            credit[h] = 1.0 / static_cast<double>(ae - as);
+    const int64_t R = in.a.size(0), H = in.a.size(1);
+    const auto jstar = in.a.argmax(2).to(torch::kCPU);  // [R, H]
+    auto credit = torch::zeros({R, H}, torch::kDouble);
+    const auto js = jstar.accessor<int64_t, 2>();
+    auto cr = credit.accessor<double, 2>();
+    for (int64_t r = 0; r < R; ++r) {
+        const auto& prompt = *in.prompts[r];
+        const int64_t as = in.spans[r].answer_start, ae = in.spans[r].answer_end;
+        for (int64_t h = 0; h < H; ++h) {
+            const int64_t j = js[r][h];
+            if (j >= as && j < ae && j < static_cast<int64_t>(prompt.size()) && prompt[j] == in.y[r])
+                cr[r][h] = 1.0 / static_cast<double>(ae - as);
+        }
     }
     return {credit};
 }
 
-std::vector<at::Tensor> locos_step(const NeedleStepInput& in) {
-    const at::Tensor &a = in.a, &v = in.v;
-    const int64_t H = a.size(0), S = a.size(1), K = v.size(1), d = v.size(2), g = H / K;
-    const int64_t ns = in.spans.needle_start, ne = in.spans.needle_end;
-    const double n = static_cast<double>(ne - ns);
-    // phi[h, j] = a[h, j] * (W_O^h^T u) . v[j, h / g], in float32 (or wider) without expanding v to
-    // H heads: [K, S, d] x [K, d, g] -> [K, S, g] -> [H, S]. O(H x S) memory.
+// contrib [R, H, S] double: contrib[r, h, j] = (W_O^h^T u_r) . v[rows[r], j, h / g], in float32 (or
+// wider) without expanding v to H heads: each row's uproj = u_r W_O (a vector-matrix product, shared
+// by the rows of one y), then one product [R*K, S, d] x [R*K, d, g] per run of consecutive batch rows
+// (their values a view of the cache's [B, K, capacity, d] buffer, no copy). O(R x H x S) memory.
+static at::Tensor locos_contrib(const NeedleStepInput& in) {
+    const at::Tensor& v = in.v;
+    const int64_t R = in.a.size(0), H = in.a.size(1), S = in.a.size(2), K = v.size(2), d = v.size(3), g = H / K;
     const auto ct = v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-    auto uproj = in.u.to(ct).matmul(in.wo.to(ct)).view({K, g, d});                      // [K, g, d]
-    auto contrib = torch::bmm(v.to(ct).permute({1, 0, 2}), uproj.transpose(1, 2))        // [K, S, g]
-                       .permute({0, 2, 1})
-                       .reshape({H, S})
-                       .to(torch::kDouble);
-    auto phi = a * contrib;
-    auto lplus = phi.index({Slice(), Slice(ns, ne)}).sum(1);
-    // The other keys the heads can see: all S, or the sliding window's; 0 when there are none.
-    const int64_t lo = std::max<int64_t>(0, in.spans.first_visible);
-    const int64_t others = (S - lo) - std::max<int64_t>(0, std::min(ne, S) - std::max(ns, lo));
-    auto lminus = others > 0 ? (phi.sum(1) - lplus) * (n / static_cast<double>(others)) : torch::zeros({H}, torch::kDouble);
+    const auto wo = in.wo.to(ct);
+    std::map<int64_t, at::Tensor> of_y;
+    std::vector<at::Tensor> up;
+    for (int64_t r = 0; r < R; ++r) {
+        auto it = of_y.find(in.y[r]);
+        if (it == of_y.end()) it = of_y.emplace(in.y[r], in.u[r].to(ct).matmul(wo)).first;
+        up.push_back(it->second);
+    }
+    const auto uproj = torch::stack(up).view({R * K, g, d}).transpose(1, 2);  // [R*K, d, g]
+    std::vector<at::Tensor> parts;
+    for (int64_t r0 = 0; r0 < R;) {
+        int64_t n = 1;
+        while (r0 + n < R && in.rows[r0 + n] == in.rows[r0] + n) ++n;
+        const auto vr = v.narrow(0, in.rows[r0], n).to(ct).permute({0, 2, 1, 3}).reshape({n * K, S, d});
+        parts.push_back(torch::bmm(vr, uproj.narrow(0, r0 * K, n * K)));  // [n*K, S, g]
+        r0 += n;
+    }
+    return (parts.size() == 1 ? parts.front() : torch::cat(parts))
+        .view({R, K, S, g})
+        .permute({0, 1, 3, 2})
+        .reshape({R, H, S})
+        .to(torch::kDouble);
+}
+
+std::vector<at::Tensor> locos_step(const NeedleStepInput& in) {
+    const int64_t R = in.a.size(0), S = in.a.size(2);
+    const auto phi = in.a.to(torch::kDouble) * locos_contrib(in);  // [R, H, S]
+    std::vector<int64_t> ns(R), ne(R);
+    std::vector<double> scale(R);
+    std::vector<int64_t> none;  // rows where no key outside the needle is visible: L- = 0
+    for (int64_t r = 0; r < R; ++r) {
+        const auto& sp = in.spans[r];
+        ns[r] = sp.needle_start, ne[r] = sp.needle_end;
+        // The other keys the heads can see: all S, or the sliding window's.
+        const int64_t lo = std::max<int64_t>(0, sp.first_visible);
+        const int64_t others = (S - lo) - std::max<int64_t>(0, std::min(ne[r], S) - std::max(ns[r], lo));
+        scale[r] = others > 0 ? static_cast<double>(ne[r] - ns[r]) / static_cast<double>(others) : 0.0;
+        if (others <= 0) none.push_back(r);
+    }
+    const auto lplus = slice_sums(phi, ns, ne);
+    auto lminus = (phi.sum(2) - lplus) * torch::tensor(scale, torch::kDouble).view({R, 1}).to(phi.device());
+    if (!none.empty()) lminus.index_fill_(0, torch::tensor(none, torch::kLong).to(phi.device()), 0.0);
     return {lplus.to(torch::kCPU), lminus.to(torch::kCPU)};
 }
 
 // HeadKV's R2 credit of one step (retrieval_head_detection_r2.py lines 218-229, commit 0862a09):
 //   topk = needle_end - needle_start; values, idx = row.topk(topk)
 //   for v, i in zip(values, idx): if needle_start <= i < needle_end: score += v * 1 / topk
-// over the whole row a [H, S] (double). torch's topk leaves the order of equal weights open; here
-// the first indices win: every key above the k-th largest weight, then as many of the keys equal to
-// it as the top k holds, by position. The span's weights taken are summed by position, then / N.
-// Cost: one topk over the row and a pass over the span (the prefix too only when a span key ties).
-std::vector<at::Tensor> r2_step(const NeedleStepInput& in) {
-    const at::Tensor& a = in.a;
-    const int64_t start = in.spans.answer_start, end = in.spans.answer_end;
-    const int64_t H = a.size(0), S = a.size(1);
-    const int64_t n = end - start, lo = std::max<int64_t>(0, start), hi = std::min(end, S);
-    if (start < 0 || n <= 0 || hi <= lo) return {torch::zeros({H}, torch::kDouble)};
-    const int64_t k = std::min(n, S);
-    const auto top = std::get<0>(a.topk(k, 1));  // [H, k] descending
-    const auto kth = top.narrow(1, k - 1, 1);    // [H, 1] the k-th largest weight
-    const auto span = a.narrow(1, lo, hi - lo);
-    auto taken = span > kth;
-    const auto tie = span == kth;
+// over a row's whole pattern [H, S]. torch's topk leaves the order of equal weights open; here the
+// first indices win: every key above the k-th largest weight, then as many of the keys equal to it
+// as the top k holds, by position. The span's weights taken are summed by position (in double),
+// then / N (r2_step). The rows of one k and one span width share each op: a head with k keys above
+// its span's largest weight takes no span key (its k-th largest is above the whole span: 0); the
+// others' rows go to one topk and a pass over their spans (their prefixes too only when a span key
+// ties). -> the sums [R, H] double.
+static at::Tensor r2_group(const at::Tensor& a, const std::vector<int64_t>& lo, int64_t k, int64_t w) {
+    const int64_t R = a.size(0), H = a.size(1), S = a.size(2);
+    std::vector<at::Tensor> spans;
+    for (int64_t r = 0; r < R; ++r) spans.push_back(a[r].narrow(1, lo[r], w));
+    const auto span = torch::stack(spans);  // [R, H, w]
+    auto sums = torch::zeros({R * H}, a.options().dtype(torch::kDouble));
+    const auto above = (a > std::get<0>(span.max(2, true))).sum(2);  // [R, H] keys above the span's largest
+    const auto need = (above < k).flatten().nonzero().flatten();       // the (row, head)s that may take a span key
+    if (need.numel() == 0) return sums.view({R, H});
+    const auto rows = a.reshape({R * H, S}).index_select(0, need);  // [Q, S]
+    const auto top = std::get<0>(rows.topk(k, 1));                  // [Q, k] descending
+    const auto kth = top.narrow(1, k - 1, 1);                       // [Q, 1] the k-th largest weight
+    const auto sp = span.reshape({R * H, w}).index_select(0, need);  // [Q, w]
+    auto taken = sp > kth;
+    const auto tie = sp == kth;
     if (tie.any().item<bool>()) {  // a tie's rank: the equal keys before it, the span's before it, itself
         const auto room = (top == kth).sum(1, true);
-        const auto before = (a.narrow(1, 0, lo) == kth).sum(1, true);
+        const auto lo_q = torch::tensor(lo, torch::kLong).to(a.device()).repeat_interleave(H).index_select(0, need);
+        const auto prefix = torch::arange(S, lo_q.options()).unsqueeze(0) < lo_q.unsqueeze(1);  // [Q, S]
+        const auto before = ((rows == kth) & prefix).sum(1, true);
         taken = taken.logical_or(tie.logical_and(before + tie.cumsum(1) <= room));
     }
-    return {((span * taken).sum(1) / static_cast<double>(n)).to(torch::kCPU)};
+    sums.index_copy_(0, need, (sp.to(torch::kDouble) * taken).sum(1));
+    return sums.view({R, H});
+}
+
+std::vector<at::Tensor> r2_step(const NeedleStepInput& in) {
+    const int64_t R = in.a.size(0), H = in.a.size(1), S = in.a.size(2);
+    auto credit = torch::zeros({R, H}, torch::kDouble);
+    std::vector<int64_t> lo(R), key(R, -1), n(R), width(R);
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t start = in.spans[r].answer_start, end = in.spans[r].answer_end;
+        n[r] = end - start, lo[r] = std::max<int64_t>(0, start);
+        const int64_t hi = std::min(end, S);
+        if (start < 0 || n[r] <= 0 || hi <= lo[r]) continue;  // no span: 0
+        width[r] = hi - lo[r];
+        key[r] = std::min(n[r], S) * (S + 1) + width[r];  // rows of one (k, span width)
+    }
+    for (const auto& [kw, rs] : group_rows(key)) {
+        if (kw < 0) continue;
+        std::vector<int64_t> glo, gn;
+        for (auto r : rs) glo.push_back(lo[r]), gn.push_back(n[r]);
+        const auto sums = r2_group(take_rows(in.a, rs), glo, kw / (S + 1), kw % (S + 1)).to(torch::kCPU);
+        const auto div = torch::tensor(gn, torch::kLong).to(torch::kDouble).view({-1, 1});
+        credit.index_copy_(0, torch::tensor(rs, torch::kLong), sums / div);
+    }
+    return {credit};
+}
+
+PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in) {
+    PerNeedleScore<at::Tensor> out;
+    for (const auto& row : needle_scores()) out.push_back(row.step(in));
+    return out;
 }
 
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
                       const std::vector<int64_t>& prompt, const StepSpans& sp, int64_t y) {
-    const auto a = pattern.to(torch::kDouble);
-    const NeedleStepInput in{a, v, wo, u, prompt, sp, y};
+    const std::vector<int64_t> rows{0}, ys{y};
+    const std::vector<const std::vector<int64_t>*> prompts{&prompt};
+    const std::vector<StepSpans> spans{sp};
+    const auto a = pattern.unsqueeze(0), vb = v.unsqueeze(0), ub = u.unsqueeze(0);
     StepScores s;
-    for (const auto& row : needle_scores()) s.of.push_back(row.step(in));
+    for (const auto& parts : score_layer(NeedleStepInput{a, vb, rows, wo, ub, prompts, spans, ys})) {
+        s.of.emplace_back();
+        for (const auto& t : parts) s.of.back().push_back(t[0]);
+    }
     return s;
 }
 
-PerNeedleScore<at::Tensor> score_row(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
-                                     int64_t b, const Trial& tr, int64_t keys, int64_t y) {
+std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
+                                                   const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
+                                                   const std::vector<const Trial*>& trials, int64_t keys,
+                                                   const std::vector<int64_t>& ys) {
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
-    auto out = per_needle_score_steps<at::Tensor>();
-    for (auto& parts : out)
-        for (auto& t : parts) t = torch::zeros({L, cfg.n_heads}, torch::kDouble);
-    auto u = m.weights.unembed[y];
+    const int64_t R = static_cast<int64_t>(scored.size());
+    const auto& unembed = m.weights.unembed;
+    const auto u = unembed.index_select(0, torch::tensor(ys, torch::kLong).to(unembed.device()));  // [R, D]
+    std::vector<const std::vector<int64_t>*> prompts;
+    for (const Trial* t : trials) prompts.push_back(&t->prompt);
+    std::vector<PerNeedleScore<at::Tensor>> layers;  // [l][score][part] [R, H]
     for (int l = 0; l < L; ++l) {
-        StepSpans sp{tr.needle_start, tr.needle_end, tr.answer_start, tr.answer_end, 0};
-        if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
-        const auto sc = score_step(rows[l][b], vals[l][b], m.weights.layers[l].wo, u, tr.prompt, sp, y);
-        for (size_t s = 0; s < out.size(); ++s)
-            for (size_t p = 0; p < out[s].size(); ++p) out[s][p][l] = sc.of[s][p];
+        std::vector<StepSpans> spans;
+        for (const Trial* t : trials) {
+            StepSpans sp{t->needle_start, t->needle_end, t->answer_start, t->answer_end, 0};
+            if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
+            spans.push_back(sp);
+        }
+        const auto a = take_rows(rows[l], scored);  // [R, H, S]
+        layers.push_back(score_layer(NeedleStepInput{a, vals[l], scored, m.weights.layers[l].wo, u, prompts, spans, ys}));
     }
+    std::vector<PerNeedleScore<at::Tensor>> out(static_cast<size_t>(R), per_needle_score_steps<at::Tensor>());
+    if (R == 0) return out;
+    for (size_t s = 0; s < out.front().size(); ++s)
+        for (size_t p = 0; p < out.front()[s].size(); ++p) {
+            std::vector<at::Tensor> per_layer;
+            for (const auto& layer : layers) per_layer.push_back(layer[s][p]);
+            const auto all = torch::stack(per_layer);  // [L, R, H]
+            for (int64_t r = 0; r < R; ++r) out[r][s][p] = all.select(1, r);
+        }
     return out;
 }
 

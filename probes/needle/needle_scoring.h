@@ -24,17 +24,22 @@ struct StepSpans {
     int64_t first_visible = 0;
 };
 
-// One layer's decode step as the step functions read it: a [H, S] (the pattern row in double),
-// v [S, K, d], wo [D, H*d], u [D] (raw unembedding row of y), the prompt ids (positions >= its size
-// never count), the spans and the generated token y.
+// One layer's decode step as the step functions read it, for the R rows of a batch it scores
+// (every row of the batch that is not done): a [R, H, S] (their pattern rows, the model's dtype),
+// v [B, S, K, d] (the layer's values, every row of the batch), rows (each scored row's index into
+// v, ascending), wo [D, H*d], u [R, D] (the raw unembedding rows of their y), and per scored row
+// the prompt ids (positions >= its size never count), the spans and the generated token y. A step
+// function returns its arrays [R, H] double on the CPU, row r of each computed as one row alone
+// would be (the same arithmetic, the same bits: score_step runs it on R = 1).
 struct NeedleStepInput {
     const at::Tensor& a;
     const at::Tensor& v;
+    const std::vector<int64_t>& rows;
     const at::Tensor& wo;
     const at::Tensor& u;
-    const std::vector<int64_t>& prompt;
-    const StepSpans& spans;
-    int64_t y;
+    const std::vector<const std::vector<int64_t>*>& prompts;
+    const std::vector<StepSpans>& spans;
+    const std::vector<int64_t>& y;
 };
 
 // One trial's decode as the trial functions read it: the row's step arrays [steps, L, H] double, the
@@ -52,16 +57,20 @@ struct NeedleTrialSteps {
     int64_t needle_start = -1, needle_end = -1;
 };
 
-// The per-step arithmetic on one layer, exposed for the tests: every score's step arrays, each [H]
-// double ([score][part], scores.h PerNeedleScore). pattern [H, S] (one query row), the rest as
-// NeedleStepInput. Retrieval credit: 1/|answer| when the argmax key (first of ties) lies in the
-// answer span and holds y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of
-// phi over the needle, L- = the sum over the other keys times n / (keys visible - needle keys visible)
+// Every score's step arrays of one layer's decode step ([score][part], scores.h PerNeedleScore),
+// each [R, H] double: the registry's step functions on `in`.
+// Retrieval credit: 1/|answer| when the argmax key (first of ties) lies in the answer span and holds
+// y (Wu et al., retrieval_head_detection.py lines 221-227). LOCOS: L+ = sum of phi over the needle,
+// L- = the sum over the other keys times n / (keys visible - needle keys visible)
 // (logit_contrib.py compute_logit_contribution_per_step; 0 when no other key is visible).
 // R2 (HeadKV, FYYFU/HeadKV Important_Head/retrieval_head_detection_r2.py lines 218-229): with
 // N = |answer span| (r2's needle span is its real_needle, the answer), the top N keys of the whole
 // row (every key S, BOS and generated tokens included; ties: the first indices), and (1/N) times
 // the sum of the weights of those inside the span; no copy condition. 0 without a span.
+PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in);
+
+// score_layer on one row, exposed for the tests: pattern [H, S] (one query row), v [S, K, d], u [D],
+// the rest as NeedleStepInput; every array [H] double.
 struct StepScores {
     PerNeedleScore<at::Tensor> of;  // [score][part]
     const at::Tensor& step(NeedleScore s, size_t part = 0) const { return of[static_cast<size_t>(s)][part]; }
@@ -69,14 +78,17 @@ struct StepScores {
 StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::Tensor& wo, const at::Tensor& u,
                       const std::vector<int64_t>& prompt, const StepSpans& spans, int64_t y);
 
-// Row b's scores of one decode step that generated y: score_step on every layer's captured pattern
-// row (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), `keys` visible in all; [score][part]
-// each [L, H] double.
-PerNeedleScore<at::Tensor> score_row(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
-                                     int64_t b, const Trial& tr, int64_t keys, int64_t y);
+// The scores of one decode step for the batch rows `scored` (ascending; rows done before this step
+// are left out), row scored[r] having generated ys[r] in trial *trials[r]: score_layer on every
+// layer's captured pattern rows (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), `keys`
+// visible in all. Per scored row, [score][part] each [L, H] double.
+std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
+                                                   const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
+                                                   const std::vector<const Trial*>& trials, int64_t keys,
+                                                   const std::vector<int64_t>& ys);
 
-// The registry's step functions (scores.cpp's rows): retrieval credit; LOCOS L+ then L- (already
-// scaled by n/(K-n)); R2 credit.
+// The registry's step functions (scores.cpp's rows), on the rows of one layer: retrieval credit;
+// LOCOS L+ then L- (already scaled by n/(K-n)); R2 credit.
 std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in);
 std::vector<at::Tensor> locos_step(const NeedleStepInput& in);
 std::vector<at::Tensor> r2_step(const NeedleStepInput& in);

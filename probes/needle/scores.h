@@ -53,11 +53,12 @@ enum class NeedleReduction {
                       // the needle's span was not found or the score was not asked for)
 };
 
-// What one layer's decode step hands a step function (needle_scoring.h: score_step).
+// What one layer's decode step hands a step function: the batch rows it scores (needle_scoring.h).
 struct NeedleStepInput;
 // What a trial's decode hands a trial function (needle_scoring.h).
 struct NeedleTrialSteps;
-// One decode step on one layer -> the row's step arrays, [H] double on the CPU each.
+// One decode step on one layer, for the R scored rows of a batch at once -> their step arrays,
+// [R, H] double on the CPU each.
 using NeedleStepFn = std::vector<at::Tensor> (*)(const NeedleStepInput&);
 // A trial's steps -> the row's trial arrays, [L, H] double each.
 using NeedleTrialFn = std::vector<at::Tensor> (*)(const NeedleTrialSteps&);
