@@ -3,11 +3,15 @@
 
 #include "qrhead.h"
 
+#include <ATen/Parallel.h>
 #include <torch/torch.h>
 
 #include <algorithm>
 #include <cctype>
 #include <limits>
+#include <exception>
+#include <functional>
+#include <future>
 #include <map>
 #include <utility>
 
@@ -60,6 +64,38 @@ at::Tensor slice_sums(const at::Tensor& x, const std::vector<int64_t>& from, con
     return out;
 }
 
+// f(0, n) cut into `threads` parts, the first run here and the others on ATen's inter-op pool
+// (at::parallel_for would run them here one after the other: headscope is not compiled with OpenMP);
+// it returns when all have, rethrowing the first error. f must start no OpenMP region itself (BLAS
+// products, small copies): each pool thread would start its own team.
+void split_work(int64_t n, int64_t threads, const std::function<void(int64_t, int64_t)>& f) {
+    const int64_t T = std::min(threads, n);
+    if (T <= 1) return f(0, n);
+    std::vector<std::promise<void>> done(static_cast<size_t>(T - 1));
+    for (int64_t t = 1; t < T; ++t)
+        at::launch([&f, &done, t, T, n] {
+            try {
+                torch::NoGradGuard ng;
+                f(n * t / T, n * (t + 1) / T);
+                done[t - 1].set_value();
+            } catch (...) {
+                done[t - 1].set_exception(std::current_exception());
+            }
+        });
+    std::exception_ptr error;
+    try {
+        f(0, n / T);
+    } catch (...) {
+        error = std::current_exception();
+    }
+    for (auto& p : done) try {
+            p.get_future().get();
+        } catch (...) {
+            if (!error) error = std::current_exception();
+        }
+    if (error) std::rethrow_exception(error);
+}
+
 }  // namespace
 
 // Retrieval: the argmax key (first of ties) in the answer's span holding the generated token.
@@ -82,40 +118,57 @@ std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in) {
 }
 
 // contrib [R, H, S] double: contrib[r, h, j] = (W_O^h^T u_r) . v[rows[r], j, h / g], in float32 (or
-// wider) without expanding v to H heads: each row's uproj = u_r W_O (a vector-matrix product, shared
-// by the rows of one y), then one product [R*K, S, d] x [R*K, d, g] per run of consecutive batch rows
-// (their values a view of the cache's [B, K, capacity, d] buffer, no copy). O(R x H x S) memory.
+// wider) without expanding v to H heads: row r's uproj = u_r W_O (a vector-matrix product, shared by
+// the rows of one y), then its K products [S, d] x [d, g], the rows' R*K products split between the
+// intra-op threads (reading the values is the cost: memory bandwidth one core does not fill), each
+// run of consecutive batch rows a view of the cache's [B, K, capacity, d] buffer (no copy).
+// O(R x H x S) memory.
 static at::Tensor locos_contrib(const NeedleStepInput& in) {
-    const at::Tensor& v = in.v;
-    const int64_t R = in.a.size(0), H = in.a.size(1), S = in.a.size(2), K = v.size(2), d = v.size(3), g = H / K;
-    const auto ct = v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
-    const auto wo = in.wo.to(ct);
-    std::map<int64_t, at::Tensor> of_y;
-    std::vector<at::Tensor> up;
-    for (int64_t r = 0; r < R; ++r) {
-        auto it = of_y.find(in.y[r]);
-        if (it == of_y.end()) it = of_y.emplace(in.y[r], in.u[r].to(ct).matmul(wo)).first;
-        up.push_back(it->second);
-    }
-    const auto uproj = torch::stack(up).view({R * K, g, d}).transpose(1, 2);  // [R*K, d, g]
-    std::vector<at::Tensor> parts;
+    const int64_t R = in.a.size(0), H = in.a.size(1), S = in.a.size(2), K = in.v.size(2), d = in.v.size(3), g = H / K;
+    const auto ct = in.v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+    const auto v = in.v.to(ct), wo = in.wo.to(ct);
+    std::vector<at::Tensor> run_of(static_cast<size_t>(R));  // row r -> the values of its run of rows [n*K, S, d]
+    std::vector<int64_t> run_start(static_cast<size_t>(R));  // row r -> its run's first row
     for (int64_t r0 = 0; r0 < R;) {
         int64_t n = 1;
         while (r0 + n < R && in.rows[r0 + n] == in.rows[r0] + n) ++n;
-        const auto vr = v.narrow(0, in.rows[r0], n).to(ct).permute({0, 2, 1, 3}).reshape({n * K, S, d});
-        parts.push_back(torch::bmm(vr, uproj.narrow(0, r0 * K, n * K)));  // [n*K, S, g]
+        const auto vr = v.narrow(0, in.rows[r0], n).permute({0, 2, 1, 3}).reshape({n * K, S, d});
+        for (int64_t r = r0; r < r0 + n; ++r) run_of[r] = vr, run_start[r] = r0;
         r0 += n;
     }
-    return (parts.size() == 1 ? parts.front() : torch::cat(parts))
-        .view({R, K, S, g})
-        .permute({0, 1, 3, 2})
-        .reshape({R, H, S})
-        .to(torch::kDouble);
+    // Each distinct y's uproj (rows of one y share it), [Y, H*d]; then the R*K products.
+    std::vector<int64_t> first, slot(static_cast<size_t>(R));  // each y's first row; row r -> its y's
+    std::map<int64_t, int64_t> of_y;
+    for (int64_t r = 0; r < R; ++r) {
+        const auto [it, fresh] = of_y.emplace(in.y[r], static_cast<int64_t>(first.size()));
+        if (fresh) first.push_back(r);
+        slot[r] = it->second;
+    }
+    const int64_t threads = v.is_cpu() ? at::get_num_threads() : 1;
+    const int64_t Y = static_cast<int64_t>(first.size());
+    auto up = at::empty({Y, H * d}, v.options());
+    split_work(Y, threads, [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) up[i].copy_(in.u[first[i]].to(ct).matmul(wo));
+    });
+    const auto uproj =  // [R*K, d, g]
+        up.index_select(0, torch::tensor(slot, torch::kLong).to(v.device())).view({R * K, g, d}).transpose(1, 2);
+    auto out = at::empty({R * K, S, g}, v.options());
+    split_work(R * K, threads, [&](int64_t m0, int64_t m1) {  // products [m0, m1), by runs of rows
+        for (int64_t m = m0; m < m1;) {
+            const int64_t r = m / K, base = run_start[r] * K;  // the run's first product
+            const int64_t me = std::min(m1, base + run_of[r].size(0));
+            auto dst = out.narrow(0, m, me - m);
+            at::bmm_out(dst, run_of[r].narrow(0, m - base, me - m), uproj.narrow(0, m, me - m));
+            m = me;
+        }
+    });
+    return out.view({R, K, S, g}).permute({0, 1, 3, 2}).reshape({R, H, S}).to(torch::kDouble);
 }
 
 std::vector<at::Tensor> locos_step(const NeedleStepInput& in) {
     const int64_t R = in.a.size(0), S = in.a.size(2);
-    const auto phi = in.a.to(torch::kDouble) * locos_contrib(in);  // [R, H, S]
+    auto phi = locos_contrib(in);  // [R, H, S] double
+    phi.mul_(in.a);                // a * contrib (a converted to double: exact)
     std::vector<int64_t> ns(R), ne(R);
     std::vector<double> scale(R);
     std::vector<int64_t> none;  // rows where no key outside the needle is visible: L- = 0
@@ -161,7 +214,10 @@ static at::Tensor r2_group(const at::Tensor& a, const std::vector<int64_t>& lo, 
     const auto tie = sp == kth;
     if (tie.any().item<bool>()) {  // a tie's rank: the equal keys before it, the span's before it, itself
         const auto room = (top == kth).sum(1, true);
-        const auto lo_q = torch::tensor(lo, torch::kLong).to(a.device()).repeat_interleave(H).index_select(0, need);
+        const auto pairs = need.to(torch::kCPU);
+        std::vector<int64_t> lq;  // each pair's row's span start
+        for (int64_t q = 0; q < pairs.size(0); ++q) lq.push_back(lo[pairs[q].item<int64_t>() / H]);
+        const auto lo_q = torch::tensor(lq, torch::kLong).to(a.device());
         const auto prefix = torch::arange(S, lo_q.options()).unsqueeze(0) < lo_q.unsqueeze(1);  // [Q, S]
         const auto before = ((rows == kth) & prefix).sum(1, true);
         taken = taken.logical_or(tie.logical_and(before + tie.cumsum(1) <= room));
@@ -224,7 +280,7 @@ std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::ve
     const auto u = unembed.index_select(0, torch::tensor(ys, torch::kLong).to(unembed.device()));  // [R, D]
     std::vector<const std::vector<int64_t>*> prompts;
     for (const Trial* t : trials) prompts.push_back(&t->prompt);
-    std::vector<PerNeedleScore<at::Tensor>> layers;  // [l][score][part] [R, H]
+    std::vector<PerNeedleScore<at::Tensor>> layers(static_cast<size_t>(L));  // [l][score][part] [R, H]
     for (int l = 0; l < L; ++l) {
         std::vector<StepSpans> spans;
         for (const Trial* t : trials) {
@@ -233,7 +289,7 @@ std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::ve
             spans.push_back(sp);
         }
         const auto a = take_rows(rows[l], scored);  // [R, H, S]
-        layers.push_back(score_layer(NeedleStepInput{a, vals[l], scored, m.weights.layers[l].wo, u, prompts, spans, ys}));
+        layers[l] = score_layer(NeedleStepInput{a, vals[l], scored, m.weights.layers[l].wo, u, prompts, spans, ys});
     }
     std::vector<PerNeedleScore<at::Tensor>> out(static_cast<size_t>(R), per_needle_score_steps<at::Tensor>());
     if (R == 0) return out;
