@@ -193,37 +193,25 @@ std::vector<at::Tensor> locos_step(const NeedleStepInput& in) {
 // over a row's whole pattern [H, S]. torch's topk leaves the order of equal weights open; here the
 // first indices win: every key above the k-th largest weight, then as many of the keys equal to it
 // as the top k holds, by position. The span's weights taken are summed by position (in double),
-// then / N (r2_step). The rows of one k and one span width share each op: a head with k keys above
-// its span's largest weight takes no span key (its k-th largest is above the whole span: 0); the
-// others' rows go to one topk and a pass over their spans (their prefixes too only when a span key
-// ties). -> the sums [R, H] double.
+// then / N (r2_step). The rows of one k and one span width [lo, lo + w) share each op: one topk over
+// their rows and a pass over their spans (their prefixes too only when a span key ties) -> the sums
+// [R, H] double.
 static at::Tensor r2_group(const at::Tensor& a, const std::vector<int64_t>& lo, int64_t k, int64_t w) {
-    const int64_t R = a.size(0), H = a.size(1), S = a.size(2);
+    const int64_t R = a.size(0), S = a.size(2);
+    const auto top = std::get<0>(a.topk(k, 2));  // [R, H, k] descending
+    const auto kth = top.narrow(2, k - 1, 1);    // [R, H, 1] the k-th largest weight
     std::vector<at::Tensor> spans;
     for (int64_t r = 0; r < R; ++r) spans.push_back(a[r].narrow(1, lo[r], w));
     const auto span = torch::stack(spans);  // [R, H, w]
-    auto sums = torch::zeros({R * H}, a.options().dtype(torch::kDouble));
-    const auto above = (a > std::get<0>(span.max(2, true))).sum(2);  // [R, H] keys above the span's largest
-    const auto need = (above < k).flatten().nonzero().flatten();       // the (row, head)s that may take a span key
-    if (need.numel() == 0) return sums.view({R, H});
-    const auto rows = a.reshape({R * H, S}).index_select(0, need);  // [Q, S]
-    const auto top = std::get<0>(rows.topk(k, 1));                  // [Q, k] descending
-    const auto kth = top.narrow(1, k - 1, 1);                       // [Q, 1] the k-th largest weight
-    const auto sp = span.reshape({R * H, w}).index_select(0, need);  // [Q, w]
-    auto taken = sp > kth;
-    const auto tie = sp == kth;
+    auto taken = span > kth;
+    const auto tie = span == kth;
     if (tie.any().item<bool>()) {  // a tie's rank: the equal keys before it, the span's before it, itself
-        const auto room = (top == kth).sum(1, true);
-        const auto pairs = need.to(torch::kCPU);
-        std::vector<int64_t> lq;  // each pair's row's span start
-        for (int64_t q = 0; q < pairs.size(0); ++q) lq.push_back(lo[pairs[q].item<int64_t>() / H]);
-        const auto lo_q = torch::tensor(lq, torch::kLong).to(a.device());
-        const auto prefix = torch::arange(S, lo_q.options()).unsqueeze(0) < lo_q.unsqueeze(1);  // [Q, S]
-        const auto before = ((rows == kth) & prefix).sum(1, true);
-        taken = taken.logical_or(tie.logical_and(before + tie.cumsum(1) <= room));
+        const auto room = (top == kth).sum(2, true);
+        const auto lo_t = torch::tensor(lo, torch::kLong).to(a.device()).view({R, 1, 1});
+        const auto before = ((a == kth) & (torch::arange(S, lo_t.options()).view({1, 1, S}) < lo_t)).sum(2, true);
+        taken = taken.logical_or(tie.logical_and(before + tie.cumsum(2) <= room));
     }
-    sums.index_copy_(0, need, (sp.to(torch::kDouble) * taken).sum(1));
-    return sums.view({R, H});
+    return (span.to(torch::kDouble) * taken).sum(2);
 }
 
 std::vector<at::Tensor> r2_step(const NeedleStepInput& in) {
