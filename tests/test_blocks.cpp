@@ -303,6 +303,32 @@ TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked att
     }
 }
 
+TEST_CASE("bmm_small: a decode step's small products split over the threads, bit for bit at::bmm") {
+    // The split runs where there are threads to split over (tests run with every core; at least 2 here).
+    const int threads = at::get_num_threads();
+    at::set_num_threads(std::max(2, threads));
+    torch::manual_seed(11);
+    for (int64_t N : {1, 2, 3, 12, 13, 72}) {
+        for (int64_t M : {1, 6, 48}) {
+            for (int64_t n : {1, 37, 1100}) {
+                const auto a = torch::randn({N, M, 64});
+                const auto b = torch::randn({N, n, 64}).transpose(1, 2);  // keys [N, S, d] read transposed
+                CHECK(torch::equal(blocks::bmm_small(a, b), at::bmm(a, b)));
+                const auto v = torch::randn({N, n, 64});  // the pattern against values
+                const auto p = torch::softmax(torch::randn({N, M, n}), -1);
+                CHECK(torch::equal(blocks::bmm_small(p, v), at::bmm(p, v)));
+            }
+        }
+    }
+    // Larger products go to at::bmm whole (the BLAS threads them itself); autograd keeps its graph.
+    const auto big = torch::randn({2, 512, 64}), kt = torch::randn({2, 64, 512});
+    CHECK(torch::equal(blocks::bmm_small(big, kt), at::bmm(big, kt)));
+    const auto g = torch::randn({4, 1, 8}).requires_grad_(true);
+    blocks::bmm_small(g, torch::randn({4, 8, 5})).sum().backward();
+    CHECK(g.grad().defined());
+    at::set_num_threads(threads);
+}
+
 TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits independent of the rows beside it") {
     // The kernel sums in another order than BLAS: within 1e-5 of the output's largest magnitude.
     torch::manual_seed(7);
@@ -327,10 +353,28 @@ TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits i
             }
         }
     }
+    // bfloat16 weights and rows (a bf16 decode step): widened exactly, summed in float32, rounded once;
+    // within bf16's rounding (2^-8 relative) of the float64 product of the same bf16 values.
+    for (int64_t D : {7, 64, 130}) {
+        const auto w = torch::randn({300, D}).to(torch::kBFloat16), b = torch::randn({300}).to(torch::kBFloat16);
+        const auto x = torch::randn({8, D}).to(torch::kBFloat16);
+        for (int64_t R : {1, 3, 8}) {
+            const auto xs = x.narrow(0, 0, R);
+            const auto ref = torch::matmul(xs.to(torch::kDouble), w.to(torch::kDouble).t()) + b.to(torch::kDouble);
+            const auto y = blocks::gemv_rows(xs, w, b);
+            REQUIRE(y.defined());
+            CHECK((y.scalar_type() == torch::kBFloat16));
+            const double err = (y.to(torch::kDouble) - ref).abs().max().item<double>();
+            CHECK(err <= std::pow(2.0, -8) * std::max(1.0, ref.abs().max().item<double>()));
+            for (int64_t r = 0; r < R; ++r) CHECK(torch::equal(blocks::gemv_rows(xs.narrow(0, r, 1), w, b)[0], y[r]));
+        }
+    }
     // Where it does not apply, the caller's GEMM runs: 9 rows, float64, autograd, a transposed weight.
     const auto w = torch::randn({16, 8});
     CHECK_FALSE(blocks::gemv_rows(torch::randn({9, 8}), w, {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}, torch::kDouble), w.to(torch::kDouble), {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}).requires_grad_(true), w, {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 16}), w.t(), {}).defined());
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}), w.to(torch::kBFloat16), {}).defined());  // mixed dtypes
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}, torch::kHalf), w.to(torch::kHalf), {}).defined());
 }

@@ -7,6 +7,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <tuple>
@@ -43,18 +44,37 @@ namespace {
 // y[r, n] = sum_d w[n, d] x[r, d] for rows r < R of x, outputs n in [n0, n1): each weight row is
 // read once for every row of x. A row's sum is formed in the same order whatever R, so a row's bits
 // do not depend on the rows beside it (a row decoded alone equals itself in a batch).
-template <int R>
-inline __attribute__((always_inline)) void dot_rows(const float* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+// W is float, or bfloat16 (uint16_t: its bits, widened to float exactly by a 16-bit shift).
+typedef float v8 __attribute__((vector_size(32)));
+// (Out-parameters: a vector returned by value from a function built without AVX changes the ABI.)
+inline __attribute__((always_inline)) void load8(v8& v, const float* p) { std::memcpy(&v, p, sizeof v); }
+inline __attribute__((always_inline)) void load8(v8& v, const uint16_t* p) {
+    typedef uint16_t u16x8 __attribute__((vector_size(16)));
+    typedef uint32_t u32x8 __attribute__((vector_size(32)));
+    u16x8 h;
+    std::memcpy(&h, p, sizeof h);
+    const u32x8 bits = __builtin_convertvector(h, u32x8) << 16;
+    std::memcpy(&v, &bits, sizeof v);
+}
+inline float widen(float w) { return w; }
+inline float widen(uint16_t w) {
+    const uint32_t bits = static_cast<uint32_t>(w) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+template <int R, class W>
+inline __attribute__((always_inline)) void dot_rows(const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                     float* y, int64_t ldy) {
-    typedef float v8 __attribute__((vector_size(32)));
     for (int64_t n = n0; n < n1; ++n) {
-        const float* wn = w + n * D;
+        const W* wn = w + n * D;
         v8 acc[R];
         for (int r = 0; r < R; ++r) acc[r] = v8{0, 0, 0, 0, 0, 0, 0, 0};
         int64_t d = 0;
         for (; d + 8 <= D; d += 8) {
             v8 wv;
-            std::memcpy(&wv, wn + d, sizeof wv);
+            load8(wv, wn + d);
             for (int r = 0; r < R; ++r) {
                 v8 xv;
                 std::memcpy(&xv, x + r * D + d, sizeof xv);
@@ -64,17 +84,15 @@ inline __attribute__((always_inline)) void dot_rows(const float* w, const float*
         for (int r = 0; r < R; ++r) {
             const v8 a = acc[r];
             float sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
-            for (int64_t e = d; e < D; ++e) sum += wn[e] * x[r * D + e];
+            for (int64_t e = d; e < D; ++e) sum += widen(wn[e]) * x[r * D + e];
             y[r * ldy + n] = sum;
         }
     }
 }
 
-// One clone for AVX2 machines and a baseline one, picked at load time (no CPU feature assumed); no
-// FMA contraction in either, so both give the same bits.
-__attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const float* w, const float* x,
-                                                                             int64_t D, int64_t n0, int64_t n1,
-                                                                             float* y, int64_t ldy) {
+template <class W>
+inline __attribute__((always_inline)) void dot_rows_r(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                      float* y, int64_t ldy) {
     switch (R) {
         case 1: dot_rows<1>(w, x, D, n0, n1, y, ldy); break;
         case 2: dot_rows<2>(w, x, D, n0, n1, y, ldy); break;
@@ -87,30 +105,68 @@ __attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const
     }
 }
 
+// One clone for AVX2 machines and a baseline one, picked at load time (no CPU feature assumed); no
+// FMA contraction in either, so both give the same bits.
+__attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const float* w, const float* x,
+                                                                             int64_t D, int64_t n0, int64_t n1,
+                                                                             float* y, int64_t ldy) {
+    dot_rows_r(R, w, x, D, n0, n1, y, ldy);
+}
+__attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const uint16_t* w, const float* x,
+                                                                             int64_t D, int64_t n0, int64_t n1,
+                                                                             float* y, int64_t ldy) {
+    dot_rows_r(R, w, x, D, n0, n1, y, ldy);
+}
+
 }  // namespace
 
-// x [..., D] with 1..kGemvRows rows in all, w [N, D] (+ b [N]), float32 on the CPU, no autograd:
-// x w^T + b as [..., N]; otherwise an undefined tensor (the caller takes the GEMM).
+// x [..., D] with 1..kGemvRows rows in all, w [N, D] (+ b [N]), all float32 or all bfloat16, on the
+// CPU, no autograd: x w^T + b as [..., N]; otherwise an undefined tensor (the caller takes the GEMM).
+// bfloat16: widened to float32 exactly, summed in float32 (as the BLAS's bf16 GEMM accumulates), the
+// bias added in float32 and the result rounded to bfloat16 once.
 at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b) {
     if (x.dim() < 1 || w.dim() != 2) return {};
     const int64_t D = x.size(-1), N = w.size(0);
     const int64_t rows = D > 0 ? x.numel() / D : 0;
+    const auto dt = w.scalar_type();
     if (rows < 1 || rows > kGemvRows || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
-        x.scalar_type() != torch::kFloat || w.scalar_type() != torch::kFloat || !w.is_contiguous() ||
-        (b.defined() && (b.scalar_type() != torch::kFloat || b.numel() != N)) ||
+        (dt != torch::kFloat && dt != torch::kBFloat16) || x.scalar_type() != dt || !w.is_contiguous() ||
+        (b.defined() && (b.scalar_type() != dt || b.numel() != N)) ||
         (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))))
         return {};
-    const auto xc = x.reshape({rows, D}).contiguous();
-    auto y = at::empty({rows, N}, x.options());
-    const float* wp = w.data_ptr<float>();
+    const auto xc = x.reshape({rows, D}).to(torch::kFloat).contiguous();
+    auto y = at::empty({rows, N}, xc.options());
     const float* xp = xc.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const int R = static_cast<int>(rows);
-    at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });
-    if (b.defined()) y.add_(b.reshape({1, N}));
+    if (dt == torch::kFloat) {
+        const float* wp = w.data_ptr<float>();
+        at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });
+    } else {
+        const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr<at::BFloat16>());
+        at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });
+    }
+    if (b.defined()) y.add_(b.reshape({1, N}).to(torch::kFloat));
     auto sizes = x.sizes().vec();
     sizes.back() = N;
-    return y.view(sizes);
+    return y.to(dt).view(sizes);
+}
+
+// The BLAS runs a bmm's N small products one after another, each too small for it to split, so a
+// decode step's attention ran on one core (issue 44: on the needle scan a third of a decode step).
+// Here the batch is split over the threads; each matrix is still its own product, as in one bmm.
+at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b) {
+    const int64_t N = a.size(0);
+    const bool small = a.size(1) * a.size(2) * b.size(2) <= (int64_t{1} << 22);
+    const bool grad = at::GradMode::is_enabled() && (a.requires_grad() || b.requires_grad());
+    if (N < 2 || !small || grad || !a.device().is_cpu() || at::get_num_threads() < 2 || at::in_parallel_region())
+        return at::bmm(a, b);
+    auto out = at::empty({N, a.size(1), b.size(2)}, a.options());
+    at::parallel_for(0, N, 1, [&](int64_t s, int64_t e) {
+        auto o = out.narrow(0, s, e - s);
+        at::bmm_out(o, a.narrow(0, s, e - s), b.narrow(0, s, e - s));
+    });
+    return out;
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
@@ -610,7 +666,7 @@ at::Tensor BlockedAttention::block_z(const Block& b) {
     scores = at::Tensor();
     if (whole_) pattern = hook(hooks_, Point::kAttnPattern, layer_, pattern.view({B_, H_, n, m})).reshape({B_ * K_, g_ * n, m});
     else if (see_pattern_) hooks_->run_rows(Point::kAttnPattern, layer_, b.q0, full_width(pattern, b, 0.0f));
-    auto zb = at::bmm(pattern, m == S_ ? v3_ : v3_.narrow(1, b.lo, m));
+    auto zb = bmm_small(pattern, m == S_ ? v3_ : v3_.narrow(1, b.lo, m));
     if (extra_w.defined()) zb = (zb.to(acc_) + extra_w.to(acc_) * comp.vbar).to(zb.scalar_type());
     return zb.view({B_, H_, n, d_});
 }
@@ -624,7 +680,7 @@ at::Tensor BlockedAttention::block_scores(const Block& b) {
         scores = from(scores_buf_, {B_ * K_, g_ * b.n, m});
         at::bmm_out(scores, b.qb, kt);
     } else {
-        scores = at::bmm(b.qb, kt);
+        scores = bmm_small(b.qb, kt);
     }
     if (!scale_in_q_) scores.mul_(scale_);
     if (cfg_.attn_softcap > 0) scores.div_(cfg_.attn_softcap).tanh_().mul_(cfg_.attn_softcap);
@@ -793,14 +849,14 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
         if (n == 0) continue;
         idx[p] = torch::tensor(rows_of[p], torch::kLong).to(dev);
         auto qp = q4.index_select(0, idx[p]).permute({1, 0, 2, 3}).reshape({K, n * gT, d});
-        auto sp = at::bmm(qp, kv_of(shared[p].k).transpose(1, 2));  // [K, n*g*T, P]
+        auto sp = bmm_small(qp, kv_of(shared[p].k).transpose(1, 2));  // [K, n*g*T, P]
         scores.narrow(3, 0, P).index_copy_(0, idx[p], sp.view({K, n, gT, P}).permute({1, 0, 2, 3}));
     }
     at::Tensor vo3;
     if (So > 0) {
         auto as3 = [&](const at::Tensor& x) { return x.permute({0, 2, 1, 3}).reshape({B * K, So, d}); };
         vo3 = as3(v_own);
-        scores.narrow(3, P, So).copy_(at::bmm(q4.view({B * K, gT, d}), as3(k_own).transpose(1, 2)).view({B, K, gT, So}));
+        scores.narrow(3, P, So).copy_(bmm_small(q4.view({B * K, gT, d}), as3(k_own).transpose(1, 2)).view({B, K, gT, So}));
     }
     if (!scale_in_q) scores.mul_(scale);
     if (cfg.attn_softcap > 0) scores.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
@@ -820,9 +876,9 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
         if (!idx[p].defined()) continue;
         const int64_t n = idx[p].size(0);
         auto pp = pat.index_select(0, idx[p]).narrow(3, 0, P).permute({1, 0, 2, 3}).reshape({K, n * gT, P});
-        z.index_copy_(0, idx[p], at::bmm(pp, kv_of(shared[p].v)).view({K, n, gT, d}).permute({1, 0, 2, 3}));
+        z.index_copy_(0, idx[p], bmm_small(pp, kv_of(shared[p].v)).view({K, n, gT, d}).permute({1, 0, 2, 3}));
     }
-    if (So > 0) z.view({B * K, gT, d}).add_(at::bmm(pat.narrow(3, P, So).reshape({B * K, gT, So}), vo3));
+    if (So > 0) z.view({B * K, gT, d}).add_(bmm_small(pat.narrow(3, P, So).reshape({B * K, gT, So}), vo3));
     return z.view({B, H, T, d}).permute({0, 2, 1, 3});
 }
 

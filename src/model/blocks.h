@@ -52,6 +52,10 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
 // streaming W once for every row (a decode step; each row's bits independent of the others), else
 // an undefined tensor. linear() and unembed() take it when it applies.
 at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
+// at::bmm(a, b) for [N, M, k] x [N, k, n] products of small matrices (M k n <= 2^22: a decode step's
+// query rows against each (row, kv head)'s keys, its pattern against the values) on the CPU: the N
+// products split over the intra-op threads; bit for bit at::bmm's result. Otherwise at::bmm.
+at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
 // per_row: row by row, as linear() (libtorch 2.x's vectorized activations round their scalar tail
 // differently, and the tail depends on the tensor's size).
 at::Tensor activation(Activation a, const at::Tensor& x, bool per_row);
