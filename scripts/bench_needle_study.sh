@@ -26,7 +26,8 @@
 # STUDY_NEEDLES (2), STUDY_STEPS (16), STUDY_MODEL (a checkpoint folder; default: made by
 # scripts/make_bench_model.py), STUDY_HS_ARGS (more headscope options, split on spaces; default ""
 # headscope's defaults: --batch auto --sweep-rows auto, which the log line "batching:" reports; e.g.
-# "--batch 6 --sweep-rows 36" for the setting measured before the defaults chose rows themselves).
+# "--batch 6 --sweep-rows 36" for the setting measured before the defaults chose rows themselves),
+# STUDY_PARTS (default "scan study"; "scan": only (a), the scan and its limits, a few minutes instead of ~17).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DIR="${1:-/tmp/headscope-bench/study}"
@@ -65,8 +66,13 @@ echo "needle study: $(basename "$MODEL"), lengths $LENGTHS x depths $DEPTHS x $(
 hs_scan=$(run_hs "$DIR/scan.h5" "$DIR/scan")
 ref_scan=$("$PP" scripts/bench_peers.py needle "$MODEL" "$DIR/scan.h5" --tokenizer "$TOKDIR" --threads "$THREADS" | tail -1)
 # (b) the whole study
-hs_study=$(run_hs "$DIR/study.h5" "$DIR/study" --ablate-top 3 --random-controls 5)
-ref_study=$("$PP" scripts/bench_peers.py study "$MODEL" "$DIR/study.h5" --tokenizer "$TOKDIR" --threads "$THREADS" | tail -1)
+PARTS="${STUDY_PARTS:-scan study}"
+case " $PARTS " in *" study "*) ;; *" scan "*) PARTS=scan ;; *) echo "bench_needle_study.sh: STUDY_PARTS is 'scan' or 'scan study', not '$PARTS'" >&2; exit 2 ;; esac
+hs_study=- ref_study=null
+if [ "$PARTS" != scan ]; then
+  hs_study=$(run_hs "$DIR/study.h5" "$DIR/study" --ablate-top 3 --random-controls 5)
+  ref_study=$("$PP" scripts/bench_peers.py study "$MODEL" "$DIR/study.h5" --tokenizer "$TOKDIR" --threads "$THREADS" | tail -1)
+fi
 
 MODEL="$MODEL" "$PP" - "$hs_scan" "$ref_scan" "$hs_study" "$ref_study" "$DIR" <<'EOF'
 import json, re, struct, sys
@@ -115,24 +121,28 @@ def limits_lines(d, lim, ref_scan):
             f"{bw:.1f} GB/s = {1e3 * floor:.1f} ms: {step / floor:.2f}x (with each row's own KV reads, {mean_keys:.0f} keys: "
             f"{1e3 * (wbytes + kv) / (bw * 1e9):.1f} ms, {step * bw * 1e9 / (wbytes + kv):.2f}x)")
 
-hs_scan, ref_scan, hs_study, ref_study, d = float(sys.argv[1]), json.loads(sys.argv[2]), float(sys.argv[3]), json.loads(sys.argv[4]), sys.argv[5]
+hs_scan, ref_scan, ref_study, d = float(sys.argv[1]), json.loads(sys.argv[2]), json.loads(sys.argv[4]), sys.argv[5]
+hs_study = None if sys.argv[3] == "-" else float(sys.argv[3])  # STUDY_PARTS=scan: no (b)
 scan_ref_s = sum(ref_scan["per_trial_s"])
 ok_a = ref_scan["same_tokens"] and ref_scan["max_score_diff"] <= 1e-5
-ok_b = ref_study["same_tokens"] and ref_study["same_ablated_tokens"] and ref_study["max_score_diff"] <= 1e-5
+ok_b = hs_study is None or (ref_study["same_tokens"] and ref_study["same_ablated_tokens"] and ref_study["max_score_diff"] <= 1e-5)
 def times(f):
     return [l.strip() for l in open(f) if l.startswith(("time:", "prefill:"))]
 print(f"trials {ref_scan['trials']}, prompt tokens {min(ref_scan['prompt_tokens'])}-{max(ref_scan['prompt_tokens'])}; "
-      f"{ref_study['sets']} head sets; torch {ref_scan['torch']}, transformers {ref_scan.get('transformers', '?')}")
+      f"{ref_study['sets'] if ref_study else 'no'} head sets; torch {ref_scan['torch']}, transformers {ref_scan.get('transformers', '?')}")
 print("(a) scan alone:    headscope %7.1f s  reference %7.1f s  %s" % (
     hs_scan, scan_ref_s, f"{scan_ref_s / hs_scan:.2f}x" if ok_a else "NOT COMPARED: tokens or scores differ " + json.dumps(ref_scan)))
 print("    headscope " + "; ".join(times(d + "/scan.err")))
-print("(b) whole study:   headscope %7.1f s  reference %7.1f s  %s" % (
-    hs_study, ref_study["study_s"], f"{ref_study['study_s'] / hs_study:.2f}x" if ok_b else "NOT COMPARED: tokens or scores differ " + json.dumps({k: ref_study[k] for k in ("same_tokens", "same_ablated_tokens", "max_score_diff")})))
-print("    reference: detection loop %.1f s, masked loops %.1f s; headscope %s" % (
-    ref_study["scan_s"], ref_study["masked_s"], "; ".join(times(d + "/study.err"))))
+if hs_study is None:
+    print("(b) whole study:   not run (STUDY_PARTS=scan)")
+else:
+    print("(b) whole study:   headscope %7.1f s  reference %7.1f s  %s" % (
+        hs_study, ref_study["study_s"], f"{ref_study['study_s'] / hs_study:.2f}x" if ok_b else "NOT COMPARED: tokens or scores differ " + json.dumps({k: ref_study[k] for k in ("same_tokens", "same_ablated_tokens", "max_score_diff")})))
+    print("    reference: detection loop %.1f s, masked loops %.1f s; headscope %s" % (
+        ref_study["scan_s"], ref_study["masked_s"], "; ".join(times(d + "/study.err"))))
 limits = json.load(open(d + "/limits.json"))
 print(limits_lines(d, limits, ref_scan))
-print(json.dumps({"scan": {"headscope_s": hs_scan, "reference_s": scan_ref_s}, "study": {"headscope_s": hs_study, **ref_study},
+print(json.dumps({"scan": {"headscope_s": hs_scan, "reference_s": scan_ref_s}, "study": {"headscope_s": hs_study, **(ref_study or {})},
                   "limits": limits}))
 sys.exit(0 if ok_a and ok_b else 1)
 EOF
