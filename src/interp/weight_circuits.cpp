@@ -4,6 +4,7 @@
 #include "errors.h"
 #include "tokenizer.h"
 
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>

@@ -5,6 +5,8 @@
 #include "torch_compat.h"
 
 #include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <torch/torch.h>
 
 #include <cmath>
 #include <cstdint>
