@@ -320,6 +320,11 @@ TEST_CASE("bmm_small: a decode step's small products split over the threads, bit
             }
         }
     }
+    {  // under InferenceMode (the commands' forwards): the other threads run in it too
+        c10::InferenceMode im;
+        const auto a = torch::randn({12, 1, 64}), b = torch::randn({12, 64, 300});
+        CHECK(torch::equal(blocks::bmm_small(a, b), at::bmm(a, b)));
+    }
     // Larger products go to at::bmm whole (the BLAS threads them itself); autograd keeps its graph.
     const auto big = torch::randn({2, 512, 64}), kt = torch::randn({2, 64, 512});
     CHECK(torch::equal(blocks::bmm_small(big, kt), at::bmm(big, kt)));

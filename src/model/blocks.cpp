@@ -5,6 +5,7 @@
 #include "torch_compat.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -164,7 +165,10 @@ at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b) {
     if (N < 2 || !small || grad || !a.device().is_cpu() || at::get_num_threads() < 2 || at::in_parallel_region())
         return at::bmm(a, b);
     auto out = at::empty({N, a.size(1), b.size(2)}, a.options());
+    // InferenceMode and the grad mode are thread-local: the other threads take this one's.
+    const at::ThreadLocalState state;
     at::parallel_for(0, N, 1, [&](int64_t s, int64_t e) {
+        at::ThreadLocalStateGuard guard(state);
         auto o = out.narrow(0, s, e - s);
         at::bmm_out(o, a.narrow(0, s, e - s), b.narrow(0, s, e - s));
     });
