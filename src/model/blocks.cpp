@@ -157,7 +157,7 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 
 // The BLAS runs a bmm's N small products one after another, each too small for it to split, so a
 // decode step's attention ran on one core (issue 44: on the needle scan a third of a decode step).
-// Here the batch is split over the threads; each matrix is still its own product, as in one bmm.
+// Here the batch is split over the threads; each matrix is still its own product (blocks.h).
 at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b) {
     const int64_t N = a.size(0);
     const bool small = a.size(1) * a.size(2) * b.size(2) <= (int64_t{1} << 22);

@@ -48,13 +48,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool p
 // x W^T + b. per_row: one GEMM per batch row (BLAS picks kernels by matrix size, so in a folded
 // GEMM a row's last bits depend on the other rows; per row, a row equals its unbatched run).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row);
-// x [..., D] with 1-8 rows in all, w [N, D] (+ b [N]), float32 on the CPU, no autograd: x W^T + b
+// x [..., D] with 1-8 rows in all, w [N, D] (+ b [N]), float32 or bfloat16 on the CPU, no autograd: x W^T + b
 // streaming W once for every row (a decode step; each row's bits independent of the others), else
 // an undefined tensor. linear() and unembed() take it when it applies.
 at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
 // at::bmm(a, b) for [N, M, k] x [N, k, n] products of small matrices (M k n <= 2^22: a decode step's
 // query rows against each (row, kv head)'s keys, its pattern against the values) on the CPU: the N
-// products split over the intra-op threads; bit for bit at::bmm's result. Otherwise at::bmm.
+// products split over the intra-op threads, each on one thread (OpenBLAS: at::bmm's bits; MKL picks
+// its kernel by a thread's share, within float rounding of at::bmm). Otherwise at::bmm.
 at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
 // per_row: row by row, as linear() (libtorch 2.x's vectorized activations round their scalar tail
 // differently, and the tail depends on the tensor's size).
