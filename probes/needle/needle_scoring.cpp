@@ -4,17 +4,15 @@
 #include "qrhead.h"
 
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
+#include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
-#include <exception>
 #include <functional>
-#include <future>
 #include <limits>
 #include <map>
-#include <memory>
 #include <utility>
 
 namespace hs {
@@ -66,53 +64,17 @@ at::Tensor slice_sums(const at::Tensor& x, const std::vector<int64_t>& from, con
     return out;
 }
 
-// f(0, n) cut into `threads` parts: this thread runs the first, offers the others to ATen's inter-op
-// pool (at::parallel_for would run them here one after the other: headscope is not compiled with
-// OpenMP), then runs itself those no pool thread has started (on a busy machine the pool may start
-// late: no waiting for it) and waits for the rest; the first error is rethrown once all are over.
-// f must start no OpenMP region itself (BLAS products, small copies): each pool thread would start
-// its own team.
+// f(0, n) cut into `threads` parts on the intra-op threads (this file is compiled with OpenMP, as
+// blocks.cpp: CMakeLists.txt), each part in the caller's thread-local state (InferenceMode, grad mode);
+// the first error is rethrown. ATen ops inside run on their part's thread alone.
 void split_work(int64_t n, int64_t threads, const std::function<void(int64_t, int64_t)>& f) {
     const int64_t T = std::min(threads, n);
     if (T <= 1) return f(0, n);
-    struct Parts {  // shared with the pool's tasks, which may start after this call returns
-        explicit Parts(int64_t T) : claimed(static_cast<size_t>(T)), done(static_cast<size_t>(T)) {}
-        std::vector<std::atomic<bool>> claimed;
-        std::vector<std::promise<void>> done;
-    };
-    const auto parts = std::make_shared<Parts>(T);
-    const auto* fn = &f;  // read by a task only once it claimed its part, which this call then waits for
-    for (int64_t t = 1; t < T; ++t)
-        at::launch([parts, fn, t, T, n] {
-            if (parts->claimed[t].exchange(true)) return;
-            try {
-                torch::NoGradGuard ng;
-                (*fn)(n * t / T, n * (t + 1) / T);
-                parts->done[t].set_value();
-            } catch (...) {
-                parts->done[t].set_exception(std::current_exception());
-            }
-        });
-    std::exception_ptr error;
-    std::vector<int64_t> in_pool;
-    for (int64_t t = 0; t < T; ++t) {
-        if (t > 0 && parts->claimed[t].exchange(true)) {  // a pool thread runs it
-            in_pool.push_back(t);
-            continue;
-        }
-        if (error) continue;
-        try {
-            f(n * t / T, n * (t + 1) / T);
-        } catch (...) {
-            error = std::current_exception();
-        }
-    }
-    for (auto t : in_pool) try {
-            parts->done[t].get_future().get();
-        } catch (...) {
-            if (!error) error = std::current_exception();
-        }
-    if (error) std::rethrow_exception(error);
+    const at::ThreadLocalState state;
+    at::parallel_for(0, T, 1, [&](int64_t t0, int64_t t1) {
+        at::ThreadLocalStateGuard guard(state);
+        for (int64_t t = t0; t < t1; ++t) f(n * t / T, n * (t + 1) / T);
+    });
 }
 
 }  // namespace
