@@ -476,6 +476,31 @@ TEST_CASE("needle: decode through the KV cache in prefill chunks equals a full f
     }
 }
 
+TEST_CASE("needle: a decode computes only the scores it is asked for; those equal the all-scores run's bit for bit (planted model)") {
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    Trial t2 = t;
+    t2.prompt[9] = 61;  // a second row without the target
+    auto never = [](int64_t) { return false; };
+    DecodeSettings all;
+    all.max_new_tokens = 4, all.prefill_chunk = 5;
+    REQUIRE(all.scores == NeedleScoreSet::all());
+    DecodeSettings only = all;
+    only.scores = NeedleScoreSet{};
+    only.scores.add(NeedleScore::kRetrieval);
+    const auto a = decode_batch(*m, {&t, &t2}, all, never), o = decode_batch(*m, {&t, &t2}, only, never);
+    for (size_t k = 0; k < 2; ++k) {
+        CAPTURE(k);
+        CHECK(o[k].generated == a[k].generated);
+        REQUIRE(credit(a[k]).size(0) == 4);
+        CHECK(torch::equal(credit(o[k]), credit(a[k])));
+        CHECK(lplus(a[k]).size(0) == 4);  // the all-scores run has them
+        CHECK(lplus(o[k]).size(0) == 0);  // not computed: no steps
+        CHECK(lminus(o[k]).size(0) == 0);
+        CHECK(o[k].step(NeedleScore::kR2).size(0) == 0);
+    }
+}
+
 TEST_CASE("needle: mean-query replaces the pre-RoPE query, which RoPE then rotates at each position (planted model)") {
     auto m = planted_model();
     const Trial t = planted_trial();

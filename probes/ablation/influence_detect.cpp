@@ -40,6 +40,8 @@ RetrievalDetection detect_retrieval_heads(const Model& m, const Tokenizer& tok, 
     c.decode.max_new_tokens = kv.max_new_tokens, c.ablation_max_new_tokens = kv.max_new_tokens;
     c.decode.prefill_chunk = prefill_chunk;
     c.decode.reuse_prefix = false;  // every context is drawn anew: only the instruction is shared
+    c.decode.scores = NeedleScoreSet{};
+    c.decode.scores.add(NeedleScore::kRetrieval);  // Wu's score is all this reads
     c.max_positions = m.config.max_seq_len;
     NeedleTest test(m, tok, std::move(builder), std::move(c), std::move(kv.trials));
     Progress bar("detect (key-value trials)", d.trials);  // on stderr, drawn only on a terminal

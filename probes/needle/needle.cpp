@@ -234,7 +234,12 @@ TrialResult NeedleTest::scored(int64_t i, const DecodeOut& d, const at::Tensor* 
     r.answer_steps = static_cast<int64_t>(steps.size());
     const bool found = t.needle_start >= 0;
     for (const auto& row : needle_scores()) {
-        const auto& own = d.steps[static_cast<size_t>(row.id)];
+        const auto& own = d.steps[static_cast<size_t>(row.id)];  // [0, L, H] each where not computed
+        if (!c_.decode.scores.has(row.id)) {  // not asked for (--score): its arrays NaN
+            r.arrays.emplace_back(row.trial_arrays.size(), torch::full({L, H}, std::numeric_limits<double>::quiet_NaN(), torch::kDouble));
+            if (c_.keep_steps) r.steps.push_back(own);
+            continue;
+        }
         r.arrays.push_back(row.trial(NeedleTrialSteps{own, steps, answer_tokens, found, L, H, query_cal, t.needle_start, t.needle_end}));
         if (!c_.keep_steps) continue;
         std::vector<at::Tensor> kept;

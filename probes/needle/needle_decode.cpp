@@ -286,12 +286,14 @@ static bool shares_prompt(const DecodeSettings& s, const std::vector<const HeadS
 // rows' steps ([row][score][part] a tensor [L, H] per step).
 static void append_scores(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
                           const std::vector<int64_t>& scored, const std::vector<const Trial*>& trials, int64_t keys,
-                          const std::vector<int64_t>& ys, std::vector<PerNeedleScore<std::vector<at::Tensor>>>& steps) {
+                          const std::vector<int64_t>& ys, NeedleScoreSet which,
+                          std::vector<PerNeedleScore<std::vector<at::Tensor>>>& steps) {
     if (scored.empty()) return;
-    const auto sc = score_rows(m, rows, vals, scored, trials, keys, ys);
+    const auto sc = score_rows(m, rows, vals, scored, trials, keys, ys, which);
     for (size_t r = 0; r < scored.size(); ++r)
         for (size_t k = 0; k < sc[r].size(); ++k)
-            for (size_t p = 0; p < sc[r][k].size(); ++p) steps[static_cast<size_t>(scored[r])][k][p].push_back(sc[r][k][p]);
+            for (size_t p = 0; p < sc[r][k].size(); ++p)
+                if (sc[r][k][p].defined()) steps[static_cast<size_t>(scored[r])][k][p].push_back(sc[r][k][p]);
 }
 
 // decode_batch and decode_batch_sets: `ablate` acts on every row, or `per_row[b]` on row b alone.
@@ -402,7 +404,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             if (stops) done[b] = 1, --active;  // kept and scored below, then the row ends (Wu's order)
             if (s.score) scored.push_back(b), scored_y.push_back(y), scored_trials.push_back(trials[b]);
         }
-        append_scores(m, rows, vals, scored, scored_trials, keys, scored_y, steps);
+        append_scores(m, rows, vals, scored, scored_trials, keys, scored_y, s.scores, steps);
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());
         if (s.times) s.times->score += since(t_score);

@@ -88,6 +88,7 @@ struct DecodeSettings {
     int64_t max_new_tokens = 50;
     int64_t prefill_chunk = 512;
     bool score = true;  // capture rows and compute per-step scores
+    NeedleScoreSet scores = NeedleScoreSet::all();  // which scores a step computes (the run's --score)
     bool keep_stop = false;  // StopOrder::kAfter: a stop token is kept and scored, then the row ends (Wu)
     DecodeTimes* times = nullptr;  // optional: time accumulated here
     AblationScope scope = AblationScope::kAll;
@@ -150,7 +151,8 @@ at::Tensor calibrate_query_mean(const Model& m, const std::vector<std::vector<in
 struct DecodeOut {
     std::vector<int64_t> generated;
     // Per step t and head, every score's step arrays (score_rows: retrieval credit, LOCOS L+ and L-
-    // already scaled by n/(K-n), HeadKV's R2 credit): [score][part] [steps, L, H] double.
+    // already scaled by n/(K-n), HeadKV's R2 credit): [score][part] [steps, L, H] double; [0, L, H] for
+    // a score DecodeSettings::scores does not name.
     PerNeedleScore<at::Tensor> steps;
     int64_t peak_keys = 0;
     const at::Tensor& step(NeedleScore s, size_t part = 0) const { return steps[static_cast<size_t>(s)][part]; }

@@ -218,9 +218,10 @@ std::vector<at::Tensor> r2_step(const NeedleStepInput& in) {
     return {credit};
 }
 
-PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in) {
+PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in, NeedleScoreSet which) {
     PerNeedleScore<at::Tensor> out;
-    for (const auto& row : needle_scores()) out.push_back(row.step(in));
+    for (const auto& row : needle_scores())
+        out.push_back(which.has(row.id) ? row.step(in) : std::vector<at::Tensor>(row.step_arrays.size()));
     return out;
 }
 
@@ -241,7 +242,7 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
                                                    const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
                                                    const std::vector<const Trial*>& trials, int64_t keys,
-                                                   const std::vector<int64_t>& ys) {
+                                                   const std::vector<int64_t>& ys, NeedleScoreSet which) {
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
     const int64_t R = static_cast<int64_t>(scored.size());
@@ -258,12 +259,13 @@ std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::ve
             spans.push_back(sp);
         }
         const auto a = take_rows(rows[l], scored);  // [R, H, S]
-        layers[l] = score_layer(NeedleStepInput{a, vals[l], scored, m.weights.layers[l].wo, u, prompts, spans, ys});
+        layers[l] = score_layer(NeedleStepInput{a, vals[l], scored, m.weights.layers[l].wo, u, prompts, spans, ys}, which);
     }
     std::vector<PerNeedleScore<at::Tensor>> out(static_cast<size_t>(R), per_needle_score_steps<at::Tensor>());
     if (R == 0) return out;
     for (size_t s = 0; s < out.front().size(); ++s)
         for (size_t p = 0; p < out.front()[s].size(); ++p) {
+            if (!layers.front()[s][p].defined()) continue;  // not in `which`
             std::vector<at::Tensor> per_layer;
             for (const auto& layer : layers) per_layer.push_back(layer[s][p]);
             const auto all = torch::stack(per_layer);  // [L, R, H]

@@ -67,7 +67,8 @@ struct NeedleTrialSteps {
 // N = |answer span| (r2's needle span is its real_needle, the answer), the top N keys of the whole
 // row (every key S, BOS and generated tokens included; ties: the first indices), and (1/N) times
 // the sum of the weights of those inside the span; no copy condition. 0 without a span.
-PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in);
+// Only the scores in `which` are computed; the others' arrays are left undefined.
+PerNeedleScore<at::Tensor> score_layer(const NeedleStepInput& in, NeedleScoreSet which = NeedleScoreSet::all());
 
 // score_layer on one row, exposed for the tests: pattern [H, S] (one query row), v [S, K, d], u [D],
 // the rest as NeedleStepInput; every array [H] double.
@@ -81,11 +82,12 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 // The scores of one decode step for the batch rows `scored` (ascending; rows done before this step
 // are left out), row scored[r] having generated ys[r] in trial *trials[r]: score_layer on every
 // layer's captured pattern rows (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), `keys`
-// visible in all. Per scored row, [score][part] each [L, H] double.
+// visible in all. Per scored row, [score][part] each [L, H] double; undefined for the scores not in
+// `which` (the run's --score: a scan asking for retrieval alone does not pay for LOCOS's value products).
 std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
                                                    const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
                                                    const std::vector<const Trial*>& trials, int64_t keys,
-                                                   const std::vector<int64_t>& ys);
+                                                   const std::vector<int64_t>& ys, NeedleScoreSet which = NeedleScoreSet::all());
 
 // The registry's step functions (scores.cpp's rows), on the rows of one layer: retrieval credit;
 // LOCOS L+ then L- (already scaled by n/(K-n)); R2 credit.

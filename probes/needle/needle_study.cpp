@@ -222,6 +222,7 @@ std::unique_ptr<NeedleTest> make_needle_test(const NeedleStudySpec& s, const Mod
     NeedleConfig cfg = s.cfg;
     cfg.max_positions = m.config.max_seq_len;
     cfg.qrhead = s.scores.has(NeedleScore::kQrhead);
+    cfg.decode.scores = s.scores;  // a step computes the scores the run names, no others
     return std::make_unique<NeedleTest>(m, tok, TrialBuilder(tok, s.proto, in.facts, in.needles, in.needles_path, in.haystacks),
                                         cfg);
 }

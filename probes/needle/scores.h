@@ -34,6 +34,7 @@ struct NeedleScoreSet {
     bool empty() const { return bits == 0; }
     std::vector<NeedleScore> list() const;
     bool operator==(const NeedleScoreSet& o) const { return bits == o.bits; }
+    static NeedleScoreSet all() { return NeedleScoreSet{(1u << kNeedleScoreCount) - 1}; }
 };
 
 // One array a score keeps per trial (/retrieval/trials/<name>) or per trial and step
@@ -68,7 +69,8 @@ struct NeedleScoreRow {
     const char* name;         // "retrieval", "locos", "r2", "qrhead"
     const char* description;  // /scores/<name> description attribute
     // Per trial, [N, L, H]: the score's own array first (named as the score), then its parts
-    // (LOCOS: lplus, lminus). Every score's arrays are kept whatever --score asks.
+    // (LOCOS: lplus, lminus). Every score's arrays are kept; a score --score does not name is not
+    // computed (its step function never runs) and its arrays are NaN.
     std::vector<NeedleArrayName> trial_arrays;
     // Per trial and step, [N, steps, L, H] (--dump-steps), NaN past a trial's end.
     std::vector<NeedleArrayName> step_arrays;
