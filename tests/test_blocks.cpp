@@ -344,10 +344,11 @@ TEST_CASE("bmm_small: a decode step's small products split over the threads, equ
 TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits independent of the rows beside it") {
     // The kernel sums in another order than BLAS: within 1e-5 of the output's largest magnitude.
     torch::manual_seed(7);
-    for (int64_t D : {5, 8, 64, 77}) {
+    // D = 4100: 15 weight rows a block (256 KiB), so more than 6 rows run in groups over several blocks.
+    for (int64_t D : {5, 8, 64, 77, 4100}) {
         const auto w = torch::randn({300, D}), b = torch::randn({300});
-        const auto x = torch::randn({8, D});
-        for (int64_t R = 1; R <= 8; ++R) {
+        const auto x = torch::randn({16, D});
+        for (int64_t R = 1; R <= 16; ++R) {
             const auto xs = x.narrow(0, 0, R);
             for (bool bias : {false, true}) {
                 const auto ref = torch::matmul(xs.to(torch::kDouble), w.to(torch::kDouble).t()) +
@@ -369,8 +370,8 @@ TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits i
     // within bf16's rounding (2^-8 relative) of the float64 product of the same bf16 values.
     for (int64_t D : {7, 64, 130}) {
         const auto w = torch::randn({300, D}).to(torch::kBFloat16), b = torch::randn({300}).to(torch::kBFloat16);
-        const auto x = torch::randn({8, D}).to(torch::kBFloat16);
-        for (int64_t R : {1, 3, 8}) {
+        const auto x = torch::randn({16, D}).to(torch::kBFloat16);
+        for (int64_t R : {1, 3, 8, 13, 16}) {
             const auto xs = x.narrow(0, 0, R);
             const auto ref = torch::matmul(xs.to(torch::kDouble), w.to(torch::kDouble).t()) + b.to(torch::kDouble);
             const auto y = blocks::gemv_rows(xs, w, b);
@@ -381,9 +382,9 @@ TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits i
             for (int64_t r = 0; r < R; ++r) CHECK(torch::equal(blocks::gemv_rows(xs.narrow(0, r, 1), w, b)[0], y[r]));
         }
     }
-    // Where it does not apply, the caller's GEMM runs: 9 rows, float64, autograd, a transposed weight.
+    // Where it does not apply, the caller's GEMM runs: 17 rows, float64, autograd, a transposed weight.
     const auto w = torch::randn({16, 8});
-    CHECK_FALSE(blocks::gemv_rows(torch::randn({9, 8}), w, {}).defined());
+    CHECK_FALSE(blocks::gemv_rows(torch::randn({17, 8}), w, {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}, torch::kDouble), w.to(torch::kDouble), {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}).requires_grad_(true), w, {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 16}), w.t(), {}).defined());

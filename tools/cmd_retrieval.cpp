@@ -383,7 +383,7 @@ static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--batch", o->batch,
                     "trials of equal prompt length decoded together (memory x batch); auto: a length's trials (depths x "
-                    "needles), at most 8 and what half the free memory holds (the log says what it chose). A trial's "
+                    "needles), at most 16 and what half the free memory holds (the log says what it chose). A trial's "
                     "numbers do not depend on it")
         ->capture_default_str();
     sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")

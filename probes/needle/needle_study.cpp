@@ -187,7 +187,7 @@ NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, co
     }
     auto capped = [&](int64_t v) { return cap > 0 ? std::min(v, cap) : v; };
     const int64_t per_length = static_cast<int64_t>(s.cfg.depths.size()) * std::max<int64_t>(1, in.needles.size());
-    if (batch_auto) b.batch = std::max<int64_t>(1, capped(std::min<int64_t>(per_length, 8)));
+    if (batch_auto) b.batch = std::max<int64_t>(1, capped(std::min<int64_t>(per_length, 16)));
     // A resumed scan keeps the batches its file was cut into (the work items are batches), whatever
     // the memory free now.
     std::string from_file;
@@ -208,7 +208,7 @@ NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, co
         b.sweep_rows = std::max<int64_t>(1, std::min<int64_t>(set_cap > 0 ? set_cap : std::numeric_limits<int64_t>::max(),
                                                           std::min<int64_t>(64, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
     b.note = fmt::format("batching: --batch {}{}, --sweep-rows {}{} ({})", b.batch,
-                         !from_file.empty() ? from_file : batch_auto ? " (auto: a length's trials, at most 8)" : "",
+                         !from_file.empty() ? from_file : batch_auto ? " (auto: a length's trials, at most 16)" : "",
                          b.sweep_rows,
                          !rows_auto ? std::string()
                          : sets > 0 ? fmt::format(" (auto: {} x {} head sets, at most 64)", b.batch, sets)

@@ -101,8 +101,8 @@ std::unique_ptr<NeedleTest> make_needle_test(const NeedleStudySpec& s, const Mod
 
 // Rows of one decode forward when the command leaves them to the study (`--batch auto`,
 // `--sweep-rows auto`, the defaults), as llama.cpp sizes its batches from the model and the memory:
-// batch = the trials of one length (depths x needles), at most 8 (a decode step's product of up to
-// 8 rows reads each weight once: blocks::gemv_rows); sweep rows = batch x the head sets decoding
+// batch = the trials of one length (depths x needles), at most 16 (a decode step's product of up to
+// 16 rows reads each weight from memory once: blocks::gemv_rows); sweep rows = batch x the head sets decoding
 // together (the ablation set and its random controls, or the stream sweep's sets), at most 64; both
 // at most what half the free memory holds of KV caches (2 L K d_head (longest prompt + steps) x
 // the dtype's bytes a row, the kept prefills' bound set aside). The choice changes time and memory,

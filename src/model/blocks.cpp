@@ -39,8 +39,9 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
     return x;
 }
 
-// At most this many rows go through gemv_rows instead of a GEMM (blocks::linear, unembed).
-constexpr int64_t kGemvRows = 8;
+// At most this many rows go through gemv_rows instead of a GEMM (blocks::linear, unembed): a
+// needle scan's decode step of a length's 12 trials streams the weights once.
+constexpr int64_t kGemvRows = 16;
 
 namespace {
 
@@ -114,18 +115,35 @@ inline __attribute__((always_inline)) void dot_rows(const W* w, const float* x, 
     for (; n < n1; ++n) dot_block<R, 1>(w, x, D, n, y, ldy);
 }
 
+// Up to 6 rows in one pass over the weights (their accumulators stay in registers); more rows in
+// groups of at most 6, block by block of weight rows small enough to stay in L2, so the weights come
+// from memory once and the later groups read the block from L2. A row's sum is the same whatever
+// its group (dot_rows).
+template <class W>
+inline __attribute__((always_inline)) void dot_rows_few(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                        float* y, int64_t ldy) {
+    switch (R) {
+        case 1: return dot_rows<1>(w, x, D, n0, n1, y, ldy);
+        case 2: return dot_rows<2>(w, x, D, n0, n1, y, ldy);
+        case 3: return dot_rows<3>(w, x, D, n0, n1, y, ldy);
+        case 4: return dot_rows<4>(w, x, D, n0, n1, y, ldy);
+        case 5: return dot_rows<5>(w, x, D, n0, n1, y, ldy);
+        default: return dot_rows<6>(w, x, D, n0, n1, y, ldy);
+    }
+}
+
 template <class W>
 inline __attribute__((always_inline)) void dot_rows_r(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                       float* y, int64_t ldy) {
-    switch (R) {
-        case 1: dot_rows<1>(w, x, D, n0, n1, y, ldy); break;
-        case 2: dot_rows<2>(w, x, D, n0, n1, y, ldy); break;
-        case 3: dot_rows<3>(w, x, D, n0, n1, y, ldy); break;
-        case 4: dot_rows<4>(w, x, D, n0, n1, y, ldy); break;
-        case 5: dot_rows<5>(w, x, D, n0, n1, y, ldy); break;
-        case 6: dot_rows<6>(w, x, D, n0, n1, y, ldy); break;
-        case 7: dot_rows<7>(w, x, D, n0, n1, y, ldy); break;
-        default: dot_rows<8>(w, x, D, n0, n1, y, ldy); break;
+    if (R <= 6) return dot_rows_few(R, w, x, D, n0, n1, y, ldy);
+    const int G = (R + 5) / 6;
+    const int64_t block = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(W))));
+    for (int64_t b0 = n0; b0 < n1; b0 += block) {
+        const int64_t b1 = std::min(n1, b0 + block);
+        for (int g = 0; g < G; ++g) {
+            const int r0 = R * g / G, r1 = R * (g + 1) / G;
+            dot_rows_few(r1 - r0, w, x + r0 * D, D, b0, b1, y + r0 * ldy, ldy);
+        }
     }
 }
 
