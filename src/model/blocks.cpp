@@ -220,10 +220,12 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b,
         // last bits depend on what else is in the batch. Each row goes through the very call an
         // unbatched run ([1, T, D], folded to [T, D]) makes, so a row of a batch whose other rows
         // carry interventions equals its unbatched run bit for bit, whatever the BLAS (a batched
-        // bmm is another kernel: MKL's differs from its plain GEMM in the last bits).
+        // bmm is another kernel: MKL's differs from its plain GEMM in the last bits). gemv_rows'
+        // rows are independent bit for bit: few rows in all go through it at once.
+        if (auto y = gemv_rows(x, w, b); y.defined()) return y;
         std::vector<at::Tensor> rows;
         rows.reserve(x.size(0));
-        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(b.defined() ? at::linear(x[r], w, b) : torch::matmul(x[r], w.t()));
+        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(linear(x[r], w, b, false));
         return torch::stack(rows);
     }
     // A decode step's few rows on the CPU: gemv_rows streams the weight once for all of them. A GEMM
