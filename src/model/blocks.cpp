@@ -215,25 +215,24 @@ at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b) {
 }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
+    // A decode step's few rows on the CPU: gemv_rows streams the weight once for all of them. A GEMM
+    // of a few rows packs the whole weight into its panel buffers first (OpenBLAS's small-matrix
+    // kernels stop at 1200 output entries), which cost a one-row decode step more than the product
+    // itself, and a second row (DeCoRe's masked copy) ~1.4x (issue 44; docs/performance.md "Decoding
+    // with intervention rows"). Its rows are independent bit for bit, so it serves per-row mode too:
+    // each row gets the bits its unbatched run (which takes it as well) gets.
+    if (auto y = gemv_rows(x, w, b); y.defined()) return y;
     if (x.dim() == 3 && x.size(0) > 1 && per_row) {
         // One GEMM per batch row: BLAS picks kernels by matrix size, so in a folded GEMM a row's
         // last bits depend on what else is in the batch. Each row goes through the very call an
         // unbatched run ([1, T, D], folded to [T, D]) makes, so a row of a batch whose other rows
         // carry interventions equals its unbatched run bit for bit, whatever the BLAS (a batched
-        // bmm is another kernel: MKL's differs from its plain GEMM in the last bits). gemv_rows'
-        // rows are independent bit for bit: few rows in all go through it at once.
-        if (auto y = gemv_rows(x, w, b); y.defined()) return y;
+        // bmm is another kernel: MKL's differs from its plain GEMM in the last bits).
         std::vector<at::Tensor> rows;
         rows.reserve(x.size(0));
         for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(linear(x[r], w, b, false));
         return torch::stack(rows);
     }
-    // A decode step's few rows on the CPU: gemv_rows streams the weight once for all of them. A GEMM
-    // of a few rows packs the whole weight into its panel buffers first (OpenBLAS's small-matrix
-    // kernels stop at 1200 output entries), which cost a one-row decode step more than the product
-    // itself, and a second row (DeCoRe's masked copy) ~1.4x (issue 44; docs/performance.md "Decoding
-    // with intervention rows").
-    if (auto y = gemv_rows(x, w, b); y.defined()) return y;
     // Folded: [B*T, D] x [D, N] in one GEMM (addmm with the bias).
     return b.defined() ? at::linear(x, w, b) : torch::matmul(x, w.t());
 }
@@ -255,9 +254,12 @@ at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row) {
     const auto x = m.final_norm(resid);
     at::Tensor logits;
     if (x.dim() == 3 && x.size(0) > 1 && per_row) {  // per row, each the call its unbatched run makes (linear())
-        std::vector<at::Tensor> rows;
-        for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(mul(x[r]));
-        logits = torch::stack(rows);
+        logits = gemv_rows(x, w.unembed, w.unembed_b);  // few rows in all: one pass, each row's bits its own
+        if (!logits.defined()) {
+            std::vector<at::Tensor> rows;
+            for (int64_t r = 0; r < x.size(0); ++r) rows.push_back(mul(x[r]));
+            logits = torch::stack(rows);
+        }
     } else {
         logits = mul(x);
     }
