@@ -279,6 +279,22 @@ TEST_CASE("fused attention (libtorch >= 2.1) equals the blocked attention on eve
     }
 }
 
+TEST_CASE("fused attention reads GQA's kv heads in place: the bits of the repeated heads") {
+    if (!compat::has_fused_attention()) {
+        MESSAGE("skipped: this libtorch (" << TORCH_VERSION << ") has no fused attention; the torch-2 build runs it");
+        return;
+    }
+    torch::manual_seed(3);
+    const int64_t B = 2, H = 8, K = 2, T = 5, S = 13, d = 16;
+    auto q = torch::randn({B, H, T, d}), k = torch::randn({B, K, S, d}), v = torch::randn({B, K, S, d});
+    auto kr = k.repeat_interleave(H / K, 1), vr = v.repeat_interleave(H / K, 1);
+    auto mask = torch::ones({T, S}, torch::kBool).tril(S - T);  // a chunk after 8 cached keys
+    CHECK(torch::equal(compat::fused_attention(q, k, v, mask, false, 0.25), compat::fused_attention(q, kr, vr, mask, false, 0.25)));
+    auto qc = torch::randn({B, H, S, d});
+    CHECK(torch::equal(compat::fused_attention(qc, k, v, {}, true, 0.25), compat::fused_attention(qc, kr, vr, {}, true, 0.25)));
+    CHECK_THROWS(compat::fused_attention(q, torch::randn({B, 3, S, d}), torch::randn({B, 3, S, d}), mask, false, 0.25));
+}
+
 TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked attention in bfloat16") {
     if (!compat::has_fused_attention() || !cpu_gemm_supported(c10::kBFloat16)) {
         MESSAGE("skipped: no fused attention or no bfloat16 products in this libtorch");

@@ -461,14 +461,13 @@ bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks) {
 
 namespace {
 
-// libtorch's fused kernel: [B, H, T, d] against the kv heads repeated to H (GQA), the causal mask as a
-// flag when there is no cache, else as [T, S] with the sliding window folded in. -> z [B, T, H, d].
+// libtorch's fused kernel: [B, H, T, d] against the K kv heads (GQA: compat::fused_attention), the causal
+// mask as a flag when there is no cache, else as [T, S] with the sliding window folded in. -> z [B, T, H, d].
 at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    const int64_t T = q.size(1), S = k.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head;
+    const int64_t T = q.size(1), S = k.size(1), d = cfg.d_head;
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
     auto q4 = q.permute({0, 2, 1, 3});
-    auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});
-    if (H != K) k4 = k4.repeat_interleave(H / K, 1), v4 = v4.repeat_interleave(H / K, 1);
+    auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});  // [B, K, S, d]
     const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
     return compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});

@@ -11,9 +11,11 @@ namespace hs::compat {
 bool has_fused_attention();
 
 // softmax(q k^T * scale + mask) v through libtorch's fused kernels (flash / memory-efficient / math,
-// libtorch's choice). q [B, H, T, d], k and v [B, H, S, d] (the caller repeats GQA's kv heads).
-// mask: undefined with causal = true (T == S, query t sees keys <= t), or bool [T, S] (true =
-// visible). Throws ConfigError where has_fused_attention() is false.
+// libtorch's choice). q [B, H, T, d], k and v [B, K, S, d] with K dividing H (GQA: query head h reads
+// kv head h / (H / K); libtorch 2.5 and later read them as they are, `enable_gqa`, earlier ones get
+// them repeated to H heads here, the same bits). mask: undefined with causal = true (T == S, query t
+// sees keys <= t), or bool [T, S] (true = visible). Throws ConfigError where has_fused_attention()
+// is false.
 at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& mask,
                            bool causal, double scale);
 
