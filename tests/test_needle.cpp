@@ -501,6 +501,49 @@ TEST_CASE("needle: a decode computes only the scores it is asked for; those equa
     }
 }
 
+TEST_CASE("needle: scan rows read their trials' prompt caches where they are, as the copied batch decodes (planted model)") {
+    // DecodeSettings::share_prompt: with no score that reads the values (retrieval, R2) each row reads
+    // its trial's prefill in place (KVCache::shared, one product a row and kv head); LOCOS's value
+    // products want every row's values gathered, so its decode copies the prefills into one batch.
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    Trial t2 = t, t3 = t;
+    t2.prompt[9] = 61, t3.prompt[3] = 62;
+    auto never = [](int64_t) { return false; };
+    CHECK_FALSE(needle_scores_read_values(parse_needle_scores("retrieval,r2,qrhead")));
+    CHECK(needle_scores_read_values(parse_needle_scores("retrieval,locos")));
+    for (const std::string which : {"retrieval,r2", "retrieval,locos"}) {
+        CAPTURE(which);
+        DecodeSettings in_place;
+        in_place.max_new_tokens = 4, in_place.prefill_chunk = 5, in_place.scores = parse_needle_scores(which);
+        DecodeSettings copied = in_place;
+        copied.share_prompt = false;
+        CacheLog log_in_place, log_copied;
+        in_place.cache_log = &log_in_place, copied.cache_log = &log_copied;
+        log_in_place.keep_logits = log_copied.keep_logits = true;
+        PrefixCache pc;  // the rows read the kept prefills themselves
+        const auto a = decode_batch(*m, {&t, &t2, &t3}, in_place, never, nullptr, &pc);
+        const auto b = decode_batch(*m, {&t, &t2, &t3}, copied, never);
+        REQUIRE(a.size() == 3);
+        for (size_t k = 0; k < 3; ++k) {
+            CAPTURE(k);
+            CHECK(a[k].generated == b[k].generated);
+            REQUIRE(credit(a[k]).size(0) == 4);
+            CHECK(torch::equal(credit(a[k]), credit(b[k])));  // an argmax a step: the same keys win
+            // R2 sums attention weights, which the two attentions round differently in the last bits.
+            const auto ra = a[k].step(NeedleScore::kR2), rb = b[k].step(NeedleScore::kR2);
+            REQUIRE(ra.sizes() == rb.sizes());
+            if (ra.numel() > 0) CHECK((ra - rb).abs().max().item<double>() <= kBatchRelTol);
+        }
+        double worst = 0;
+        for (size_t s = 0; s < log_in_place.logits.size(); ++s) {
+            const auto x = log_in_place.logits[s], y = log_copied.logits[s];
+            worst = std::max(worst, (x - y).abs().max().item<double>() / std::max(1.0, y.abs().max().item<double>()));
+        }
+        CHECK(worst <= kBatchRelTol);
+    }
+}
+
 TEST_CASE("needle: mean-query replaces the pre-RoPE query, which RoPE then rotates at each position (planted model)") {
     auto m = planted_model();
     const Trial t = planted_trial();

@@ -232,7 +232,10 @@ TEST_CASE("r2: on the CI toy recall model the proven retrieval heads score highe
     for (int64_t i = 0; i < N; ++i)
         for (int64_t j = 0; j < LH; ++j) {
             CHECK(tr2.values[i * LH + j] == st.values[(i * 2) * LH + j]);
-            CHECK(tr2.values[i * LH + j] == tr.values[i * LH + j]);
+            // The one-step run also computes LOCOS, whose value products make its decode copy the
+            // prefills into one batch cache; this r2-only run reads them in place (needle_decode.h,
+            // DecodeSettings::share_prompt): the attention weights agree within float rounding.
+            CHECK(tr2.values[i * LH + j] == doctest::Approx(tr.values[i * LH + j]).epsilon(1e-6));
             second += st.values[(i * 2 + 1) * LH + j];
         }
     MESSAGE("the second steps' R2, summed over trials and heads: " << second);

@@ -219,10 +219,10 @@ static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>&
         std::vector<const Trial*> distinct;
         for (auto b : firsts) distinct.push_back(trials[static_cast<size_t>(b)]);
         const int64_t D = static_cast<int64_t>(distinct.size());
-        if (sets && share && D < B) {
+        if (share) {
             // The rows read their trial's prefill where it is (the kept prefill itself: no copy).
             auto each = std::make_shared<std::vector<KVCache>>();
-            for (const Trial* t : distinct) each->push_back(prefill_trial(m, *t, chunk, nullptr, no_logits, prefix));
+            for (const Trial* t : distinct) each->push_back(prefill_trial(m, *t, chunk, sets ? nullptr : &prefill, no_logits, prefix));
             cache = KVCache();
             cache.shared = std::move(each);
             cache.shared_rows = row_of;
@@ -273,12 +273,18 @@ static std::vector<PackRow> pack_rows(const ModelConfig& cfg, const std::vector<
 // The bytes of the cache's allocated buffers.
 static int64_t held_bytes(const KVCache& c) { return c.packed ? c.packed->bytes() : cache_bytes(c); }
 
-// Whether rows with their own sets read shared prompt caches (DecodeSettings::share_prompt): nothing is
-// scored a step and no row's set hides keys by position (kept positions, windows, a packed cache).
-static bool shares_prompt(const DecodeSettings& s, const std::vector<const HeadSet*>* per_row) {
-    if (!s.share_prompt || !per_row || s.score) return false;
-    for (const HeadSet* hs : *per_row)
-        if (hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream)) return false;
+// Whether the rows read their trials' prompt caches where they are (DecodeSettings::share_prompt): no
+// step score reads the values (the attn.v capture wants every row's keys and values gathered) and no
+// set hides keys by position (kept positions, windows, a packed cache).
+static bool shares_prompt(const DecodeSettings& s, const HeadSet* ablate, const std::vector<const HeadSet*>* per_row) {
+    if (!s.share_prompt || (s.score && needle_scores_read_values(s.scores))) return false;
+    auto hides = [](const HeadSet* hs) {
+        return hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream);
+    };
+    if (hides(ablate)) return false;
+    if (per_row)
+        for (const HeadSet* hs : *per_row)
+            if (hides(hs)) return false;
     return true;
 }
 
@@ -340,7 +346,8 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     std::vector<at::Tensor> rows(L), vals(L);
     if (s.score) {
         step.capture(Point::kAttnPattern, [&rows](int l, const at::Tensor& a) { rows[l] = a.select(2, 0); });  // [B, H, S]
-        step.capture(Point::kAttnV, [&vals](int l, const at::Tensor& v) { vals[l] = v; });                     // [B, S, K, d]
+        if (needle_scores_read_values(s.scores))  // LOCOS's value products
+            step.capture(Point::kAttnV, [&vals](int l, const at::Tensor& v) { vals[l] = v; });  // [B, S, K, d]
     }
 
     KVCache cache;
@@ -351,7 +358,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     using Clock = std::chrono::steady_clock;
     auto since = [](Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); };
     const auto t_prefill = Clock::now();
-    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, shares_prompt(s, per_row), chunk,
+    prefill_decode_rows(m, trials, ids, per_row != nullptr, s.scope == AblationScope::kAll, shares_prompt(s, ablate, per_row), chunk,
                         prefill, no_logits, prefix, P - 1 + s.max_new_tokens, cache);
     if (s.times) s.times->prefill += since(t_prefill);
     std::vector<DecodeOut> out(B);

@@ -96,10 +96,11 @@ struct DecodeSettings {
     // shares with it (PrefixCache). Off: every trial prefilled whole.
     bool reuse_prefix = true;
     CacheLog* cache_log = nullptr;  // optional: per step (one decode of one or more rows)
-    // Rows of one trial with an unablated prefill (decode_batch_sets, scope decode) read one prompt
-    // cache together (KVCache::shared): no copy a row, each decode step reads its keys once. Only
-    // where no row's set hides keys by position (kept positions, windows) and nothing is scored a step;
-    // off: each row decodes from its own copy (the same tokens; scores within float rounding).
+    // Each row reads its trial's prompt cache where it is (KVCache::shared, the kept prefill itself):
+    // no copy into a batch cache, and rows of one trial (decode_batch_sets, scope decode) read its keys
+    // once a step. Only where no step score reads the values (LOCOS: NeedleScoreRow::step_reads_values)
+    // and no set hides keys by position (kept positions, windows, a packed cache); off: the rows'
+    // prefills are copied into one batch cache (the same tokens; scores within float rounding).
     bool share_prompt = true;
 };
 

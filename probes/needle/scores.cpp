@@ -24,7 +24,8 @@ const std::vector<NeedleScoreRow>& needle_scores() {
          "the other keys the head can see times n/(K-n); mean over passing "
          "trials with an answer step",
          {{"locos", true}, {"lplus", false}, {"lminus", false}}, {{"lplus", true}, {"lminus", true}}, locos_step, locos_trial,
-         NeedleReduction::kAnswerStepMean, /*flags_heads=*/false, /*steps_need_needle=*/true},
+         NeedleReduction::kAnswerStepMean, /*flags_heads=*/false, /*steps_need_needle=*/true,
+         /*needs_query_rows=*/false, /*step_reads_values=*/true},
         {NeedleScore::kR2, "r2",
          "HeadKV's retrieval-reasoning score (FYYFU/HeadKV "
          "retrieval_head_detection_r2.py lines 218-229): per decode step, "
@@ -50,6 +51,12 @@ const std::vector<NeedleScoreRow>& needle_scores() {
 const NeedleScoreRow& needle_score(NeedleScore s) { return needle_scores().at(static_cast<size_t>(s)); }
 
 const char* needle_score_name(NeedleScore s) { return needle_score(s).name; }
+
+bool needle_scores_read_values(NeedleScoreSet which) {
+    for (auto s : which.list())
+        if (needle_score(s).step_reads_values) return true;
+    return false;
+}
 
 std::vector<NeedleScore> NeedleScoreSet::list() const {
     std::vector<NeedleScore> out;

@@ -82,7 +82,13 @@ struct NeedleScoreRow {
     // The trial function reads the question's calibrated attention rows after the prefill
     // (NeedleTrialSteps::query_cal: QRHead), which the scan computes only when --score asks for it.
     bool needs_query_rows = false;
+    // Its step function reads the values (NeedleStepInput::v, the attn.v capture: LOCOS's value
+    // products). A decode whose scores read none captures no values, and its rows then read their
+    // trials' prompt caches where they are (needle_decode.h, DecodeSettings::share_prompt).
+    bool step_reads_values = false;
 };
+// Whether any score of `which` reads the values a step (NeedleScoreRow::step_reads_values).
+bool needle_scores_read_values(NeedleScoreSet which);
 const std::vector<NeedleScoreRow>& needle_scores();  // every score, in enum order
 const NeedleScoreRow& needle_score(NeedleScore s);
 const char* needle_score_name(NeedleScore s);

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <tuple>
 
@@ -892,7 +893,26 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     auto kv_of = [&](const std::vector<at::Tensor>& x) { return x.at(static_cast<size_t>(layer)).select(0, 0).permute({1, 0, 2}); };
     std::vector<at::Tensor> idx(shared.size());
     auto scores = at::empty({B, K, gT, S}, q.options());
-    for (size_t p = 0; p < shared.size(); ++p) {
+    // Every cache read by one row at most (the needle scan: each row its own trial's prompt): one
+    // product a (row, kv head) straight into the scores and z, split over the threads, instead of
+    // gathering each cache's rows (index_select / index_copy_ a cache, which cost more than the
+    // products here).
+    bool one_each = dev.is_cpu() && !(at::GradMode::is_enabled() && q.requires_grad());
+    for (const auto& r : rows_of) one_each &= r.size() <= 1;
+    const at::ThreadLocalState tls;
+    auto each_row_head = [&](const std::function<void(int64_t b, int64_t h, const KVCache& c)>& f) {
+        at::parallel_for(0, B * K, 1, [&](int64_t s, int64_t e) {
+            at::ThreadLocalStateGuard guard(tls);
+            for (int64_t i = s; i < e; ++i)
+                f(i / K, i % K, shared[static_cast<size_t>(cache.shared_rows[static_cast<size_t>(i / K)])]);
+        });
+    };
+    if (one_each)
+        each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, d] x [d, P] -> scores[b, h, :, :P]
+            auto out = scores.select(0, b).select(0, h).narrow(1, 0, P);
+            at::mm_out(out, q4.select(0, b).select(0, h), kv_of(c.k).select(0, h).t());
+        });
+    for (size_t p = 0; p < shared.size() && !one_each; ++p) {
         const int64_t n = static_cast<int64_t>(rows_of[p].size());
         if (n == 0) continue;
         idx[p] = torch::tensor(rows_of[p], torch::kLong).to(dev);
@@ -920,7 +940,12 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     else if (hooks && hooks->wants(Point::kAttnPattern, layer)) hooks->run_rows(Point::kAttnPattern, layer, 0, pattern);
     auto pat = pattern.reshape({B, K, gT, S});
     auto z = at::empty({B, K, gT, d}, q.options());
-    for (size_t p = 0; p < shared.size(); ++p) {
+    if (one_each)
+        each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, P] x [P, d] -> z[b, h]
+            auto out = z.select(0, b).select(0, h);
+            at::mm_out(out, pat.select(0, b).select(0, h).narrow(1, 0, P), kv_of(c.v).select(0, h));
+        });
+    for (size_t p = 0; p < shared.size() && !one_each; ++p) {
         if (!idx[p].defined()) continue;
         const int64_t n = idx[p].size(0);
         auto pp = pat.index_select(0, idx[p]).narrow(3, 0, P).permute({1, 0, 2, 3}).reshape({K, n * gT, P});
