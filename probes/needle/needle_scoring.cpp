@@ -105,6 +105,7 @@ std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in) {
 // run of consecutive batch rows a view of the cache's [B, K, capacity, d] buffer (no copy).
 // O(R x H x S) memory.
 static at::Tensor locos_contrib(const NeedleStepInput& in) {
+    HS_REQUIRE(in.v.defined(), "locos_contrib: no values captured (the score's registry row must set step_reads_values)");
     const int64_t R = in.a.size(0), H = in.a.size(1), S = in.a.size(2), K = in.v.size(2), d = in.v.size(3), g = H / K;
     const auto ct = in.v.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
     const auto v = in.v.to(ct), wo = in.wo.to(ct);
