@@ -13,6 +13,8 @@
 
 #include <torch/torch.h>
 
+#include <array>
+
 using namespace hs;
 using namespace torch::indexing;
 
@@ -293,6 +295,89 @@ TEST_CASE("fused attention reads GQA's kv heads in place: the bits of the repeat
     auto qc = torch::randn({B, H, S, d});
     CHECK(torch::equal(compat::fused_attention(qc, k, v, {}, true, 0.25), compat::fused_attention(qc, kr, vr, {}, true, 0.25)));
     CHECK_THROWS(compat::fused_attention(q, torch::randn({B, 3, S, d}), torch::randn({B, 3, S, d}), mask, false, 0.25));
+}
+
+TEST_CASE("a prefill without logits stops at the last layer's keys and values: the next call's bits unchanged") {
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 2, 21, 17);
+        torch::NoGradGuard ng;
+        ForwardOptions no_logits;
+        no_logits.compute_logits = false;
+        // The same prefill with logits (every layer whole) and without (the last layer's keys and values only).
+        KVCache whole, keys;
+        m->forward(tokens.narrow(1, 0, 15), nullptr, &whole);
+        CHECK_FALSE(m->forward(tokens.narrow(1, 0, 15), nullptr, &keys, no_logits).defined());
+        const int last = m->config.n_layers - 1;
+        CHECK(torch::equal(keys.k[last], whole.k[last]));
+        CHECK(torch::equal(keys.v[last], whole.v[last]));
+        CHECK(torch::equal(m->forward(tokens.narrow(1, 15, 6), nullptr, &keys), m->forward(tokens.narrow(1, 15, 6), nullptr, &whole)));
+        // A hook at the last layer sees the whole layer: it runs.
+        Hooks h;
+        int seen = 0;
+        h.capture(Point::kMlpOut, [&](int, const at::Tensor&) { ++seen; }, last);
+        KVCache hooked;
+        m->forward(tokens.narrow(1, 0, 15), &h, &hooked, no_logits);
+        CHECK(seen == 1);
+    }
+}
+
+TEST_CASE("chunk attention: a GQA chunk after cached keys, two fused calls merged, equals the masked call") {
+    if (!compat::has_chunk_attention()) {
+        MESSAGE("skipped: this libtorch (" << TORCH_VERSION << ") has no CPU flash log-sum-exp; the torch-2 build runs it");
+        return;
+    }
+    torch::manual_seed(5);
+    // (query heads, kv heads, chunk, cached keys): stacked heads 1, 2 and 4 a kv head, a cache shorter
+    // and longer than the chunk, batch rows with their own keys.
+    for (auto [H, K, T, P] : std::vector<std::array<int64_t, 4>>{{8, 2, 200, 57}, {4, 2, 64, 300}, {6, 6, 33, 1}, {8, 2, 5, 3}}) {
+        CAPTURE(H);
+        CAPTURE(K);
+        CAPTURE(T);
+        CAPTURE(P);
+        const int64_t B = 2, S = T + P, d = 32;
+        auto q = torch::randn({B, H, T, d}), k = torch::randn({B, K, S, d}), v = torch::randn({B, K, S, d});
+        auto mask = torch::ones({T, S}, torch::kBool).tril(P);
+        const auto want = compat::fused_attention(q, k, v, mask, false, 0.2);
+        const auto got = compat::chunk_attention(q, k, v, 0.2);
+        CHECK(got.sizes() == want.sizes());
+        // Two softmaxes merged by their log-sum-exps in float32: rounding, nothing more.
+        CHECK((got - want).abs().max().item<double>() < 1e-5);
+        if (cpu_gemm_supported(c10::kBFloat16)) {
+            const auto bf = compat::chunk_attention(q.to(torch::kBFloat16), k.to(torch::kBFloat16), v.to(torch::kBFloat16), 0.2);
+            CHECK((bf.scalar_type() == c10::kBFloat16));
+            CHECK((bf.to(torch::kFloat) - want).abs().max().item<double>() < 3e-2);
+        }
+    }
+    CHECK_THROWS(compat::chunk_attention(torch::randn({1, 4, 3, 8}), torch::randn({1, 2, 3, 8}), torch::randn({1, 2, 3, 8}), 0.3));
+    CHECK_THROWS(compat::chunk_attention(torch::randn({1, 4, 3, 8}), torch::randn({1, 3, 5, 8}), torch::randn({1, 3, 5, 8}), 0.3));
+}
+
+TEST_CASE("a long prefill chunk takes the chunk attention and keeps the blocked attention's logits") {
+    if (!compat::has_chunk_attention()) {
+        MESSAGE("skipped: this libtorch (" << TORCH_VERSION << ") has no CPU flash log-sum-exp; the torch-2 build runs it");
+        return;
+    }
+    // 2, 1 and 4 query heads a kv head; RoPE families, so any position is defined (the fixtures' 64
+    // positions are their checkpoints' field).
+    for (const std::string name : {"llama3_rope", "gpt_neox", "gemma"}) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        m->config.max_seq_len = 2048;
+        const int64_t T = blocks::kChunkAttentionQueries;  // the smallest chunk that takes it after a short past
+        auto tokens = tokens_for(*m, 2, 100 + T, 13);
+        torch::NoGradGuard ng;
+        auto rest = [&](AttentionKernel a) {
+            m->options.attention = a;
+            KVCache c;
+            m->forward(tokens.narrow(1, 0, 100), nullptr, &c);
+            return m->forward(tokens.narrow(1, 100, T), nullptr, &c);
+        };
+        const auto blocked = rest(AttentionKernel::kBlocked), fused = rest(AttentionKernel::kFused);
+        CHECK(rel_diff(fused, blocked) < kCarriedTol);
+        CHECK(rel_diff(fused, m->forward(tokens).narrow(1, 100, T)) < kCarriedTol);  // the whole prompt at once
+    }
 }
 
 TEST_CASE("fused attention in bfloat16 is as close to float32 as the blocked attention in bfloat16") {

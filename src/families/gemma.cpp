@@ -50,6 +50,10 @@ at::Tensor forward_gemma(const blocks::Pass& p, const at::Tensor& tokens) {
         }
         q = blocks::apply_rope(p.query_pre_rope(l, q), rope);
         k = blocks::apply_rope(k, rope);
+        if (p.keys_only(l)) {  // a prefill's last layer: only its keys and values are read later
+            p.keep_keys(l, k, v);
+            break;
+        }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D], soft-cap and window inside
         auto attn_add = cfg.sandwich_norm ? blocks::norm(cfg, attn_out, lw.post_attn_norm_w, {}) : attn_out;
         x = p.hook(Point::kResidMid, l, x + attn_add);

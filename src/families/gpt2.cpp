@@ -25,6 +25,10 @@ at::Tensor forward_gpt2(const blocks::Pass& p, const at::Tensor& tokens) {
         auto q = p.query_pre_rope(l, p.linear(h, lw.wq, lw.bq).view({B, T, H, d}));  // c_attn's q third (no RoPE)
         auto k = p.linear(h, lw.wk, lw.bk).view({B, T, H, d});
         auto v = p.linear(h, lw.wv, lw.bv).view({B, T, H, d});
+        if (p.keys_only(l)) {  // a prefill's last layer: only its keys and values are read later
+            p.keep_keys(l, k, v);
+            break;
+        }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D]
         x = p.hook(Point::kResidMid, l, x + attn_out);
         auto h2 = blocks::norm(cfg, x, lw.mlp_norm_w, lw.mlp_norm_b);

@@ -29,6 +29,10 @@ at::Tensor forward_gpt_neox(const blocks::Pass& p, const at::Tensor& tokens) {
         auto q = blocks::apply_rope(p.query_pre_rope(l, p.linear(h, lw.wq, lw.bq).view({B, T, H, d})), rope);
         auto k = blocks::apply_rope(p.linear(h, lw.wk, lw.bk).view({B, T, H, d}), rope);
         auto v = p.linear(h, lw.wv, lw.bv).view({B, T, H, d});
+        if (p.keys_only(l)) {  // a prefill's last layer: only its keys and values are read later
+            p.keep_keys(l, k, v);
+            break;
+        }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D]
         auto mlp_in = cfg.parallel_residual ? x : at::Tensor();          // parallel: ln2 reads resid_pre
         x = p.hook(Point::kResidMid, l, x + attn_out);

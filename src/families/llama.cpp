@@ -28,6 +28,10 @@ at::Tensor forward_llama(const blocks::Pass& p, const at::Tensor& tokens) {
         }
         q = blocks::apply_rope(p.query_pre_rope(l, q), rope);
         k = blocks::apply_rope(k, rope);
+        if (p.keys_only(l)) {  // a prefill's last layer: only its keys and values are read later
+            p.keep_keys(l, k, v);
+            break;
+        }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D]
         x = p.hook(Point::kResidMid, l, x + attn_out);
         auto mlp_out = p.hook(Point::kMlpOut, l, p.mlp(lw, blocks::norm(cfg, x, lw.mlp_norm_w, lw.mlp_norm_b)));

@@ -29,6 +29,10 @@ at::Tensor forward_olmo2(const blocks::Pass& p, const at::Tensor& tokens) {
         auto v = p.linear(x, lw.wv, lw.bv).view({B, T, K, d});
         q = blocks::apply_rope(p.query_pre_rope(l, q.view({B, T, H, d})), rope);
         k = blocks::apply_rope(k.view({B, T, K, d}), rope);
+        if (p.keys_only(l)) {  // a prefill's last layer: only its keys and values are read later
+            p.keep_keys(l, k, v);
+            break;
+        }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D]
         x = p.hook(Point::kResidMid, l, x + blocks::norm(cfg, attn_out, lw.post_attn_norm_w, {}));
         auto mlp_out = p.hook(Point::kMlpOut, l, p.mlp(lw, x));

@@ -113,6 +113,13 @@ bool Hooks::wants(Point p, int layer) const {
     return false;
 }
 
+bool Hooks::touches(int layer) const {
+    for (int p = 0; p < kNumPoints; ++p)
+        if (wants(static_cast<Point>(p), layer)) return true;
+    return has_z_interventions(layer) || has_q_interventions(layer) || has_q_pre_rope_interventions(layer) ||
+           has_windows(layer) || has_keeps(layer);
+}
+
 bool Hooks::needs_whole(Point p, int layer) const {
     for (const auto& e : entries_[static_cast<int>(p)])
         if ((e.layer < 0 || e.layer == layer) && !e.rows) return true;

@@ -159,6 +159,9 @@ public:
     void clear();
 
     bool wants(Point p, int layer) const;
+    // Anything at `layer`: a capture, edit or row observer at any point (or at every layer), a head
+    // intervention, a window or a kept-position set.
+    bool touches(int layer) const;
     // A whole-tensor capture or an edit is subscribed at (p, layer): the tensor must be formed whole.
     bool needs_whole(Point p, int layer) const;
     // Any head intervention aimed at one batch row (row >= 0): rows then differ, and the forward

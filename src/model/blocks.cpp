@@ -282,6 +282,13 @@ at::Tensor Pass::query_pre_rope(int layer, at::Tensor q) const { return blocks::
 
 at::Tensor Pass::hook(Point p, int layer, at::Tensor x) const { return blocks::hook(hooks, p, layer, std::move(x)); }
 
+bool Pass::keys_only(int layer) const {
+    return layer == m.config.n_layers - 1 && !opts.compute_logits && opts.stop_after_layer < 0 && cache && !cache->packed &&
+           !cache->shared && !(hooks && hooks->touches(layer));
+}
+
+void Pass::keep_keys(int layer, const at::Tensor& k, const at::Tensor& v) const { cache->append(layer, k, v); }
+
 at::Tensor activation(Activation a, const at::Tensor& x, bool per_row) {
     if (x.dim() == 3 && x.size(0) > 1 && per_row) {
         // Per row too, like linear(): libtorch 2.x's vectorized SiLU/GELU and its scalar tail loop
@@ -469,8 +476,12 @@ at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
     auto q4 = q.permute({0, 2, 1, 3});
     auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});  // [B, K, S, d]
-    const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    // A long prefill chunk, or one after a long past, on the CPU: without the mask (compat::chunk_attention).
+    if (S > T && window == 0 && (T >= kChunkAttentionQueries || S - T >= kChunkAttentionPast) && q.device().is_cpu() &&
+        compat::has_chunk_attention())
+        return compat::chunk_attention(q4, k4, v4, scale).permute({0, 2, 1, 3});
+    const at::Tensor mask = S > T || window > 0 ? visible_mask(T, S, S - T, window, q.device()) : at::Tensor();
     return compat::fused_attention(q4, k4, v4, mask, !mask.defined(), scale).permute({0, 2, 1, 3});
 }
 

@@ -38,6 +38,12 @@ struct Pass {
     // blocks::query_pre_rope with this call's hooks; hook() likewise.
     at::Tensor query_pre_rope(int layer, at::Tensor q) const;
     at::Tensor hook(Point p, int layer, at::Tensor x) const;
+    // The model's last layer in a call that computes no logits into a KV cache (a prefill), with no hook,
+    // intervention, window or keep at that layer: its keys and values are all that is read later (the
+    // next call's attention), so the family appends them (keep_keys) and stops there, skipping that
+    // layer's attention, W_O and MLP over the chunk (docs/forward.md, "The last layer of a prefill").
+    bool keys_only(int layer) const;
+    void keep_keys(int layer, const at::Tensor& k, const at::Tensor& v) const;
 };
 // Query rows per attention block for B x H heads over S keys (requested 0 = automatic).
 int64_t attention_block_rows(int64_t requested, int64_t B, int64_t H, int64_t T, int64_t S);
@@ -92,6 +98,14 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
 // unbatched runs); in a folded forward the whole layer does. A window that hides nothing at the
 // call's key count (sink + recent >= keys) changes nothing and keeps the fused kernel.
 bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
+
+// A prefill chunk of T queries after P cached keys takes compat::chunk_attention (CPU, libtorch >= 2.5,
+// no sliding window) where T >= kChunkAttentionQueries or P >= kChunkAttentionPast; other chunks keep
+// the masked call. Measured against the masked call (docs/performance.md, "Prefill chunks without a
+// mask"): 1.09-1.65x on every measured shape past either bound (2048-query chunks 1.31-1.65x), 0.85-1.06x
+// below both (the diagonal call's overhead against a short past).
+constexpr int64_t kChunkAttentionQueries = 1024;
+constexpr int64_t kChunkAttentionPast = 2048;
 
 // The same attention written whole, as a reader learns it (no cache bookkeeping, no query blocks,
 // no scratch reuse, no hooks): q [B, T, H, d] after RoPE, k, v [B, S, K, d] holding every key the

@@ -43,4 +43,32 @@ at::Tensor fused_attention(const at::Tensor& q, const at::Tensor& k, const at::T
 #endif
 }
 
+bool has_chunk_attention() { return HS_SDPA_GQA != 0; }
+
+at::Tensor chunk_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+#if HS_SDPA_GQA
+    const int64_t B = q.size(0), H = q.size(1), T = q.size(2), d = q.size(3), K = k.size(1), S = k.size(2), P = S - T;
+    HS_REQUIRE(q.device().is_cpu(), "chunk_attention: the CPU kernel's log-sum-exp; this tensor is on another device");
+    HS_REQUIRE(K > 0 && H % K == 0 && v.size(1) == K && v.size(2) == S, "chunk_attention: kv heads that do not divide the query heads");
+    HS_REQUIRE(P > 0, "chunk_attention: no cached keys before the chunk");
+    const int64_t g = H / K;
+    // Query head h = kv * g + j reads kv head kv (repeat_interleave's order): row j * T + t of group kv.
+    auto past = at::_scaled_dot_product_flash_attention_for_cpu(q.reshape({B, K, g * T, d}), k.narrow(2, 0, P),
+                                                                 v.narrow(2, 0, P), 0.0, false, {}, scale);
+    auto kd = k.narrow(2, P, T), vd = v.narrow(2, P, T);
+    if (g > 1) kd = kd.repeat_interleave(g, 1), vd = vd.repeat_interleave(g, 1);  // T keys: small
+    auto diag = at::_scaled_dot_product_flash_attention_for_cpu(q, kd, vd, 0.0, true, {}, scale);
+    auto l1 = std::get<1>(past).reshape({B, H, T, 1}).to(at::kFloat), l2 = std::get<1>(diag).view({B, H, T, 1}).to(at::kFloat);
+    auto top = at::maximum(l1, l2);
+    auto w1 = (l1 - top).exp_(), w2 = (l2 - top).exp_();
+    auto den = w1 + w2;
+    auto o = std::get<0>(past).reshape({B, H, T, d}).to(at::kFloat).mul_(w1.div_(den));
+    o.addcmul_(std::get<0>(diag).to(at::kFloat), w2.div_(den));
+    return o.to(q.scalar_type());
+#else
+    (void)q, (void)k, (void)v, (void)scale;
+    throw ConfigError(fmt::format("chunk attention needs libtorch 2.5 or later; this build has {}", TORCH_VERSION));
+#endif
+}
+
 }  // namespace hs::compat
