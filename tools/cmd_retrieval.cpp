@@ -48,7 +48,7 @@ struct RetrievalOptions {
     double pass_threshold = 0.5;
     double flag_threshold = 0.1;
     int64_t seed = 0;
-    int64_t prefill_chunk = 512;
+    int64_t prefill_chunk = DecodeSettings{}.prefill_chunk;
     int64_t bootstrap = 1000;
     std::string ablate;
     std::string ablation = "zero-query";
@@ -379,7 +379,7 @@ static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
                     "the trials' kept prefills (reused by the trials that share their prefixes, and the scan's by the "
                     "ablation rows) take at most this many MiB, the least recently used dropped first")
         ->check(at_least(1))->capture_default_str();
-    sub->add_option("--prefill-chunk", o->prefill_chunk, "query rows per prefill forward (memory O(chunk x T))")
+    sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt positions per prefill forward (more: faster GEMMs, activations O(chunk x d_ff))")
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--batch", o->batch,
                     "trials of equal prompt length decoded together (memory x batch); auto: a length's trials (depths x "

@@ -86,7 +86,9 @@ struct CacheLog {
 
 struct DecodeSettings {
     int64_t max_new_tokens = 50;
-    int64_t prefill_chunk = 512;
+    // Prompt positions a prefill forward: 2048 measured faster than 512 (docs/performance.md, "Prefill
+    // chunks without a mask"): the GEMMs' rows; activations O(chunk x d_ff).
+    int64_t prefill_chunk = 2048;
     bool score = true;  // capture rows and compute per-step scores
     NeedleScoreSet scores = NeedleScoreSet::all();  // which scores a step computes (the run's --score)
     bool keep_stop = false;  // StopOrder::kAfter: a stop token is kept and scored, then the row ends (Wu)
