@@ -102,10 +102,13 @@ if [[ "$PARTS" == *" ref "* ]]; then
     if /usr/bin/time -f '%e %M' -o "$DIR/ref.time" nice -n "$NICE" "$PP" scripts/bench_peers.py needle "$M1" "$DIR/1b-$REF_LEN.h5" \
          --tokenizer "$TOKDIR" --threads "$THREADS" > "$DIR/ref.json" 2>"$DIR/ref.err"; then
       read -r rsecs rkib < "$DIR/ref.time"
-      "$PY" - "$DIR/ref.json" "$DIR/1b-$REF_LEN.time" "$rsecs" "$rkib" <<'EOF'
-import json, sys
+      "$PY" - "$DIR/ref.json" "$DIR/1b-$REF_LEN.time" "$rsecs" "$rkib" "$DIR/1b-$REF_LEN.err" <<'EOF'
+import json, re, sys
 r = json.loads(open(sys.argv[1]).read().strip().splitlines()[-1])
 hs_s, hs_kib = map(float, open(sys.argv[2]).read().split())
+# headscope's trial alone (prefill + decode steps + scoring, its -v `time:` line): what the loop times
+t = re.search(r"time: prefill ([0-9.]+) s, decode steps ([0-9.]+) s .*scoring ([0-9.]+) s", open(sys.argv[5]).read())
+hs_trial = sum(map(float, t.groups())) if t else None
 ref_loop, ref_s, ref_kib = sum(r["per_trial_s"]), float(sys.argv[3]), float(sys.argv[4])
 ok = r["same_tokens"] and r["max_score_diff"] <= 1e-5
 print(f"   reference: loop {ref_loop:.1f} s (whole process {ref_s:.1f} s, model load included), peak RSS {ref_kib / 2**20:.2f} GiB; "
@@ -113,6 +116,9 @@ print(f"   reference: loop {ref_loop:.1f} s (whole process {ref_s:.1f} s, model 
 print(f"   headscope {hs_s:.1f} s (whole process) against the reference loop {ref_loop:.1f} s: "
       + (f"{ref_loop / hs_s:.2f}x, against its whole process {ref_s / hs_s:.2f}x; peak RSS {hs_kib / 2**20:.2f} vs {ref_kib / 2**20:.2f} GiB"
          if ok else "NOT COMPARED: tokens or scores differ " + json.dumps(r)))
+if ok and hs_trial:
+    print(f"   headscope's trial {hs_trial:.1f} s (prefill + decode + scoring, no model load) against the reference loop "
+          f"{ref_loop:.1f} s (the same work): {ref_loop / hs_trial:.2f}x")
 EOF
     else
       echo "   the reference loop failed: $(tail -1 "$DIR/ref.err")"
