@@ -501,6 +501,48 @@ TEST_CASE("needle: a decode computes only the scores it is asked for; those equa
     }
 }
 
+TEST_CASE("needle: trials of different prompt lengths decode as one ragged batch, each row as its trial alone (planted model)") {
+    // Rows reading their prompt caches in place (retrieval, R2) decode in one forward whatever their
+    // lengths (KVCache::ragged); LOCOS's value products need whole keys, so its batch decodes one
+    // length at a time. Either way each row equals its trial decoded alone: tokens and retrieval
+    // credit exactly (an argmax a step), R2 within kBatchRelTol, and each row's keys its own.
+    auto m = planted_model();
+    const Trial t = planted_trial();
+    Trial t2 = t, t3 = t;
+    t2.prompt.insert(t2.prompt.begin() + 1, 14);  // one position longer: the needle one later
+    ++t2.needle_start, ++t2.needle_end, ++t2.answer_start, ++t2.answer_end;
+    t3.prompt.resize(20);  // four shorter, its needle where t's is
+    t3.prompt.back() = 11;
+    auto never = [](int64_t) { return false; };
+    for (const std::string which : {"retrieval,r2", "retrieval,locos"}) {
+        CAPTURE(which);
+        DecodeSettings s;
+        s.max_new_tokens = 4, s.prefill_chunk = 5, s.scores = parse_needle_scores(which);
+        CacheLog log;
+        s.cache_log = &log;
+        PrefixCache pc;
+        const auto batch = decode_batch(*m, {&t, &t2, &t3}, s, never, nullptr, &pc);
+        REQUIRE(batch.size() == 3);
+        // One forward a step for all three rows where they read their caches in place; else one a length.
+        CHECK(log.step_seconds.size() == (which == "retrieval,r2" ? 4u : 12u));
+        s.cache_log = nullptr;
+        const std::vector<const Trial*> all = {&t, &t2, &t3};
+        for (size_t k = 0; k < all.size(); ++k) {
+            CAPTURE(k);
+            const DecodeOut alone = decode_trial(*m, *all[k], s, never);
+            CHECK(batch[k].generated == alone.generated);
+            CHECK(batch[k].peak_keys == alone.peak_keys);
+            REQUIRE(credit(batch[k]).size(0) == 4);
+            CHECK(torch::equal(credit(batch[k]), credit(alone)));
+            const auto ra = batch[k].step(NeedleScore::kR2), rb = alone.step(NeedleScore::kR2);
+            REQUIRE(ra.sizes() == rb.sizes());
+            if (ra.numel() > 0) CHECK((ra - rb).abs().max().item<double>() <= kBatchRelTol);
+        }
+        CHECK(batch[0].generated[0] == kTarget);  // the planted copy still finds the needle in every row
+        CHECK(batch[1].generated[0] == kTarget);
+    }
+}
+
 TEST_CASE("needle: scan rows read their trials' prompt caches where they are, as the copied batch decodes (planted model)") {
     // DecodeSettings::share_prompt: with no score that reads the values (retrieval, R2) each row reads
     // its trial's prefill in place (KVCache::shared, one product a row and kv head); LOCOS's value

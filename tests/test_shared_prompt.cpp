@@ -6,7 +6,8 @@
 // largest value), with per-row interventions, observers of the pattern and a whole-tensor edit of the
 // scores; a hook that reads whole keys gets them gathered. Then the needle decode: rows of a trial
 // decoded with shared prompts (DecodeSettings::share_prompt) give the tokens their copies give, hold
-// less memory, and trials of the CI toy keep their answers.
+// less memory, and trials of the CI toy keep their answers. Ragged rows (shared caches of different
+// lengths, KVCache::ragged) decode as each row's own cache alone.
 #include <doctest/doctest.h>
 
 #include "ci_toy.h"
@@ -118,6 +119,64 @@ TEST_CASE("shared prompt: rows reading one prompt cache equal rows holding a cop
     for (const char* f : {"gpt2", "qwen3", "gemma2", "gemma3", "mistral_window", "gpt_neox", "olmo2"})
         for (const auto& rows : std::vector<std::vector<int64_t>>{{0, 1, 0, 1, 0}, {1, 0}})
             check_family(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + f, rows);
+}
+
+TEST_CASE("shared prompt: ragged rows (prompts of different lengths) decode in one forward, each row as its own decode") {
+    // KVCache::ragged: batch-1 prompt caches of 9, 14 and 19 positions read in place, one row each
+    // ({0, 1, 2}: a product a row and kv head) or stacked ({2, 0, 1, 0}: a cache's rows in one product),
+    // decoding 1 then 2 tokens a call. Each row's logits and pattern equal a decode of its own prompt
+    // cache alone (batch 1, an ordinary cache: the blocked attention) within kTol of the largest value,
+    // and every key past a row's length weighs exactly 0. Wrong positions (RoPE, GPT-2's learned ones,
+    // llama3's scaled RoPE) or a wrong window (the fixtures' 5-6 keys) would move the logits by O(1).
+    const std::vector<int64_t> lens = {9, 14, 19};
+    for (const std::string f : {"gpt2", "qwen3", "gemma2", "gemma3", "mistral_window", "gpt_neox", "olmo2", "llama3_rope"})
+        for (const auto& rows : std::vector<std::vector<int64_t>>{{0, 1, 2}, {2, 0, 1, 0}}) {
+            CAPTURE(f);
+            CAPTURE(rows.size());
+            auto m = load_model(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + f);
+            torch::NoGradGuard ng;
+            torch::manual_seed(29);
+            const int64_t B = static_cast<int64_t>(rows.size());
+            auto prompts = std::make_shared<std::vector<KVCache>>(3);
+            for (size_t i = 0; i < 3; ++i)
+                m->forward(torch::randint(1, m->config.vocab_size, {1, lens[i]}, torch::kLong), nullptr, &(*prompts)[i]);
+            const auto next = torch::randint(1, m->config.vocab_size, {B, 3}, torch::kLong);
+            KVCache ragged;
+            ragged.shared = prompts, ragged.shared_rows = rows;
+            CHECK(ragged.ragged());
+            CHECK(ragged.length() == 19);
+            std::vector<KVCache> alone;  // copies: their appends go to their own buffers
+            for (auto r : rows) alone.push_back((*prompts)[static_cast<size_t>(r)]);
+            const int L = m->config.n_layers;
+            std::vector<at::Tensor> pat(L);
+            Hooks h;
+            h.capture(Point::kAttnPattern, [&](int l, const at::Tensor& a) { pat[l] = a; });
+            double worst = 0;
+            for (auto [t0, T] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 2}}) {
+                CAPTURE(T);
+                const auto logits = m->forward(next.narrow(1, t0, T), &h, &ragged);  // [B, T, V]
+                const auto pr = pat;
+                for (int64_t b = 0; b < B; ++b) {
+                    CAPTURE(b);
+                    const auto solo = m->forward(next.select(0, b).narrow(0, t0, T).unsqueeze(0), &h, &alone[b]);
+                    const int64_t S = alone[b].length();
+                    CHECK(ragged.row_length(b) == S);
+                    worst = std::max(worst, rel_diff(logits.narrow(0, b, 1), solo));
+                    for (int l = 0; l < L; ++l) {
+                        const auto row = pr[l].narrow(0, b, 1);
+                        worst = std::max(worst, rel_diff(row.narrow(3, 0, S), pat[l]));
+                        if (S < row.size(3)) CHECK(row.narrow(3, S, row.size(3) - S).abs().max().item<double>() == 0.0);
+                    }
+                }
+            }
+            CHECK(worst <= kTol);
+            MESSAGE(f << " rows " << B << ": ragged against alone, largest difference " << worst);
+            // Ragged rows have no whole [B, S, K, d] keys: a reader of attn.k is refused, in one line.
+            Hooks k_hook;
+            k_hook.capture(Point::kAttnK, [](int, const at::Tensor&) {});
+            CHECK_THROWS_WITH_AS(m->forward(next.narrow(1, 0, 1), &k_hook, &ragged), doctest::Contains("ragged"), std::exception);
+            CHECK_THROWS_WITH_AS(ragged.truncate(20), doctest::Contains("ragged"), std::exception);
+        }
 }
 
 TEST_CASE("shared prompt: the cache's bookkeeping (length, truncate, appends to the rows' own buffers)") {

@@ -47,8 +47,13 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
     if (c_.qrhead) set_query_spans();
     set_cuts(trials_);
     set_cuts(abl_trials_);
-    groups_ = make_groups(trials_);
-    if (separate_) abl_groups_ = make_groups(abl_trials_);
+    // A scan decodes ragged rows (one context length's trials, whatever their prompts' lengths, in one
+    // forward) where its rows read their prompt caches in place: no step score reads the values.
+    const bool scan_ragged = c_.decode.share_prompt && !(c_.decode.score && needle_scores_read_values(c_.decode.scores));
+    // (An ablation pass's own trials keep batches of one prompt length: KV policies, which hide keys, decode
+    // them; the scan's batches serve its ablation passes where the trials are the same.)
+    groups_ = make_groups(trials_, scan_ragged);
+    if (separate_) abl_groups_ = make_groups(abl_trials_, false);
 }
 
 // QRHead's query: the template's suffix after the context, and the same suffix with the null query
@@ -91,7 +96,7 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
                                          t.prompt.size(), c_.decode.max_new_tokens, positions, c_.max_positions));
     }
     set_cuts(trials_);
-    groups_ = make_groups(trials_);
+    groups_ = make_groups(trials_, c_.decode.share_prompt && !(c_.decode.score && needle_scores_read_values(c_.decode.scores)));
 }
 
 void NeedleTest::set_cuts(std::vector<Trial>& trials) {
@@ -108,10 +113,12 @@ void NeedleTest::keep_scan_prefills(const std::function<bool(int64_t)>& keep) co
         if (keep(static_cast<int64_t>(i))) pc->keep.insert(&trials_[i]);
 }
 
-// Batches of up to config.batch trials of equal prompt length (rows of one forward), taken in the
-// order of the prompts (lexicographic by token): a trial then shares the longest possible prefix with
-// the trial before it, and the prefills it takes shared positions from (PrefixCache) are recent.
-std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Trial>& trials) const {
+// Batches of up to config.batch trials of equal prompt length (rows of one forward), or with `ragged`
+// of one context length (Trial::length: the prompts' lengths may differ, decode_batch then decodes them
+// as ragged rows where it can and one length at a time where it cannot), taken in the order of the
+// prompts (lexicographic by token): a trial then shares the longest possible prefix with the trial
+// before it, and the prefills it takes shared positions from (PrefixCache) are recent.
+std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Trial>& trials, bool ragged) const {
     std::vector<int64_t> order(trials.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
@@ -119,9 +126,10 @@ std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Tria
         return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
     });
     std::vector<std::vector<int64_t>> groups;
-    std::map<size_t, std::vector<int64_t>> open;
+    std::map<int64_t, std::vector<int64_t>> open;
     for (auto i : order) {
-        auto& g = open[trials[static_cast<size_t>(i)].prompt.size()];
+        const Trial& t = trials[static_cast<size_t>(i)];
+        auto& g = open[ragged ? t.length : static_cast<int64_t>(t.prompt.size())];
         g.push_back(i);
         if (static_cast<int64_t>(g.size()) == std::max<int64_t>(1, c_.batch)) groups.push_back(std::move(g)), g.clear();
     }

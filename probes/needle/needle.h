@@ -158,7 +158,7 @@ public:
                                                                  int64_t max_rows, std::optional<AblationScope> scope = {}) const;
 
 private:
-    std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials) const;
+    std::vector<std::vector<int64_t>> make_groups(const std::vector<Trial>& trials, bool ragged) const;
     static void set_cuts(std::vector<Trial>& trials);
     void set_query_spans();  // Trial::query_start and null_query of the scan's trials (config.qrhead)
     DecodeSettings ablation_settings() const;

@@ -199,11 +199,14 @@ static void prefill_rows(const Model& m, const std::vector<const Trial*>& trials
 // distinct trial is prefilled once (prefill_rows, from the kept prefills where `prefix` has them) and
 // its cache copied to its rows; sets acting in the prefill (`scope_all`) prefill every row with its
 // own interventions (`prefill`). `reserve`: the keys the decode will reach.
+// `ids` [B, P]: the rows' prompts, read where each row prefills alone (sets with `scope_all`); undefined
+// for ragged rows (prompts of different lengths), which read their trials' prefills in place (`share`).
 static void prefill_decode_rows(const Model& m, const std::vector<const Trial*>& trials, const at::Tensor& ids, bool sets,
                                 bool scope_all, bool share, int64_t chunk, Hooks& prefill, const ForwardOptions& no_logits,
                                 PrefixCache* prefix, int64_t reserve, KVCache& cache) {
-    const int64_t B = ids.size(0), P = ids.size(1);
+    const int64_t B = static_cast<int64_t>(trials.size());
     if (sets && scope_all) {
+        const int64_t P = ids.size(1);
         for (int64_t p0 = 0; p0 < P - 1; p0 += chunk)
             m.forward(ids.index({Slice(), Slice(p0, std::min(P - 1, p0 + chunk))}), &prefill, &cache, no_logits);
     } else {
@@ -291,7 +294,7 @@ static bool shares_prompt(const DecodeSettings& s, const HeadSet* ablate, const 
 // One decode step's scores of the rows it scores (score_rows: all rows at once), appended to the
 // rows' steps ([row][score][part] a tensor [L, H] per step).
 static void append_scores(const Model& m, const std::vector<at::Tensor>& rows, const std::vector<at::Tensor>& vals,
-                          const std::vector<int64_t>& scored, const std::vector<const Trial*>& trials, int64_t keys,
+                          const std::vector<int64_t>& scored, const std::vector<const Trial*>& trials, const std::vector<int64_t>& keys,
                           const std::vector<int64_t>& ys, NeedleScoreSet which,
                           std::vector<PerNeedleScore<std::vector<at::Tensor>>>& steps) {
     if (scored.empty()) return;
@@ -312,14 +315,38 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     const int L = cfg.n_layers;
     const int64_t B = static_cast<int64_t>(trials.size());
     if (B == 0) return {};
-    const int64_t P = static_cast<int64_t>(trials[0]->prompt.size());
-    std::vector<int64_t> flat;
-    for (const Trial* t : trials) {
-        HS_REQUIRE(static_cast<int64_t>(t->prompt.size()) == P, "decode_batch: every trial of a batch needs the same prompt length");
-        flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
+    // Prompts of different lengths decode as one ragged batch where the rows read their trials' prompt
+    // caches in place (KVCache::ragged: each row its own positions; docs/forward.md "Ragged rows"),
+    // else as one batch a length.
+    std::map<int64_t, std::vector<int64_t>> by_length;  // prompt length -> its rows
+    int64_t P = 0;  // the longest prompt
+    for (int64_t b = 0; b < B; ++b) {
+        const auto n = static_cast<int64_t>(trials[static_cast<size_t>(b)]->prompt.size());
+        HS_REQUIRE(n > 0, "decode_batch: an empty prompt");
+        by_length[n].push_back(b), P = std::max(P, n);
+    }
+    const bool ragged = by_length.size() > 1;
+    if (ragged && (!shares_prompt(s, ablate, per_row) || (per_row && s.scope == AblationScope::kAll))) {
+        std::vector<DecodeOut> out(static_cast<size_t>(B));
+        for (const auto& [n, rows] : by_length) {
+            std::vector<const Trial*> ts;
+            std::vector<const HeadSet*> sets;
+            for (auto b : rows) {
+                ts.push_back(trials[static_cast<size_t>(b)]);
+                if (per_row) sets.push_back((*per_row)[static_cast<size_t>(b)]);
+            }
+            auto part = decode_rows_impl(m, ts, s, stop, ablate, per_row ? &sets : nullptr, prefix);
+            for (size_t i = 0; i < rows.size(); ++i) out[static_cast<size_t>(rows[i])] = std::move(part[i]);
+        }
+        return out;
     }
     auto dev = m.options.device;
-    auto ids = torch::tensor(flat, torch::kLong).view({B, P}).to(dev);
+    at::Tensor ids;  // [B, P] (one length)
+    if (!ragged) {
+        std::vector<int64_t> flat;
+        for (const Trial* t : trials) flat.insert(flat.end(), t->prompt.begin(), t->prompt.end());
+        ids = torch::tensor(flat, torch::kLong).view({B, P}).to(dev);
+    }
 
     Hooks prefill, step;
     if (ablate) {
@@ -365,7 +392,7 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
     std::vector<PerNeedleScore<std::vector<at::Tensor>>> steps(B, per_needle_score_steps<std::vector<at::Tensor>>());
     std::vector<char> done(B, 0);
     std::vector<int64_t> next(B);
-    for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt[P - 1];
+    for (int64_t b = 0; b < B; ++b) next[b] = trials[b]->prompt.back();
     int64_t active = B;
     auto set_of = [&](int64_t b) { return per_row ? (*per_row)[static_cast<size_t>(b)] : ablate; };
     bool pack = false;
@@ -394,12 +421,11 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             if (s.cache_log->keep_logits) s.cache_log->logits.push_back(logits.select(1, 0).to(torch::kCPU).clone());
         }
         const auto t_score = Clock::now();
-        const int64_t keys = cache.length();
-        std::vector<int64_t> scored, scored_y;  // the rows this step scores, all at once below
+        std::vector<int64_t> scored, scored_y, scored_keys;  // the rows this step scores, all at once below
         std::vector<const Trial*> scored_trials;
         for (int64_t b = 0; b < B; ++b) {
             if (done[b]) continue;  // a finished row keeps feeding its last token, unscored
-            const int64_t y = ys[b].item<int64_t>();
+            const int64_t y = ys[b].item<int64_t>(), keys = cache.row_length(b);
             out[b].peak_keys = keys;
             const bool stops = stop(y);
             if (stops && !s.keep_stop) {
@@ -409,9 +435,9 @@ static std::vector<DecodeOut> decode_rows_impl(const Model& m, const std::vector
             out[b].generated.push_back(y);
             next[b] = y;
             if (stops) done[b] = 1, --active;  // kept and scored below, then the row ends (Wu's order)
-            if (s.score) scored.push_back(b), scored_y.push_back(y), scored_trials.push_back(trials[b]);
+            if (s.score) scored.push_back(b), scored_y.push_back(y), scored_keys.push_back(keys), scored_trials.push_back(trials[b]);
         }
-        append_scores(m, rows, vals, scored, scored_trials, keys, scored_y, s.scores, steps);
+        append_scores(m, rows, vals, scored, scored_trials, scored_keys, scored_y, s.scores, steps);
         std::fill(rows.begin(), rows.end(), at::Tensor());
         std::fill(vals.begin(), vals.end(), at::Tensor());
         if (s.times) s.times->score += since(t_score);

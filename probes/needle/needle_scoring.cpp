@@ -242,7 +242,7 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 
 std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
                                                    const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
-                                                   const std::vector<const Trial*>& trials, int64_t keys,
+                                                   const std::vector<const Trial*>& trials, const std::vector<int64_t>& keys,
                                                    const std::vector<int64_t>& ys, NeedleScoreSet which) {
     const auto& cfg = m.config;
     const int L = cfg.n_layers;
@@ -254,9 +254,10 @@ std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::ve
     std::vector<PerNeedleScore<at::Tensor>> layers(static_cast<size_t>(L));  // [l][score][part] [R, H]
     for (int l = 0; l < L; ++l) {
         std::vector<StepSpans> spans;
-        for (const Trial* t : trials) {
+        for (size_t r = 0; r < trials.size(); ++r) {
+            const Trial* t = trials[r];
             StepSpans sp{t->needle_start, t->needle_end, t->answer_start, t->answer_end, 0};
-            if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys - cfg.sliding_window);
+            if (cfg.is_sliding(l)) sp.first_visible = std::max<int64_t>(0, keys.at(r) - cfg.sliding_window);
             spans.push_back(sp);
         }
         const auto a = take_rows(rows[l], scored);  // [R, H, S]

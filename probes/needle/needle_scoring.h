@@ -81,12 +81,12 @@ StepScores score_step(const at::Tensor& pattern, const at::Tensor& v, const at::
 
 // The scores of one decode step for the batch rows `scored` (ascending; rows done before this step
 // are left out), row scored[r] having generated ys[r] in trial *trials[r]: score_layer on every
-// layer's captured pattern rows (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), `keys`
-// visible in all. Per scored row, [score][part] each [L, H] double; undefined for the scores not in
+// layer's captured pattern rows (rows[l] [B, H, S]) and values (vals[l] [B, S, K, d]), scored row r
+// seeing keys[r] keys (ragged rows: fewer than S, the rest weigh 0; KVCache::ragged). Per scored row, [score][part] each [L, H] double; undefined for the scores not in
 // `which` (the run's --score: a scan asking for retrieval alone does not pay for LOCOS's value products).
 std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::vector<at::Tensor>& rows,
                                                    const std::vector<at::Tensor>& vals, const std::vector<int64_t>& scored,
-                                                   const std::vector<const Trial*>& trials, int64_t keys,
+                                                   const std::vector<const Trial*>& trials, const std::vector<int64_t>& keys,
                                                    const std::vector<int64_t>& ys, NeedleScoreSet which = NeedleScoreSet::all());
 
 // The registry's step functions (scores.cpp's rows), on the rows of one layer: retrieval credit;

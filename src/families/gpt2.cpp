@@ -13,10 +13,10 @@ at::Tensor forward_gpt2(const blocks::Pass& p, const at::Tensor& tokens) {
     const int64_t B = tokens.size(0), T = tokens.size(1);
     const int64_t H = cfg.n_heads, d = cfg.d_head;
     // Absolute positions continue from the cache; Model::forward has checked them < n_positions.
-    auto positions = blocks::positions_for(tokens, p.cache);                               // [T]
+    auto positions = blocks::positions_for(tokens, p.cache);  // [T], or [B, T] for ragged rows
     at::Tensor x = p.start([&] {  // [B, T, D]: token + learned position embeddings
         return w.embed.index_select(0, tokens.reshape(-1)).view({B, T, cfg.d_model}) +
-               w.pos_embed.index_select(0, positions).unsqueeze(0);
+               w.pos_embed.index_select(0, positions.reshape(-1)).view({positions.dim() == 2 ? B : 1, T, cfg.d_model});
     });
     for (int l = p.first_layer(); l <= p.last_layer(); ++l) {
         const LayerWeights& lw = w.layers[l];

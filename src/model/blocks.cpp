@@ -345,7 +345,8 @@ Rope rope_tables(const ModelConfig& cfg, const at::Tensor& positions, double the
     r.rot_dim -= r.rot_dim % 2;
     if (r.rot_dim == 0) return r;
     auto f = inv_freq(cfg, r.rot_dim, theta).to(positions.device());
-    auto ang = torch::outer(positions.to(torch::kFloat), f);  // [T, rot/2]
+    // [T, rot/2], or [B, T, rot/2] for ragged rows' positions [B, T] (the same products)
+    auto ang = positions.dim() == 1 ? torch::outer(positions.to(torch::kFloat), f) : positions.to(torch::kFloat).unsqueeze(-1) * f;
     auto emb = torch::cat({ang, ang}, -1);                    // [T, rot]
     r.cos = emb.cos().to(dtype);
     r.sin = emb.sin().to(dtype);
@@ -362,8 +363,9 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
     if (rope.rot_dim == 0) return x;
     const int64_t d = x.size(-1), half = rope.rot_dim / 2;
     auto xr = rope.rot_dim == d ? x : x.index({"...", Slice(0, rope.rot_dim)});
-    auto cos = rope.cos.view({1, -1, 1, rope.rot_dim});
-    auto sin = rope.sin.view({1, -1, 1, rope.rot_dim});
+    const int64_t rows = rope.cos.dim() == 3 ? rope.cos.size(0) : 1;  // ragged rows: a table a row
+    auto cos = rope.cos.view({rows, -1, 1, rope.rot_dim});
+    auto sin = rope.sin.view({rows, -1, 1, rope.rot_dim});
     auto rotated = torch::cat({-xr.index({"...", Slice(half, None)}), xr.index({"...", Slice(0, half)})}, -1);
     auto out = xr * cos + rotated * sin;
     if (rope.rot_dim == d) return out;
@@ -371,8 +373,16 @@ at::Tensor apply_rope(const at::Tensor& x, const Rope& rope) {
 }
 
 at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache) {
+    const auto opts = torch::TensorOptions().dtype(torch::kLong).device(tokens.device());
+    if (cache && cache->ragged()) {  // each row continues from its own length: [B, T]
+        const int64_t B = tokens.size(0);
+        HS_REQUIRE(static_cast<int64_t>(cache->shared_rows.size()) == B, "positions_for: one shared cache a row");
+        std::vector<int64_t> lens(static_cast<size_t>(B));
+        for (int64_t b = 0; b < B; ++b) lens[static_cast<size_t>(b)] = cache->row_length(b);
+        return torch::tensor(lens, torch::kLong).to(tokens.device()).view({B, 1}) + torch::arange(tokens.size(1), opts).view({1, -1});
+    }
     const int64_t past = cache ? cache->length() : 0;
-    return torch::arange(past, past + tokens.size(1), torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+    return torch::arange(past, past + tokens.size(1), opts);
 }
 
 // [T, S] true where query i (absolute past + i) may attend to key j.
@@ -887,23 +897,29 @@ at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, i
 // read once for all of them), scaled, soft-capped, masked (causal, the layer's sliding window),
 // observed and edited, and softmaxed as the blocked attention does them; z adds the two parts'
 // values. q [B, T, H, d] after RoPE, k_own, v_own [B, So, K, d] -> z [B, T, H, d].
+// Ragged rows (KVCache::ragged): row b's shared cache holds P_b <= P positions; its scores put its keys at
+// their positions (the shared [0, P_b), the own [P_b, P_b + So)) and hide the rest up to S (weight 0).
 at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const KVCache& cache,
                            const at::Tensor& k_own, const at::Tensor& v_own, const Hooks* hooks) {
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head, g = H / K;
     const auto& shared = *cache.shared;
     const int64_t P = cache.shared_length(), So = k_own.size(1), S = P + So, gT = g * T;
     const auto dev = q.device();
+    const bool ragged = cache.ragged();
+    std::vector<int64_t> rowP(static_cast<size_t>(B));  // row b's shared positions
+    for (int64_t b = 0; b < B; ++b)
+        rowP[static_cast<size_t>(b)] = shared.at(static_cast<size_t>(cache.shared_rows.at(static_cast<size_t>(b)))).length();
     const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
     int exponent = 0;
     const bool scale_in_q = std::frexp(scale, &exponent) == 0.5;  // exact, as BlockedAttention
     auto q4 = q.permute({0, 2, 1, 3}).reshape({B, K, gT, d});  // a kv head's g query heads stacked
-    q4 = scale_in_q ? q4 * scale : q4.contiguous();
+    q4 = (scale_in_q ? q4 * scale : q4).contiguous();  // (a product keeps a permuted q's strides where T > 1)
     // Each shared cache's rows, and its keys and values [K, P, d] (views of its buffers).
     std::vector<std::vector<int64_t>> rows_of(shared.size());
     for (int64_t b = 0; b < B; ++b) rows_of.at(static_cast<size_t>(cache.shared_rows[static_cast<size_t>(b)])).push_back(b);
     auto kv_of = [&](const std::vector<at::Tensor>& x) { return x.at(static_cast<size_t>(layer)).select(0, 0).permute({1, 0, 2}); };
     std::vector<at::Tensor> idx(shared.size());
-    auto scores = at::empty({B, K, gT, S}, q.options());
+    auto scores = ragged ? at::zeros({B, K, gT, S}, q.options()) : at::empty({B, K, gT, S}, q.options());
     // Every cache read by one row at most (the needle scan: each row its own trial's prompt): one
     // product a (row, kv head) straight into the scores and z, split over the threads, instead of
     // gathering each cache's rows (index_select / index_copy_ a cache, which cost more than the
@@ -920,29 +936,40 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     };
     if (one_each)
         each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, d] x [d, P] -> scores[b, h, :, :P]
-            auto out = scores.select(0, b).select(0, h).narrow(1, 0, P);
+            auto out = scores.select(0, b).select(0, h).narrow(1, 0, c.length());
             at::mm_out(out, q4.select(0, b).select(0, h), kv_of(c.k).select(0, h).t());
         });
     for (size_t p = 0; p < shared.size() && !one_each; ++p) {
         const int64_t n = static_cast<int64_t>(rows_of[p].size());
         if (n == 0) continue;
+        const int64_t Pp = shared[p].length();
         idx[p] = torch::tensor(rows_of[p], torch::kLong).to(dev);
         auto qp = q4.index_select(0, idx[p]).permute({1, 0, 2, 3}).reshape({K, n * gT, d});
-        auto sp = bmm_small(qp, kv_of(shared[p].k).transpose(1, 2));  // [K, n*g*T, P]
-        scores.narrow(3, 0, P).index_copy_(0, idx[p], sp.view({K, n, gT, P}).permute({1, 0, 2, 3}));
+        auto sp = bmm_small(qp, kv_of(shared[p].k).transpose(1, 2));  // [K, n*g*T, Pp]
+        scores.narrow(3, 0, Pp).index_copy_(0, idx[p], sp.view({K, n, gT, Pp}).permute({1, 0, 2, 3}));
     }
     at::Tensor vo3;
     if (So > 0) {
         auto as3 = [&](const at::Tensor& x) { return x.permute({0, 2, 1, 3}).reshape({B * K, So, d}); };
         vo3 = as3(v_own);
-        scores.narrow(3, P, So).copy_(bmm_small(q4.view({B * K, gT, d}), as3(k_own).transpose(1, 2)).view({B, K, gT, So}));
+        auto own = bmm_small(q4.view({B * K, gT, d}), as3(k_own).transpose(1, 2)).view({B, K, gT, So});
+        if (!ragged) scores.narrow(3, P, So).copy_(own);
+        for (int64_t b = 0; b < B && ragged; ++b) scores.select(0, b).narrow(2, rowP[static_cast<size_t>(b)], So).copy_(own.select(0, b));
     }
     if (!scale_in_q) scores.mul_(scale);
     if (cfg.attn_softcap > 0) scores.div_(cfg.attn_softcap).tanh_().mul_(cfg.attn_softcap);
     auto s4 = scores.view({B, H, T, S});
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
-    if (T > 1 || (window > 0 && window < S))
+    if (ragged) {  // row b's query i sits at P_b + So - T + i; its keys past P_b + So are hidden
+        auto qpos = (torch::tensor(rowP, torch::kLong).to(dev) + (So - T)).view({B, 1, 1}) +
+                    torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(dev)).view({1, T, 1});
+        auto kj = torch::arange(S, torch::TensorOptions().dtype(torch::kLong).device(dev)).view({1, 1, S});
+        auto vis = kj <= qpos;  // [B, T, S]
+        if (window > 0) vis = vis & (kj > qpos - window);
+        s4.masked_fill_(vis.logical_not().unsqueeze(1), -std::numeric_limits<float>::infinity());
+    } else if (T > 1 || (window > 0 && window < S)) {
         s4.masked_fill_(visible_mask(T, S, S - T, window, dev).logical_not(), -std::numeric_limits<float>::infinity());
+    }
     const bool whole = hooks && (hooks->needs_whole(Point::kAttnScores, layer) || hooks->needs_whole(Point::kAttnPattern, layer));
     if (whole) s4 = hook(hooks, Point::kAttnScores, layer, s4);
     else if (hooks && hooks->wants(Point::kAttnScores, layer)) hooks->run_rows(Point::kAttnScores, layer, 0, s4);
@@ -954,15 +981,25 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     if (one_each)
         each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, P] x [P, d] -> z[b, h]
             auto out = z.select(0, b).select(0, h);
-            at::mm_out(out, pat.select(0, b).select(0, h).narrow(1, 0, P), kv_of(c.v).select(0, h));
+            at::mm_out(out, pat.select(0, b).select(0, h).narrow(1, 0, c.length()), kv_of(c.v).select(0, h));
         });
     for (size_t p = 0; p < shared.size() && !one_each; ++p) {
         if (!idx[p].defined()) continue;
         const int64_t n = idx[p].size(0);
-        auto pp = pat.index_select(0, idx[p]).narrow(3, 0, P).permute({1, 0, 2, 3}).reshape({K, n * gT, P});
+        const int64_t Pp = shared[p].length();
+        auto pp = pat.index_select(0, idx[p]).narrow(3, 0, Pp).permute({1, 0, 2, 3}).reshape({K, n * gT, Pp});
         z.index_copy_(0, idx[p], bmm_small(pp, kv_of(shared[p].v)).view({K, n, gT, d}).permute({1, 0, 2, 3}));
     }
-    if (So > 0) z.view({B * K, gT, d}).add_(bmm_small(pat.narrow(3, P, So).reshape({B * K, gT, So}), vo3));
+    if (So > 0) {
+        at::Tensor po;  // the own keys' weights [B, K, gT, So]
+        if (!ragged) {
+            po = pat.narrow(3, P, So);
+        } else {
+            po = at::empty({B, K, gT, So}, pat.options());
+            for (int64_t b = 0; b < B; ++b) po.select(0, b).copy_(pat.select(0, b).narrow(2, rowP[static_cast<size_t>(b)], So));
+        }
+        z.view({B * K, gT, d}).add_(bmm_small(po.reshape({B * K, gT, So}), vo3));
+    }
     return z.view({B, H, T, d}).permute({0, 2, 1, 3});
 }
 
@@ -988,6 +1025,9 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
             // Hooks that read whole keys or hide keys by position see them gathered (a copy).
             shared_z = !(hooks && (hooks->wants(Point::kAttnK, layer) || hooks->wants(Point::kAttnV, layer) ||
                                    hooks->has_windows(layer) || hooks->has_keeps(layer)));
+            HS_REQUIRE(shared_z || !cache->ragged(),
+                       "blocks::attention: rows of different lengths (ragged shared caches) are read in place only: no hook may "
+                       "read attn.k or attn.v, and no window or kept positions may act");
             if (!shared_z) std::tie(k, v) = cache->whole(layer);
         }
     }

@@ -70,7 +70,8 @@ at::Tensor activation(Activation a, const at::Tensor& x, bool per_row);
 at::Tensor unembed(const Model& m, const at::Tensor& resid, bool per_row);
 at::Tensor mlp(const ModelConfig& cfg, const LayerWeights& lw, const at::Tensor& x, bool per_row);
 
-// RoPE tables for absolute positions [T]: cos, sin [T, rot_dim] in the rotate_half layout.
+// RoPE tables for absolute positions [T] (or a ragged batch's [B, T]): cos, sin [T, rot_dim] (or
+// [B, T, rot_dim]) in the rotate_half layout.
 struct Rope {
     at::Tensor cos, sin;
     int64_t rot_dim = 0;
@@ -119,7 +120,7 @@ at::Tensor attention_reference(const ModelConfig& cfg, int layer, const at::Tens
                                const at::Tensor& v, const LayerWindows* windows = nullptr,
                                const LayerKeeps* keeps = nullptr);
 
-// Positions [T] int64 continuing from the cache.
+// Positions [T] int64 continuing from the cache; [B, T] for ragged rows (KVCache::ragged: each row from its own length).
 at::Tensor positions_for(const at::Tensor& tokens, const KVCache* cache);
 
 inline at::Tensor hook(const Hooks* h, Point p, int layer, at::Tensor x) {

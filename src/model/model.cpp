@@ -6,22 +6,46 @@
 #include "../families/families.h"
 #include "util.h"
 
+#include <algorithm>
+
 namespace hs {
 
-int64_t KVCache::shared_length() const { return shared && !shared->empty() ? shared->front().length() : 0; }
+int64_t KVCache::shared_length() const {
+    if (!shared || shared->empty()) return 0;
+    int64_t n = 0;
+    for (const auto& c : *shared) n = std::max(n, c.length());
+    return n;
+}
+
+bool KVCache::ragged() const {
+    if (!shared || shared->empty()) return false;
+    const int64_t n = shared->front().length();
+    for (const auto& c : *shared)
+        if (c.length() != n) return true;
+    return false;
+}
+
+static int64_t own_length(const std::vector<at::Tensor>& k) {
+    for (const auto& t : k)
+        if (t.defined()) return t.size(1);
+    return 0;
+}
 
 int64_t KVCache::length() const {
     if (packed) return packed_length(*packed);
-    const int64_t s = shared_length();
-    for (const auto& t : k)
-        if (t.defined()) return s + t.size(1);
-    return s;
+    return shared_length() + own_length(k);
+}
+
+int64_t KVCache::row_length(int64_t row) const {
+    if (!shared) return length();
+    return shared->at(static_cast<size_t>(shared_rows.at(static_cast<size_t>(row)))).length() + own_length(k);
 }
 
 std::pair<at::Tensor, at::Tensor> KVCache::whole(int layer) const {
     const auto l = static_cast<size_t>(layer);
     at::Tensor ok = l < k.size() ? k[l] : at::Tensor(), ov = l < v.size() ? v[l] : at::Tensor();
     if (!shared) return {ok, ov};
+    HS_REQUIRE(!ragged(), "KVCache::whole: rows of different lengths (ragged shared caches) have no [B, S, K, d] keys");
     std::vector<at::Tensor> ks, vs;
     for (const int64_t r : shared_rows) {
         const KVCache& c = shared->at(static_cast<size_t>(r));
@@ -65,6 +89,7 @@ void KVCache::clear() {
 
 void KVCache::truncate(int64_t positions) {
     HS_REQUIRE(!packed, "KVCache::truncate: a compressed (packed) cache cannot be truncated");
+    HS_REQUIRE(!ragged(), "KVCache::truncate: rows of different lengths (ragged shared caches)");
     HS_REQUIRE(positions >= shared_length(), "KVCache::truncate: below the shared prompt caches' positions");
     positions -= shared_length();
     for (size_t l = 0; l < k.size(); ++l) {

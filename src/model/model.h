@@ -76,6 +76,11 @@ bool fused_attention_enabled(const LoadOptions& o);
 // buffers alone. blocks::attention reads each shared cache once for all the rows that share it (the
 // ablation rows of one trial, docs/forward.md "Shared prompt caches"); a reader of whole keys gets
 // them gathered by whole() (a copy), and unshare() turns the cache into an ordinary one.
+// Ragged rows (ragged()): shared caches of different lengths, so rows of trials of different prompt
+// lengths decode in one forward (docs/forward.md "Ragged rows"): row b's positions continue from
+// row_length(b), its keys are its shared cache's then its own, and length() is the longest row's.
+// blocks::attention reads such a cache through the shared path only (no whole keys: whole(), unshare()
+// and truncate() refuse it).
 struct PackedKV;
 struct KVCache {
     std::vector<at::Tensor> k, v;
@@ -87,8 +92,10 @@ struct KVCache {
     KVCache& operator=(const KVCache& o);
     KVCache(KVCache&&) = default;
     KVCache& operator=(KVCache&&) = default;
-    int64_t length() const;
-    int64_t shared_length() const;  // the positions every row reads from its shared cache (0: none)
+    int64_t length() const;         // the positions a row sees (ragged rows: the longest row's)
+    int64_t shared_length() const;  // the positions a row reads from its shared cache (ragged: the most; 0: none)
+    bool ragged() const;            // shared caches of different lengths
+    int64_t row_length(int64_t row) const;  // the positions row `row` sees (its shared cache's and the own)
     // Layer `layer`'s keys and values [B, S, K, d] of every position a row sees: with shared caches a
     // copy gathering them in front of the own positions, else k[l], v[l].
     std::pair<at::Tensor, at::Tensor> whole(int layer) const;
