@@ -382,7 +382,8 @@ static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt positions per prefill forward (more: faster GEMMs, activations O(chunk x d_ff))")
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--batch", o->batch,
-                    "trials of equal prompt length decoded together (memory x batch); auto: a length's trials (depths x "
+                    "trials of one context length decoded together (of one prompt length where rows cannot read their prompt "
+                    "caches in place: LOCOS, KV policies, windows) (memory x batch); auto: a length's trials (depths x "
                     "needles), at most 16 and what half the free memory holds (the log says what it chose). A trial's "
                     "numbers do not depend on it")
         ->capture_default_str();

@@ -40,7 +40,7 @@ struct NeedleConfig {
     DecodeSettings decode;         // max_new_tokens, prefill_chunk, scope, keep_stop (score is set per pass)
     int64_t ablation_max_new_tokens = 50;  // the ablated and decoding passes' (LOCOS's ablation runs: 100)
     double pass_threshold = 0.5;   // ROUGE-1 recall > this passes
-    int64_t batch = 1;             // trials of equal prompt length decoded as rows of one forward
+    int64_t batch = 1;             // trials of one context length decoded as rows of one forward (make_groups)
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
     bool keep_steps = false;       // TrialResult::steps of the scored pass (--dump-steps)
     int64_t prefix_max_bytes = int64_t{4} << 30;  // the kept prefix's bound (PrefixCache::max_bytes)
@@ -73,8 +73,8 @@ struct TrialResult {
 // the scored baseline, LOCOS's mean-query calibration and ablated reruns. Trials are built by a
 // TrialBuilder (the protocol's choices); the ablated and decoding passes have trials of their own
 // when the protocol assembles them differently (LOCOS: the scan's tracked prompts, the ablation
-// runs' joined ones), else they decode the scan's. Trials of equal prompt length run as rows of one
-// batch (config.batch); batches run in the order of their prompts (lexicographic by token), so that
+// runs' joined ones), else they decode the scan's. Trials of one context length (of one prompt length where the rows cannot
+// read their prompt caches in place: make_groups) run as rows of one batch (config.batch); batches run in the order of their prompts (lexicographic by token), so that
 // the prefills a trial shares most with are usually the most recent, and it takes its shared
 // positions from them (PrefixCache): over the grid each node of the prompts' prefix tree is computed
 // about once a pass. Methods: docs/methods.md.

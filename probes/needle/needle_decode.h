@@ -163,8 +163,10 @@ struct DecodeOut {
 DecodeOut decode_trial(const Model& m, const Trial& trial, const DecodeSettings& s,
                        const std::function<bool(int64_t)>& stop, const HeadSet* ablate = nullptr);
 
-// Several trials of the same prompt length decoded as rows of one batch (each row equals its
-// trial decoded alone: the forward is batch-independent). A finished row keeps feeding its last
+// Several trials decoded as rows of one batch (each row equals its trial decoded alone: the forward is
+// batch-independent). Prompts of different lengths decode as ragged rows (KVCache::ragged) where the rows
+// read their prompt caches in place (DecodeSettings::share_prompt, no step score reading the values, no
+// set hiding keys), else as one batch a prompt length. A finished row keeps feeding its last
 // token until every row stops; its outputs are not extended.
 // With `prefix`, the prefill reuses and then replaces it (PrefixCache); s.reuse_prefix is not read here.
 std::vector<DecodeOut> decode_batch(const Model& m, const std::vector<const Trial*>& trials, const DecodeSettings& s,
