@@ -441,7 +441,7 @@ static void add_stream_options(CLI::App* sub, RetrievalOptions* o) {
         ->capture_default_str();
     sub->add_option("--sweep-rows", o->sweep_rows,
                     "stream sweep: batch rows of one forward, (head set, trial) pairs: the head sets of a batch of "
-                    "--batch trials decode together (memory: KV cache x rows); auto: --batch x the head sets, at most 64 "
+                    "--batch trials decode together (memory: KV cache x rows); auto: --batch x the head sets, at most 96 "
                     "and what half the free memory holds")
         ->capture_default_str();
     sub->add_option("--decoding", o->decoding,

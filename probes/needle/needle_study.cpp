@@ -152,6 +152,11 @@ int64_t free_cache_memory(const Model& m) {
     return i < devs.size() ? devs[i].total_bytes - m.n_params() * static_cast<int64_t>(c10::elementSize(m.options.dtype)) : -1;
 }
 
+// --sweep-rows auto's most rows a forward: a whole batch of the auto batch's most trials (16) times the
+// study's 6 head sets (top-k and 5 random controls) decodes in one forward, each trial's prompt read once
+// for its 6 rows (64 split the 12 trials x 6 sets of the bench grid's lengths in two).
+constexpr int64_t kAutoSweepRows = 96;
+
 NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, const NeedleInputs& in, bool batch_auto,
                                     bool rows_auto, int64_t available_bytes) {
     NeedleBatching b;
@@ -206,12 +211,12 @@ NeedleBatching auto_needle_batching(const NeedleStudySpec& s, const Model& m, co
         sets = std::max<int64_t>(sets, static_cast<int64_t>(s.full_fractions.size()) * (1 + s.random_orders));
     if (rows_auto)
         b.sweep_rows = std::max<int64_t>(1, std::min<int64_t>(set_cap > 0 ? set_cap : std::numeric_limits<int64_t>::max(),
-                                                          std::min<int64_t>(64, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
+                                                          std::min<int64_t>(kAutoSweepRows, sets > 0 ? b.batch * sets : std::max<int64_t>(8, b.batch))));
     b.note = fmt::format("batching: --batch {}{}, --sweep-rows {}{} ({})", b.batch,
                          !from_file.empty() ? from_file : batch_auto ? " (auto: a length's trials, at most 16)" : "",
                          b.sweep_rows,
                          !rows_auto ? std::string()
-                         : sets > 0 ? fmt::format(" (auto: {} x {} head sets, at most 64)", b.batch, sets)
+                         : sets > 0 ? fmt::format(" (auto: {} x {} head sets, at most {})", b.batch, sets, kAutoSweepRows)
                                     : std::string(" (auto: no head sets here, 8 or --batch)"),
                          mem);
     return b;
