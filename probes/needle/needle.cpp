@@ -48,11 +48,10 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
     set_cuts(trials_);
     set_cuts(abl_trials_);
     // A scan decodes ragged rows (one context length's trials, whatever their prompts' lengths, in one
-    // forward) where its rows read their prompt caches in place: no step score reads the values.
-    const bool scan_ragged = c_.decode.share_prompt && !(c_.decode.score && needle_scores_read_values(c_.decode.scores));
+    // forward) where its rows read their prompt caches in place (reads_prompts_in_place).
     // (An ablation pass's own trials keep batches of one prompt length: KV policies, which hide keys, decode
     // them; the scan's batches serve its ablation passes where the trials are the same.)
-    groups_ = make_groups(trials_, scan_ragged);
+    groups_ = make_groups(trials_, reads_prompts_in_place(c_.decode));
     if (separate_) abl_groups_ = make_groups(abl_trials_, false);
 }
 
@@ -96,7 +95,7 @@ NeedleTest::NeedleTest(const Model& m, const Tokenizer& tok, TrialBuilder builde
                                          t.prompt.size(), c_.decode.max_new_tokens, positions, c_.max_positions));
     }
     set_cuts(trials_);
-    groups_ = make_groups(trials_, c_.decode.share_prompt && !(c_.decode.score && needle_scores_read_values(c_.decode.scores)));
+    groups_ = make_groups(trials_, reads_prompts_in_place(c_.decode));
 }
 
 void NeedleTest::set_cuts(std::vector<Trial>& trials) {

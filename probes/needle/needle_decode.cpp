@@ -276,11 +276,15 @@ static std::vector<PackRow> pack_rows(const ModelConfig& cfg, const std::vector<
 // The bytes of the cache's allocated buffers.
 static int64_t held_bytes(const KVCache& c) { return c.packed ? c.packed->bytes() : cache_bytes(c); }
 
+bool reads_prompts_in_place(const DecodeSettings& s) {
+    return s.share_prompt && !(s.score && needle_scores_read_values(s.scores));
+}
+
 // Whether the rows read their trials' prompt caches where they are (DecodeSettings::share_prompt): no
 // step score reads the values (the attn.v capture wants every row's keys and values gathered) and no
 // set hides keys by position (kept positions, windows, a packed cache).
 static bool shares_prompt(const DecodeSettings& s, const HeadSet* ablate, const std::vector<const HeadSet*>* per_row) {
-    if (!s.share_prompt || (s.score && needle_scores_read_values(s.scores))) return false;
+    if (!reads_prompts_in_place(s)) return false;
     auto hides = [](const HeadSet* hs) {
         return hs && (hs->keep || hs->pack_cache || hs->window_after_prompt || hs->mode == Intervention::kStream);
     };
