@@ -25,6 +25,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <map>
 #include <random>
 #include <set>
 
@@ -498,6 +499,69 @@ TEST_CASE("needle: a decode computes only the scores it is asked for; those equa
         CHECK(lplus(o[k]).size(0) == 0);  // not computed: no steps
         CHECK(lminus(o[k]).size(0) == 0);
         CHECK(o[k].step(NeedleScore::kR2).size(0) == 0);
+    }
+}
+
+TEST_CASE("needle: batches take any lengths with ragged rows, one prompt length without, cut into equal sizes") {
+    // needle_batches: every trial once; a batch at most batch_size trials; a key's batches as few as
+    // that allows and of sizes that differ by one at most (48 trials at 45: 24 + 24, not 45 + 3);
+    // without ragged rows one prompt length a batch; within a batch, the prompts in lexicographic order.
+    auto trials_of = [](const std::vector<int64_t>& lengths) {
+        std::vector<Trial> ts;
+        for (size_t i = 0; i < lengths.size(); ++i) {
+            Trial t;
+            t.prompt.assign(static_cast<size_t>(lengths[i]), 7);
+            t.prompt[0] = static_cast<int64_t>(100 - i);  // reverse order: the batches must sort them
+            t.length = lengths[i];
+            ts.push_back(std::move(t));
+        }
+        return ts;
+    };
+    auto check_cover = [](const std::vector<std::vector<int64_t>>& bs, size_t n, int64_t most) {
+        std::vector<int> seen(n, 0);
+        for (const auto& b : bs) {
+            CHECK(static_cast<int64_t>(b.size()) <= most);
+            CHECK_FALSE(b.empty());
+            for (auto i : b) ++seen[static_cast<size_t>(i)];
+        }
+        for (auto c : seen) CHECK(c == 1);
+    };
+    const auto mixed = trials_of({5, 9, 5, 12, 9, 5, 5});
+    {
+        const auto bs = needle_batches(mixed, 3, true);
+        check_cover(bs, mixed.size(), 3);
+        REQUIRE(bs.size() == 3u);  // ceil(7 / 3)
+        CHECK(bs[0].size() == 3u);
+        CHECK(bs[1].size() == 2u);
+        CHECK(bs[2].size() == 2u);
+        for (const auto& b : bs)
+            for (size_t k = 1; k < b.size(); ++k)
+                CHECK(mixed[static_cast<size_t>(b[k - 1])].prompt < mixed[static_cast<size_t>(b[k])].prompt);
+        CHECK(bs[0] == std::vector<int64_t>{6, 5, 4});  // the prompts' order: the last trial first
+    }
+    {
+        const auto bs = needle_batches(mixed, 3, false);
+        check_cover(bs, mixed.size(), 3);
+        // lengths 5 (4 trials: 2 + 2), 9 (2 trials: 1 batch), 12 (1)
+        REQUIRE(bs.size() == 4u);
+        std::map<size_t, std::vector<size_t>> sizes;
+        for (const auto& b : bs) {
+            for (auto i : b) CHECK(mixed[static_cast<size_t>(i)].prompt.size() == mixed[static_cast<size_t>(b[0])].prompt.size());
+            sizes[mixed[static_cast<size_t>(b[0])].prompt.size()].push_back(b.size());
+        }
+        CHECK(sizes[5] == std::vector<size_t>{2, 2});
+        CHECK(sizes[9] == std::vector<size_t>{2});
+        CHECK(sizes[12] == std::vector<size_t>{1});
+    }
+    {
+        const auto many = trials_of(std::vector<int64_t>(48, 4));
+        const auto bs = needle_batches(many, 45, true);
+        check_cover(bs, many.size(), 45);
+        REQUIRE(bs.size() == 2u);
+        CHECK(bs[0].size() == 24u);
+        CHECK(bs[1].size() == 24u);
+        CHECK(needle_batches(many, 1, true).size() == 48u);
+        CHECK(needle_batches(many, 64, true).size() == 1u);
     }
 }
 

@@ -382,10 +382,11 @@ static void add_work_options(CLI::App* sub, RetrievalOptions* o) {
     sub->add_option("--prefill-chunk", o->prefill_chunk, "prompt positions per prefill forward (more: faster GEMMs, activations O(chunk x d_ff))")
         ->check(at_least(1))->capture_default_str();
     sub->add_option("--batch", o->batch,
-                    "trials of one context length decoded together (of one prompt length where rows cannot read their prompt "
-                    "caches in place: LOCOS, KV policies, windows) (memory x batch); auto: a length's trials (depths x "
-                    "needles), at most 16 and what half the free memory holds (the log says what it chose). A trial's "
-                    "numbers do not depend on it")
+                    "trials decoded together, of any lengths (ragged rows; of one prompt length where rows cannot read "
+                    "their prompt caches in place: LOCOS, KV policies, windows) (memory x batch); auto: the grid's trials, "
+                    "at most 64 (96 / the head sets with --ablate-top or --full-ablation; without ragged rows a length's "
+                    "trials, at most 16) and what half the free memory holds, cut into batches of equal size (the log "
+                    "says what it chose). A trial's numbers do not depend on it")
         ->capture_default_str();
     sub->add_option("--bootstrap", o->bootstrap, "LOCOS bootstrap resamples over trials")
         ->check(at_least(0))->capture_default_str();

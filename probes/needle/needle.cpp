@@ -112,34 +112,44 @@ void NeedleTest::keep_scan_prefills(const std::function<bool(int64_t)>& keep) co
         if (keep(static_cast<int64_t>(i))) pc->keep.insert(&trials_[i]);
 }
 
-// Batches of up to config.batch trials of equal prompt length (rows of one forward), or with `ragged`
-// of one context length (Trial::length: the prompts' lengths may differ, decode_batch then decodes them
-// as ragged rows where it can and one length at a time where it cannot), taken in the order of the
+// Batches of up to batch_size trials of equal prompt length (rows of one forward), or with `ragged`
+// of any lengths (the prompts' lengths may differ: decode_batch then decodes them as ragged rows where
+// it can and one length at a time where it cannot), taken in the order of the
 // prompts (lexicographic by token): a trial then shares the longest possible prefix with the trial
 // before it, and the prefills it takes shared positions from (PrefixCache) are recent.
 std::vector<std::vector<int64_t>> NeedleTest::make_groups(const std::vector<Trial>& trials, bool ragged) const {
+    return needle_batches(trials, c_.batch, ragged);
+}
+
+std::vector<std::vector<int64_t>> needle_batches(const std::vector<Trial>& trials, int64_t batch_size, bool ragged) {
     std::vector<int64_t> order(trials.size());
     for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
     std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
         const auto &pa = trials[static_cast<size_t>(a)].prompt, &pb = trials[static_cast<size_t>(b)].prompt;
         return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
     });
+    // Ragged rows take any trials together; other rows one prompt length. A key's trials are cut into
+    // as few batches as config.batch allows, of sizes that differ by one at most (48 trials at a batch
+    // of 45: 24 + 24, not 45 + 3, whose second forward would stream the weights for 3 rows).
+    auto key = [&](int64_t i) {
+        return ragged ? int64_t{0} : static_cast<int64_t>(trials[static_cast<size_t>(i)].prompt.size());
+    };
+    std::map<int64_t, std::pair<int64_t, int64_t>> left;  // key -> (trials not yet batched, batches still to cut)
+    const int64_t batch = std::max<int64_t>(1, batch_size);
+    for (auto i : order) ++left[key(i)].first;
+    for (auto& [k, v] : left) v.second = (v.first + batch - 1) / batch;
     std::vector<std::vector<int64_t>> groups;
     std::map<int64_t, std::vector<int64_t>> open;
     for (auto i : order) {
-        const Trial& t = trials[static_cast<size_t>(i)];
-        auto& g = open[ragged ? t.length : static_cast<int64_t>(t.prompt.size())];
+        auto& g = open[key(i)];
+        auto& [trials_left, batches_left] = left[key(i)];
         g.push_back(i);
-        if (static_cast<int64_t>(g.size()) == std::max<int64_t>(1, c_.batch)) groups.push_back(std::move(g)), g.clear();
+        if (static_cast<int64_t>(g.size()) == (trials_left + batches_left - 1) / batches_left) {
+            trials_left -= static_cast<int64_t>(g.size()), --batches_left;
+            groups.push_back(std::move(g)), g.clear();
+        }
     }
-    std::vector<std::vector<int64_t>> rest;
-    for (auto& [len, g] : open)
-        if (!g.empty()) rest.push_back(std::move(g));
-    std::sort(rest.begin(), rest.end(), [&](const auto& a, const auto& b) {
-        const auto &pa = trials[static_cast<size_t>(a[0])].prompt, &pb = trials[static_cast<size_t>(b[0])].prompt;
-        return std::lexicographical_compare(pa.begin(), pa.end(), pb.begin(), pb.end());
-    });
-    groups.insert(groups.end(), rest.begin(), rest.end());
+    for (const auto& [k, g] : open) HS_REQUIRE(g.empty(), "make_groups: a batch left open");
     return groups;
 }
 

@@ -40,7 +40,7 @@ struct NeedleConfig {
     DecodeSettings decode;         // max_new_tokens, prefill_chunk, scope, keep_stop (score is set per pass)
     int64_t ablation_max_new_tokens = 50;  // the ablated and decoding passes' (LOCOS's ablation runs: 100)
     double pass_threshold = 0.5;   // ROUGE-1 recall > this passes
-    int64_t batch = 1;             // trials of one context length decoded as rows of one forward (make_groups)
+    int64_t batch = 1;             // trials decoded as rows of one forward (make_groups)
     int64_t max_positions = 0;     // the model's context: prompt + decode must fit (0 = unchecked)
     bool keep_steps = false;       // TrialResult::steps of the scored pass (--dump-steps)
     int64_t prefix_max_bytes = int64_t{4} << 30;  // the kept prefix's bound (PrefixCache::max_bytes)
@@ -69,12 +69,19 @@ struct TrialResult {
     const at::Tensor& step(NeedleScore s, size_t part = 0) const { return steps[static_cast<size_t>(s)][part]; }
 };
 
+// The batches a pass decodes (trial indices, each a row of one forward): at most batch_size trials, of
+// any prompt lengths with `ragged` (rows that read their prompt caches in place) and of one prompt length
+// without; a key's trials cut into as few batches as batch_size allows, of sizes that differ by one at
+// most; trials taken in the order of their prompts (lexicographic by token), so that a trial shares the
+// longest possible prefix with the trial before it (PrefixCache).
+std::vector<std::vector<int64_t>> needle_batches(const std::vector<Trial>& trials, int64_t batch_size, bool ragged);
+
 // The trials of a grid (lengths x depths x needles, needle fastest) and the passes over them:
 // the scored baseline, LOCOS's mean-query calibration and ablated reruns. Trials are built by a
 // TrialBuilder (the protocol's choices); the ablated and decoding passes have trials of their own
 // when the protocol assembles them differently (LOCOS: the scan's tracked prompts, the ablation
-// runs' joined ones), else they decode the scan's. Trials of one context length (of one prompt length where the rows cannot
-// read their prompt caches in place: make_groups) run as rows of one batch (config.batch); batches run in the order of their prompts (lexicographic by token), so that
+// runs' joined ones), else they decode the scan's. Trials of any lengths (of one prompt length where the rows cannot
+// read their prompt caches in place: make_groups) run as rows of one batch (config.batch, cut evenly); batches run in the order of their prompts (lexicographic by token), so that
 // the prefills a trial shares most with are usually the most recent, and it takes its shared
 // positions from them (PrefixCache): over the grid each node of the prompts' prefix tree is computed
 // about once a pass. Methods: docs/methods.md.
