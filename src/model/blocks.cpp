@@ -9,6 +9,10 @@
 #include <fmt/format.h>
 #include <torch/torch.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -41,8 +45,12 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
 }
 
 // At most this many rows go through gemv_rows instead of a GEMM (blocks::linear, unembed): a
-// needle scan's decode step of a length's 12 trials streams the weights once.
+// needle scan's decode step of a length's 12 trials streams the weights once. With AVX-512 (float32
+// weights), up to kGemvRowsWide: the kernel's fused multiply-adds keep pace with a GEMM's where the
+// GEMM of a few dozen rows first packs every weight (MKL: as long as its products, measured on the
+// needle scan's 24-row decode steps).
 constexpr int64_t kGemvRows = 16;
+constexpr int64_t kGemvRowsWide = 64;
 
 namespace {
 
@@ -161,9 +169,99 @@ __attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const
     dot_rows_r(R, w, x, D, n0, n1, y, ldy);
 }
 
+#if defined(__x86_64__)
+// (GCC 12 warns inside _mm512_reduce_add_ps: its extracts take an _mm256_undefined_pd() operand.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+// The AVX-512 kernel (float32 weights): 16 lanes, fused multiply-adds, NB = 4 weight rows a pass
+// (4 x R <= 24 accumulators, 4 weight vectors and an x vector within the 32 registers). A row's sum is
+// formed in one order whatever R or NB: lane by lane in d order (the tail a masked load in the same
+// pass), then _mm512_reduce_add_ps. Its bits differ from the AVX2 kernel's (fused products), so a
+// machine takes one kernel for every row count (gemv_rows): a row alone still equals itself in a batch.
+template <int R, int NB>
+__attribute__((target("avx512f"), always_inline)) inline void dot_block16(const float* w, const float* x, int64_t D,
+                                                                          int64_t n, float* y, int64_t ldy) {
+    const float* wn[NB];
+    for (int j = 0; j < NB; ++j) wn[j] = w + (n + j) * D;
+    __m512 acc[NB][R];
+    for (int j = 0; j < NB; ++j)
+        for (int r = 0; r < R; ++r) acc[j][r] = _mm512_setzero_ps();
+    int64_t d = 0;
+    for (; d + 16 <= D; d += 16) {
+        __m512 wv[NB];
+        for (int j = 0; j < NB; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(wn[j] + kPrefetchRows * D + d), _MM_HINT_T0);
+            wv[j] = _mm512_loadu_ps(wn[j] + d);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_loadu_ps(x + r * D + d);
+            for (int j = 0; j < NB; ++j) acc[j][r] = _mm512_fmadd_ps(wv[j], xv, acc[j][r]);
+        }
+    }
+    if (d < D) {
+        const __mmask16 m = static_cast<__mmask16>((1u << (D - d)) - 1u);
+        __m512 wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = _mm512_maskz_loadu_ps(m, wn[j] + d);
+        for (int r = 0; r < R; ++r) {
+            const __m512 xv = _mm512_maskz_loadu_ps(m, x + r * D + d);
+            for (int j = 0; j < NB; ++j) acc[j][r] = _mm512_fmadd_ps(wv[j], xv, acc[j][r]);
+        }
+    }
+    for (int j = 0; j < NB; ++j)
+        for (int r = 0; r < R; ++r) y[r * ldy + n + j] = _mm512_reduce_add_ps(acc[j][r]);
+}
+
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void dot_rows16(const float* w, const float* x, int64_t D,
+                                                                         int64_t n0, int64_t n1, float* y, int64_t ldy) {
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4) dot_block16<R, 4>(w, x, D, n, y, ldy);
+    for (; n < n1; ++n) dot_block16<R, 1>(w, x, D, n, y, ldy);
+}
+
+__attribute__((target("avx512f"), always_inline)) inline void dot_rows16_few(int R, const float* w, const float* x,
+                                                                             int64_t D, int64_t n0, int64_t n1, float* y,
+                                                                             int64_t ldy) {
+    switch (R) {
+        case 1: return dot_rows16<1>(w, x, D, n0, n1, y, ldy);
+        case 2: return dot_rows16<2>(w, x, D, n0, n1, y, ldy);
+        case 3: return dot_rows16<3>(w, x, D, n0, n1, y, ldy);
+        case 4: return dot_rows16<4>(w, x, D, n0, n1, y, ldy);
+        case 5: return dot_rows16<5>(w, x, D, n0, n1, y, ldy);
+        default: return dot_rows16<6>(w, x, D, n0, n1, y, ldy);
+    }
+}
+
+// Up to 6 rows a pass; more in groups of at most 6 over blocks of weight rows that stay in L2 (as
+// dot_rows_r).
+__attribute__((target("avx512f"))) void dot_rows_avx512(int R, const float* w, const float* x, int64_t D, int64_t n0,
+                                                        int64_t n1, float* y, int64_t ldy) {
+    if (R <= 6) return dot_rows16_few(R, w, x, D, n0, n1, y, ldy);
+    const int G = (R + 5) / 6;
+    const int64_t block = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, D * int64_t{4}));
+    for (int64_t b0 = n0; b0 < n1; b0 += block) {
+        const int64_t b1 = std::min(n1, b0 + block);
+        for (int g = 0; g < G; ++g) {
+            const int r0 = R * g / G, r1 = R * (g + 1) / G;
+            dot_rows16_few(r1 - r0, w, x + r0 * D, D, b0, b1, y + r0 * ldy, ldy);
+        }
+    }
+}
+
+#pragma GCC diagnostic pop
+
+bool has_avx512() {
+    static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+}
+#else
+bool has_avx512() { return false; }
+void dot_rows_avx512(int, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
+#endif
+
 }  // namespace
 
-// x [..., D] with 1..kGemvRows rows in all, w [N, D] (+ b [N]), all float32 or all bfloat16, on the
+// x [..., D] with 1..kGemvRows rows in all (kGemvRowsWide with float32 weights on an AVX-512 machine), w [N, D] (+ b [N]), all float32 or all bfloat16, on the
 // CPU, no autograd: x w^T + b as [..., N]; otherwise an undefined tensor (the caller takes the GEMM).
 // bfloat16: widened to float32 exactly, summed in float32 (as the BLAS's bf16 GEMM accumulates), the
 // bias added in float32 and the result rounded to bfloat16 once.
@@ -172,7 +270,8 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const int64_t D = x.size(-1), N = w.size(0);
     const int64_t rows = D > 0 ? x.numel() / D : 0;
     const auto dt = w.scalar_type();
-    if (rows < 1 || rows > kGemvRows || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
+    const bool wide = dt == torch::kFloat && has_avx512();
+    if (rows < 1 || rows > (wide ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
         (dt != torch::kFloat && dt != torch::kBFloat16) || x.scalar_type() != dt || !w.is_contiguous() ||
         (b.defined() && (b.scalar_type() != dt || b.numel() != N)) ||
         (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))))
@@ -182,7 +281,10 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const float* xp = xc.data_ptr<float>();
     float* yp = y.data_ptr<float>();
     const int R = static_cast<int>(rows);
-    if (dt == torch::kFloat) {
+    if (wide) {
+        const float* wp = w.data_ptr<float>();
+        at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_avx512(R, wp, xp, D, n0, n1, yp, N); });
+    } else if (dt == torch::kFloat) {
         const float* wp = w.data_ptr<float>();
         at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });
     } else {
