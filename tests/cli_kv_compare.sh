@@ -180,7 +180,7 @@ fi
 # uninterrupted run's file and table. A pause after each checkpoint holds the kill's window open: 2 s
 # (it was 0.5 s, and the check failed 2 of ~8 runs beside other suites, never alone: a poll, a Python
 # start importing h5py, can take longer than the 0.5 s pauses of the few work items left, so the run
-# finished between two polls; not reproduced in 4 runs beside 3 other suites at -j4 after the change).
+# finished between two polls; the 0.5 s version then passed 4 runs beside other suites at -j3 and -j4).
 if PY="$(bash "$ROOT/scripts/find_python.sh" h5py numpy 2>/dev/null)"; then
   has() { "$PY" -c "import h5py, sys; sys.exit(0 if sys.argv[2] in h5py.File(sys.argv[1], 'r') else 1)" "$1" "$2" 2>/dev/null; }
   Q=("${A[@]}" --lengths 48,80,120 --score locos,r2 --kv-compare "${P[@]}" --kv-compress-at question --batch 20)
