@@ -108,7 +108,7 @@ struct DecodeSettings {
 
 // Whether a decode under settings `s` reads its trials' prompt caches in place (DecodeSettings::share_prompt
 // and no step score reading the values), before any head set's say: the rule decode_batch applies to its
-// rows (then also: no set hiding keys), and NeedleTest's to grouping a context length's trials (ragged rows).
+// rows (then also: no set hiding keys), and NeedleTest's to batching trials of any lengths (ragged rows).
 bool reads_prompts_in_place(const DecodeSettings& s);
 
 // Prefills kept between decodes of one pass. The trials of a grid share the haystack before the
