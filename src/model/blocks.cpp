@@ -124,34 +124,44 @@ inline __attribute__((always_inline)) void dot_rows(const W* w, const float* x, 
     for (; n < n1; ++n) dot_block<R, 1>(w, x, D, n, y, ldy);
 }
 
+// A kernel's pass of R <= 6 rows over weight rows [n0, n1): Kernel::template rows<R>(w, x, D, n0, n1,
+// y, ldy). Here the AVX2 / baseline one (dot_rows); the AVX-512 one below.
+struct PortableRows {
+    template <int R, class W>
+    static inline __attribute__((always_inline)) void rows(const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                           float* y, int64_t ldy) {
+        dot_rows<R>(w, x, D, n0, n1, y, ldy);
+    }
+};
+
 // Up to 6 rows in one pass over the weights (their accumulators stay in registers); more rows in
 // groups of at most 6, block by block of weight rows small enough to stay in L2, so the weights come
 // from memory once and the later groups read the block from L2. A row's sum is the same whatever
-// its group (dot_rows).
-template <class W>
+// its group (the kernel's pass).
+template <class Kernel, class W>
 inline __attribute__((always_inline)) void dot_rows_few(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                         float* y, int64_t ldy) {
     switch (R) {
-        case 1: return dot_rows<1>(w, x, D, n0, n1, y, ldy);
-        case 2: return dot_rows<2>(w, x, D, n0, n1, y, ldy);
-        case 3: return dot_rows<3>(w, x, D, n0, n1, y, ldy);
-        case 4: return dot_rows<4>(w, x, D, n0, n1, y, ldy);
-        case 5: return dot_rows<5>(w, x, D, n0, n1, y, ldy);
-        default: return dot_rows<6>(w, x, D, n0, n1, y, ldy);
+        case 1: return Kernel::template rows<1>(w, x, D, n0, n1, y, ldy);
+        case 2: return Kernel::template rows<2>(w, x, D, n0, n1, y, ldy);
+        case 3: return Kernel::template rows<3>(w, x, D, n0, n1, y, ldy);
+        case 4: return Kernel::template rows<4>(w, x, D, n0, n1, y, ldy);
+        case 5: return Kernel::template rows<5>(w, x, D, n0, n1, y, ldy);
+        default: return Kernel::template rows<6>(w, x, D, n0, n1, y, ldy);
     }
 }
 
-template <class W>
+template <class Kernel, class W>
 inline __attribute__((always_inline)) void dot_rows_r(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                       float* y, int64_t ldy) {
-    if (R <= 6) return dot_rows_few(R, w, x, D, n0, n1, y, ldy);
+    if (R <= 6) return dot_rows_few<Kernel>(R, w, x, D, n0, n1, y, ldy);
     const int G = (R + 5) / 6;
     const int64_t block = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(W))));
     for (int64_t b0 = n0; b0 < n1; b0 += block) {
         const int64_t b1 = std::min(n1, b0 + block);
         for (int g = 0; g < G; ++g) {
             const int r0 = R * g / G, r1 = R * (g + 1) / G;
-            dot_rows_few(r1 - r0, w, x + r0 * D, D, b0, b1, y + r0 * ldy, ldy);
+            dot_rows_few<Kernel>(r1 - r0, w, x + r0 * D, D, b0, b1, y + r0 * ldy, ldy);
         }
     }
 }
@@ -161,12 +171,12 @@ inline __attribute__((always_inline)) void dot_rows_r(int R, const W* w, const f
 __attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const float* w, const float* x,
                                                                              int64_t D, int64_t n0, int64_t n1,
                                                                              float* y, int64_t ldy) {
-    dot_rows_r(R, w, x, D, n0, n1, y, ldy);
+    dot_rows_r<PortableRows>(R, w, x, D, n0, n1, y, ldy);
 }
 __attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const uint16_t* w, const float* x,
                                                                              int64_t D, int64_t n0, int64_t n1,
                                                                              float* y, int64_t ldy) {
-    dot_rows_r(R, w, x, D, n0, n1, y, ldy);
+    dot_rows_r<PortableRows>(R, w, x, D, n0, n1, y, ldy);
 }
 
 #if defined(__x86_64__)
@@ -219,33 +229,19 @@ __attribute__((target("avx512f"), always_inline)) inline void dot_rows16(const f
     for (; n < n1; ++n) dot_block16<R, 1>(w, x, D, n, y, ldy);
 }
 
-__attribute__((target("avx512f"), always_inline)) inline void dot_rows16_few(int R, const float* w, const float* x,
-                                                                             int64_t D, int64_t n0, int64_t n1, float* y,
-                                                                             int64_t ldy) {
-    switch (R) {
-        case 1: return dot_rows16<1>(w, x, D, n0, n1, y, ldy);
-        case 2: return dot_rows16<2>(w, x, D, n0, n1, y, ldy);
-        case 3: return dot_rows16<3>(w, x, D, n0, n1, y, ldy);
-        case 4: return dot_rows16<4>(w, x, D, n0, n1, y, ldy);
-        case 5: return dot_rows16<5>(w, x, D, n0, n1, y, ldy);
-        default: return dot_rows16<6>(w, x, D, n0, n1, y, ldy);
+// The AVX-512 pass (not always_inline: the generic dot_rows_r, inlined into dot_rows_avx512, calls it;
+// GCC refuses to force an AVX-512 function into a generic template).
+struct Avx512Rows {
+    template <int R>
+    __attribute__((target("avx512f"))) static void rows(const float* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                        float* y, int64_t ldy) {
+        dot_rows16<R>(w, x, D, n0, n1, y, ldy);
     }
-}
+};
 
-// Up to 6 rows a pass; more in groups of at most 6 over blocks of weight rows that stay in L2 (as
-// dot_rows_r).
 __attribute__((target("avx512f"))) void dot_rows_avx512(int R, const float* w, const float* x, int64_t D, int64_t n0,
                                                         int64_t n1, float* y, int64_t ldy) {
-    if (R <= 6) return dot_rows16_few(R, w, x, D, n0, n1, y, ldy);
-    const int G = (R + 5) / 6;
-    const int64_t block = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, D * int64_t{4}));
-    for (int64_t b0 = n0; b0 < n1; b0 += block) {
-        const int64_t b1 = std::min(n1, b0 + block);
-        for (int g = 0; g < G; ++g) {
-            const int r0 = R * g / G, r1 = R * (g + 1) / G;
-            dot_rows16_few(r1 - r0, w, x + r0 * D, D, b0, b1, y + r0 * ldy, ldy);
-        }
-    }
+    dot_rows_r<Avx512Rows>(R, w, x, D, n0, n1, y, ldy);
 }
 
 #pragma GCC diagnostic pop
