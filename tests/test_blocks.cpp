@@ -6,6 +6,7 @@
 
 #include "attention_detectors.h"
 #include "blocks.h"
+#include "cpu_attention.h"
 #include "model.h"
 #include "patterns.h"
 #include "system.h"
@@ -377,6 +378,101 @@ TEST_CASE("a long prefill chunk takes the chunk attention and keeps the blocked 
         const auto blocked = rest(AttentionKernel::kBlocked), fused = rest(AttentionKernel::kFused);
         CHECK(rel_diff(fused, blocked) < kCarriedTol);
         CHECK(rel_diff(fused, m->forward(tokens).narrow(1, 100, T)) < kCarriedTol);  // the whole prompt at once
+    }
+}
+
+namespace {
+// softmax(q k^T * scale) v over the keys each query sees (query t at S - T + t), in `dt`: z [B, T, H, d].
+at::Tensor causal_z(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, c10::ScalarType dt) {
+    const int64_t T = q.size(1), S = k.size(1), H = q.size(2), K = k.size(2);
+    auto qd = q.to(dt), kd = k.to(dt).repeat_interleave(H / K, 2), vd = v.to(dt).repeat_interleave(H / K, 2);
+    auto s = torch::einsum("bthd,bshd->bhts", {qd, kd}) * scale;
+    auto seen = torch::arange(S).view({1, S}) <= torch::arange(S - T, S).view({T, 1});
+    s = s.masked_fill(seen.logical_not(), -std::numeric_limits<double>::infinity());
+    return torch::einsum("bhts,bshd->bthd", {torch::softmax(s, -1), vd});
+}
+}  // namespace
+
+TEST_CASE("the AVX-512 lane attention equals float64 attention; a query's bits do not depend on its chunk, row or neighbours") {
+    const auto q0 = torch::randn({1, 40, 4, 64}), k0 = torch::randn({1, 40, 4, 64});
+    if (!blocks::cpu_attention_applies(q0, k0, k0)) {
+        MESSAGE("skipped: this CPU has no AVX-512 (the forward keeps libtorch's kernels)");
+        return;
+    }
+    torch::manual_seed(17);
+    torch::NoGradGuard ng;
+    // (query heads, kv heads, chunk T, cached keys P, head dim): a task's 32 queries whole, cut (T = 1,
+    // 25, 33, 200), GQA 1/2/4 a kv head, no past, a past across key blocks of 128, head dims that leave
+    // a tail of the 12-key and 8-column tiles, the largest head.
+    for (auto [H, K, T, P, d] : std::vector<std::array<int64_t, 5>>{
+             {4, 4, 32, 0, 64}, {8, 2, 200, 57, 32}, {6, 6, 25, 300, 80}, {8, 2, 33, 1, 16}, {4, 1, 1, 129, 64},
+             {2, 2, 70, 128, 256}, {12, 12, 311, 1, 64}, {3, 3, 7, 0, 5}}) {
+        CAPTURE(H);
+        CAPTURE(K);
+        CAPTURE(T);
+        CAPTURE(P);
+        CAPTURE(d);
+        const int64_t B = 2, S = P + T;
+        // Keys and values as the cache holds them: [B, K, capacity, d] buffers seen as [B, S, K, d].
+        auto kbuf = torch::randn({B, K, S + 9, d}), vbuf = torch::randn({B, K, S + 9, d});
+        auto k = kbuf.narrow(2, 0, S).permute({0, 2, 1, 3}), v = vbuf.narrow(2, 0, S).permute({0, 2, 1, 3});
+        auto q = torch::randn({B, T, H, d}) * 2;  // peaked softmaxes too
+        const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+        REQUIRE(blocks::cpu_attention_applies(q, k, v));
+        const auto z = blocks::cpu_attention_z(q, k, v, scale);
+        CHECK(z.sizes() == q.sizes());
+        // Against float64: within twice the plain float32 computation's own error (einsum, softmax,
+        // einsum: measured 1.5-3e-6 here) plus 1e-6, and under 1e-5.
+        const auto exact = causal_z(q, k, v, scale, torch::kDouble);
+        const double err = max_diff(z.to(torch::kDouble), exact), plain = max_diff(causal_z(q, k, v, scale, torch::kFloat).to(torch::kDouble), exact);
+        CAPTURE(plain);
+        CHECK(err <= 2 * plain + 1e-6);
+        CHECK(err < 1e-5);
+        // Row 1 alone equals row 1 of the batch; the chunk's last queries after a cut (the first ones
+        // prefilled before them) equal themselves in the whole chunk, bit for bit.
+        CHECK(torch::equal(blocks::cpu_attention_z(q.narrow(0, 1, 1), k.narrow(0, 1, 1), v.narrow(0, 1, 1), scale), z.narrow(0, 1, 1)));
+        if (T > 1) {
+            const int64_t cut = T / 3 + 1, rest = T - cut;
+            const auto tail = blocks::cpu_attention_z(q.narrow(1, cut, rest), k, v, scale);
+            CHECK(torch::equal(tail, z.narrow(1, cut, rest)));
+            const auto head = blocks::cpu_attention_z(q.narrow(1, 0, cut), k.narrow(1, 0, P + cut), v.narrow(1, 0, P + cut), scale);
+            CHECK(torch::equal(head, z.narrow(1, 0, cut)));
+        }
+    }
+    // Outside the kernel: bfloat16, more queries than keys, a head past 256, kv heads not dividing.
+    CHECK_FALSE(blocks::cpu_attention_applies(q0.to(torch::kBFloat16), k0.to(torch::kBFloat16), k0.to(torch::kBFloat16)));
+    CHECK_FALSE(blocks::cpu_attention_applies(q0, k0.narrow(1, 0, 39), k0.narrow(1, 0, 39)));
+    CHECK_FALSE(blocks::cpu_attention_applies(torch::randn({1, 4, 2, 300}), torch::randn({1, 4, 2, 300}), torch::randn({1, 4, 2, 300})));
+    CHECK_FALSE(blocks::cpu_attention_applies(torch::randn({1, 4, 6, 8}), torch::randn({1, 4, 4, 8}), torch::randn({1, 4, 4, 8})));
+    CHECK_THROWS(blocks::cpu_attention_z(q0, k0.narrow(1, 0, 39), k0.narrow(1, 0, 39), 0.1));
+}
+
+TEST_CASE("the lane attention in the forward: a prefill's logits equal the blocked attention's, chunked or whole") {
+    const auto probe = torch::randn({1, 32, 2, 16});
+    if (!blocks::cpu_attention_applies(probe, probe, probe)) {
+        MESSAGE("skipped: this CPU has no AVX-512");
+        return;
+    }
+    for (const auto& name : kFixtures) {
+        CAPTURE(name);
+        auto m = load_model(fixture(name));
+        auto tokens = tokens_for(*m, 2, 32, 23);  // GPT-2's fixture has 32 positions
+        torch::NoGradGuard ng;
+        m->options.attention = AttentionKernel::kBlocked;
+        CHECK_FALSE(blocks::uses_lane_attention(*m, 0, nullptr));
+        const auto blocked = m->forward(tokens);
+        m->options.attention = AttentionKernel::kAuto;
+        // Soft-capped (Gemma 2) and sliding-window layers stay off the kernel; a pattern observer too.
+        CHECK(blocks::uses_lane_attention(*m, 0, nullptr) == (m->config.attn_softcap <= 0 && !m->config.is_sliding(0)));
+        Hooks h;
+        h.capture_rows(Point::kAttnPattern, [](int, int64_t, const at::Tensor&) {}, 0);
+        CHECK_FALSE(blocks::uses_lane_attention(*m, 0, &h));
+        const auto lane = m->forward(tokens);
+        CHECK(rel_diff(lane, blocked) < kCarriedTol);
+        // A cache of 8 positions, then a chunk of 24 through the kernel: the whole prompt's logits.
+        KVCache c;
+        m->forward(tokens.narrow(1, 0, 8), nullptr, &c);
+        CHECK(rel_diff(m->forward(tokens.narrow(1, 8, 24), nullptr, &c), lane.narrow(1, 8, 24)) < kCarriedTol);
     }
 }
 

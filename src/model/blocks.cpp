@@ -1,5 +1,6 @@
 #include "blocks.h"
 
+#include "cpu_attention.h"
 #include "errors.h"
 #include "packed_kv.h"
 #include "torch_compat.h"
@@ -575,7 +576,16 @@ bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks) {
     return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer)));
 }
 
+bool uses_lane_attention(const Model& m, int layer, const Hooks* hooks) {
+    if (m.options.attention == AttentionKernel::kBlocked || m.config.attn_softcap > 0 || m.config.is_sliding(layer)) return false;
+    return !(hooks && (hooks->wants(Point::kAttnScores, layer) || hooks->wants(Point::kAttnPattern, layer)));
+}
+
 namespace {
+
+double attention_scale(const ModelConfig& cfg) {
+    return cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(cfg.d_head));
+}
 
 // libtorch's fused kernel: [B, H, T, d] against the K kv heads (GQA: compat::fused_attention), the causal
 // mask as a flag when there is no cache, else as [T, S] with the sliding window folded in. -> z [B, T, H, d].
@@ -584,7 +594,10 @@ at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
     auto q4 = q.permute({0, 2, 1, 3});
     auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});  // [B, K, S, d]
-    const double scale = cfg.attn_scale > 0 ? cfg.attn_scale : 1.0 / std::sqrt(static_cast<double>(d));
+    const double scale = attention_scale(cfg);
+    // A chunk of kCpuAttentionMinQueries queries or more on an AVX-512 CPU in float32: the lane kernel
+    // (cpu_attention.h), causal after the cache without a mask tensor (attention() decides as here).
+    if (window == 0 && T >= kCpuAttentionMinQueries && cpu_attention_applies(q, k, v)) return cpu_attention_z(q, k, v, scale);
     // A long prefill chunk, or one after a long past, on the CPU: without the mask (compat::chunk_attention).
     if (S > T && window == 0 && (T >= kChunkAttentionQueries || S - T >= kChunkAttentionPast) && q.device().is_cpu() &&
         compat::has_chunk_attention())
@@ -1134,10 +1147,13 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     if (shared_z) return attention_output(m, layer, shared_prompt_z(m.config, layer, q, *cache, k, v, hooks), hooks, per_row);
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
+    // A prefill chunk on an AVX-512 CPU in float32 (any libtorch): the lane kernel (fused_z takes it),
+    // where the fused kernel would run: the rows whose windows or kept positions hide keys go blocked.
+    const bool lane = q.size(1) >= kCpuAttentionMinQueries && uses_lane_attention(m, layer, hooks) && cpu_attention_applies(q, k, v);
     // The rows where a window hides some key from some query of this call ([B] bool): a window
     // hides key j from query q when sink <= j <= q - recent, so over the S keys here it hides
     // nothing when sink + recent >= S, and such a window changes nothing: the row stays fused.
-    if (!uses_fused_attention(m, layer, hooks))  // (the windows' rows below matter only to the fused path)
+    if (!lane && !uses_fused_attention(m, layer, hooks))  // (the windows' rows below matter only to the fused path)
         return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block).z(), hooks, per_row);
     const int64_t B = q.size(0), S = k.size(1);
     at::Tensor hiding;

@@ -1,0 +1,238 @@
+#include "cpu_attention.h"
+
+#include "errors.h"
+
+#include <ATen/Parallel.h>
+#include <torch/torch.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace hs::blocks {
+
+#if defined(__x86_64__)
+namespace {
+
+constexpr int kQ = 32;         // queries a task: two vectors of 16 lanes
+constexpr int64_t kKB = 128;   // keys a block (absolute: blocks start at multiples of kKB)
+constexpr int kJ = 12;         // keys a scores tile: 12 x 2 accumulators
+constexpr int kC = 8;          // value columns an output tile: 8 x 2 accumulators
+
+bool avx512() {
+    static const bool yes = __builtin_cpu_supports("avx512f");
+    return yes;
+}
+
+// exp(x) for x <= 0 (scores less their running max), to about 1 ulp: x = n ln2 + r, |r| <= ln2 / 2,
+// Cephes' degree-6 polynomial for exp(r), times 2^n (scalef). Clamped below at -87.3: exp never
+// yields a denormal (whose products stall), and a masked lane is zeroed by its caller.
+__attribute__((target("avx512f"), always_inline)) inline __m512 exp_ps(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.3f));
+    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+// st[j][0..32) = sum_c qt[c][0..32) k[j][c] for J keys (rows `ks` floats apart).
+template <int J>
+__attribute__((target("avx512f"), always_inline)) inline void scores_tile(const float* qt, const float* k, int64_t ks,
+                                                                          int64_t d, float* st) {
+    __m512 acc[J][2];
+    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; ++c) {
+        const __m512 a0 = _mm512_loadu_ps(qt + c * kQ), a1 = _mm512_loadu_ps(qt + c * kQ + 16);
+        for (int j = 0; j < J; ++j) {
+            const __m512 b = _mm512_set1_ps(k[j * ks + c]);
+            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
+            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
+        }
+    }
+    for (int j = 0; j < J; ++j) {
+        _mm512_storeu_ps(st + j * kQ, acc[j][0]);
+        _mm512_storeu_ps(st + j * kQ + 16, acc[j][1]);
+    }
+}
+
+template <int J>
+__attribute__((target("avx512f"))) void scores_tail(const float* qt, const float* k, int64_t ks, int64_t d, float* st) {
+    scores_tile<J>(qt, k, ks, d, st);
+}
+
+// ot[c][0..32) += sum_j v[j][c] pt[j][0..32) for C value columns over n keys.
+template <int C>
+__attribute__((target("avx512f"), always_inline)) inline void values_tile(const float* pt, int64_t n, const float* v,
+                                                                          int64_t vs, float* ot) {
+    __m512 acc[C][2];
+    for (int c = 0; c < C; ++c) acc[c][0] = _mm512_loadu_ps(ot + c * kQ), acc[c][1] = _mm512_loadu_ps(ot + c * kQ + 16);
+    for (int64_t j = 0; j < n; ++j) {
+        const __m512 p0 = _mm512_loadu_ps(pt + j * kQ), p1 = _mm512_loadu_ps(pt + j * kQ + 16);
+        for (int c = 0; c < C; ++c) {
+            const __m512 b = _mm512_set1_ps(v[j * vs + c]);
+            acc[c][0] = _mm512_fmadd_ps(p0, b, acc[c][0]);
+            acc[c][1] = _mm512_fmadd_ps(p1, b, acc[c][1]);
+        }
+    }
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(ot + c * kQ, acc[c][0]), _mm512_storeu_ps(ot + c * kQ + 16, acc[c][1]);
+}
+
+template <int C>
+__attribute__((target("avx512f"))) void values_tail(const float* pt, int64_t n, const float* v, int64_t vs, float* ot) {
+    values_tile<C>(pt, n, v, vs, ot);
+}
+
+using ScoresFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
+using ValuesFn = void (*)(const float*, int64_t, const float*, int64_t, float*);
+template <int... I>
+constexpr auto scores_table(std::integer_sequence<int, I...>) {
+    return std::array<ScoresFn, sizeof...(I)>{&scores_tail<I + 1>...};
+}
+template <int... I>
+constexpr auto values_table(std::integer_sequence<int, I...>) {
+    return std::array<ValuesFn, sizeof...(I)>{&values_tail<I + 1>...};
+}
+
+struct Operands {
+    const float *q, *k, *v;
+    float* z;
+    int64_t q_b, q_t, q_h;  // strides (elements); the last dimension is contiguous
+    int64_t k_b, k_s, k_h;
+    int64_t v_b, v_s, v_h;
+    int64_t T, S, P, H, g, d;
+    float scale;
+};
+
+// One task: row b, query head h, queries [i0, i0 + nq) (nq <= 32). Scratch: qt, ot [d][32], st [kKB][32].
+__attribute__((target("avx512f"))) void attend_block(const Operands& o, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                                                     float* qt, float* ot, float* st) {
+    static const auto scores_fns = scores_table(std::make_integer_sequence<int, kJ>{});
+    static const auto values_fns = values_table(std::make_integer_sequence<int, kC>{});
+    const int64_t d = o.d, kvh = h / o.g;
+    const float* q = o.q + b * o.q_b + h * o.q_h;
+    const float* k = o.k + b * o.k_b + kvh * o.k_h;
+    const float* v = o.v + b * o.v_b + kvh * o.v_h;
+    // q^T scaled, padding lanes zero; the output and the lanes' running max and sum.
+    std::memset(qt, 0, sizeof(float) * d * kQ);
+    for (int64_t r = 0; r < nq; ++r)
+        for (int64_t c = 0; c < d; ++c) qt[c * kQ + r] = q[(i0 + r) * o.q_t + c] * o.scale;
+    std::memset(ot, 0, sizeof(float) * d * kQ);
+    const float inf = std::numeric_limits<float>::infinity();
+    __m512 m[2] = {_mm512_set1_ps(-inf), _mm512_set1_ps(-inf)}, l[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+    // Lane r's absolute position (padding lanes: the last query's, so that no lane sees no key).
+    alignas(64) int32_t pos[kQ];
+    for (int r = 0; r < kQ; ++r) pos[r] = static_cast<int32_t>(o.P + i0 + std::min<int64_t>(r, nq - 1));
+    const __m512i qpos[2] = {_mm512_loadu_si512(pos), _mm512_loadu_si512(pos + 16)};
+    const int64_t first = o.P + i0, end = o.P + i0 + nq;  // the first query's position; keys [0, end) seen by some query
+    for (int64_t j0 = 0; j0 < end; j0 += kKB) {
+        const int64_t n = std::min(kKB, end - j0);
+        int64_t j = 0;
+        for (; j + kJ <= n; j += kJ) scores_tile<kJ>(qt, k + (j0 + j) * o.k_s, o.k_s, d, st + j * kQ);
+        if (j < n) scores_fns[n - j - 1](qt, k + (j0 + j) * o.k_s, o.k_s, d, st + j * kQ);
+        const bool diagonal = j0 + n - 1 > first;  // some key here is after some query
+        __m512 bm[2] = {_mm512_set1_ps(-inf), _mm512_set1_ps(-inf)};
+        for (j = 0; j < n; ++j)
+            for (int s = 0; s < 2; ++s) {
+                __m512 x = _mm512_loadu_ps(st + j * kQ + 16 * s);
+                if (diagonal) {
+                    const __mmask16 seen = _mm512_cmp_epi32_mask(_mm512_set1_epi32(static_cast<int32_t>(j0 + j)), qpos[s], _MM_CMPINT_LE);
+                    x = _mm512_mask_mov_ps(_mm512_set1_ps(-inf), seen, x);
+                    _mm512_storeu_ps(st + j * kQ + 16 * s, x);
+                }
+                bm[s] = _mm512_max_ps(bm[s], x);
+            }
+        __m512 alpha[2], sum[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()};
+        for (int s = 0; s < 2; ++s) {
+            const __m512 mn = _mm512_max_ps(m[s], bm[s]);
+            alpha[s] = exp_ps(_mm512_sub_ps(m[s], mn));
+            m[s] = mn;
+        }
+        for (j = 0; j < n; ++j)
+            for (int s = 0; s < 2; ++s) {
+                const __m512 x = _mm512_loadu_ps(st + j * kQ + 16 * s);
+                __m512 p = exp_ps(_mm512_sub_ps(x, m[s]));
+                if (diagonal) p = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, _mm512_set1_ps(-inf), _CMP_NEQ_OQ), p);
+                _mm512_storeu_ps(st + j * kQ + 16 * s, p);
+                sum[s] = _mm512_add_ps(sum[s], p);
+            }
+        for (int s = 0; s < 2; ++s) l[s] = _mm512_fmadd_ps(l[s], alpha[s], sum[s]);
+        if (j0 > 0)
+            for (int64_t c = 0; c < d; ++c)
+                for (int s = 0; s < 2; ++s)
+                    _mm512_storeu_ps(ot + c * kQ + 16 * s, _mm512_mul_ps(_mm512_loadu_ps(ot + c * kQ + 16 * s), alpha[s]));
+        int64_t c = 0;
+        for (; c + kC <= d; c += kC) values_tile<kC>(st, n, v + j0 * o.v_s + c, o.v_s, ot + c * kQ);
+        if (c < d) values_fns[d - c - 1](st, n, v + j0 * o.v_s + c, o.v_s, ot + c * kQ);
+    }
+    const __m512 inv[2] = {_mm512_div_ps(_mm512_set1_ps(1.0f), l[0]), _mm512_div_ps(_mm512_set1_ps(1.0f), l[1])};
+    for (int64_t c = 0; c < d; ++c)
+        for (int s = 0; s < 2; ++s)
+            _mm512_storeu_ps(ot + c * kQ + 16 * s, _mm512_mul_ps(_mm512_loadu_ps(ot + c * kQ + 16 * s), inv[s]));
+    float* z = o.z + (b * o.T + i0) * o.H * d + h * d;
+    for (int64_t r = 0; r < nq; ++r)
+        for (int64_t c = 0; c < d; ++c) z[r * o.H * d + c] = ot[c * kQ + r];
+}
+
+}  // namespace
+
+bool cpu_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+    if (!avx512() || q.dim() != 4 || k.dim() != 4 || v.dim() != 4) return false;
+    if (!q.device().is_cpu() || !k.device().is_cpu() || !v.device().is_cpu()) return false;
+    if (q.scalar_type() != at::kFloat || k.scalar_type() != at::kFloat || v.scalar_type() != at::kFloat) return false;
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3), S = k.size(1), K = k.size(2);
+    if (T < 1 || S < T || S > std::numeric_limits<int32_t>::max() || K < 1 || H % K != 0 || d < 1 ||
+        d > kCpuAttentionMaxHead)
+        return false;
+    if (k.size(0) != B || v.size(0) != B || v.size(1) != S || v.size(2) != K || k.size(3) != d || v.size(3) != d) return false;
+    if (q.stride(3) != 1 || k.stride(3) != 1 || v.stride(3) != 1) return false;
+    return !(at::GradMode::is_enabled() && (q.requires_grad() || k.requires_grad() || v.requires_grad()));
+}
+
+at::Tensor cpu_attention_z(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale) {
+    HS_REQUIRE(cpu_attention_applies(q, k, v), "cpu_attention_z: operands outside the kernel (cpu_attention_applies)");
+    const int64_t B = q.size(0), T = q.size(1), H = q.size(2), d = q.size(3), S = k.size(1), K = k.size(2);
+    auto z = at::empty({B, T, H, d}, q.options());
+    const Operands o{q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(), z.data_ptr<float>(),
+                     q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+                     v.stride(0), v.stride(1), v.stride(2), T, S, S - T, H, H / K, d, static_cast<float>(scale)};
+    const int64_t blocks = (T + kQ - 1) / kQ, tasks = B * H * blocks;
+    // Tasks in (row, head, query block) order: at::parallel_for hands each thread a contiguous run,
+    // so with H a multiple of the threads each gets whole heads and the same causal work.
+    at::parallel_for(0, tasks, 1, [&](int64_t t0, int64_t t1) {
+        std::vector<float> scratch(static_cast<size_t>(2 * d * kQ + kKB * kQ + 16));
+        float* base = scratch.data();
+        base += (16 - (reinterpret_cast<std::uintptr_t>(base) / sizeof(float)) % 16) % 16;  // 64-byte aligned
+        float *qt = base, *ot = base + d * kQ, *st = base + 2 * d * kQ;
+        for (int64_t t = t0; t < t1; ++t) {
+            const int64_t blk = t % blocks, h = (t / blocks) % H, b = t / (blocks * H);
+            const int64_t i0 = blk * kQ;
+            attend_block(o, b, h, i0, std::min<int64_t>(kQ, T - i0), qt, ot, st);
+        }
+    });
+    return z;
+}
+
+#else
+bool cpu_attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
+at::Tensor cpu_attention_z(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
+    throw hs::Error("cpu_attention_z: an x86-64 AVX-512 kernel; this build is for another architecture");
+}
+#endif
+
+}  // namespace hs::blocks
