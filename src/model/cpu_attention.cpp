@@ -20,6 +20,9 @@
 namespace hs::blocks {
 
 #if defined(__x86_64__)
+// (GCC 12 warns inside its own AVX-512 intrinsics: their extracts take an undefined operand.)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 namespace {
 
 constexpr int kQ = 32;         // queries a task: two vectors of 16 lanes
@@ -228,6 +231,7 @@ at::Tensor cpu_attention_z(const at::Tensor& q, const at::Tensor& k, const at::T
     return z;
 }
 
+#pragma GCC diagnostic pop
 #else
 bool cpu_attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor cpu_attention_z(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
