@@ -54,62 +54,39 @@ __attribute__((target("avx512f"), always_inline)) inline __m512 exp_ps(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-// st[j][0..32) = sum_c qt[c][0..32) k[j][c] for J keys (rows `ks` floats apart).
-template <int J>
-__attribute__((target("avx512f"), always_inline)) inline void scores_tile(const float* qt, const float* k, int64_t ks,
-                                                                          int64_t d, float* st) {
-    __m512 acc[J][2];
-    for (int j = 0; j < J; ++j) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    for (int64_t c = 0; c < d; ++c) {
-        const __m512 a0 = _mm512_loadu_ps(qt + c * kQ), a1 = _mm512_loadu_ps(qt + c * kQ + 16);
-        for (int j = 0; j < J; ++j) {
-            const __m512 b = _mm512_set1_ps(k[j * ks + c]);
-            acc[j][0] = _mm512_fmadd_ps(a0, b, acc[j][0]);
-            acc[j][1] = _mm512_fmadd_ps(a1, b, acc[j][1]);
+// The kernel's one product: R rows of 32 lanes, out[r][0..32) (+)= sum_t a[t][0..32) b[r * b_r + t * b_t]
+// over t < n, each b element broadcast against the lanes (R x 2 accumulators). The scores take it with
+// a = q^T (t over d), b = the keys (r a key); the output with a = p^T (t over keys), b = the values (r a
+// value column), accumulating onto what the earlier key blocks left.
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void lane_tile(const float* a, int64_t n, const float* b, int64_t b_r,
+                                                                        int64_t b_t, float* out, bool accumulate) {
+    __m512 acc[R][2];
+    for (int r = 0; r < R; ++r)
+        acc[r][0] = accumulate ? _mm512_loadu_ps(out + r * kQ) : _mm512_setzero_ps(),
+        acc[r][1] = accumulate ? _mm512_loadu_ps(out + r * kQ + 16) : _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+        const __m512 a0 = _mm512_loadu_ps(a + t * kQ), a1 = _mm512_loadu_ps(a + t * kQ + 16);
+        for (int r = 0; r < R; ++r) {
+            const __m512 x = _mm512_set1_ps(b[r * b_r + t * b_t]);
+            acc[r][0] = _mm512_fmadd_ps(a0, x, acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(a1, x, acc[r][1]);
         }
     }
-    for (int j = 0; j < J; ++j) {
-        _mm512_storeu_ps(st + j * kQ, acc[j][0]);
-        _mm512_storeu_ps(st + j * kQ + 16, acc[j][1]);
-    }
+    for (int r = 0; r < R; ++r) _mm512_storeu_ps(out + r * kQ, acc[r][0]), _mm512_storeu_ps(out + r * kQ + 16, acc[r][1]);
 }
 
-template <int J>
-__attribute__((target("avx512f"))) void scores_tail(const float* qt, const float* k, int64_t ks, int64_t d, float* st) {
-    scores_tile<J>(qt, k, ks, d, st);
+// A tail of R < kJ keys or < kC value columns: one out-of-line instance a row count.
+template <int R>
+__attribute__((target("avx512f"))) void lane_tail(const float* a, int64_t n, const float* b, int64_t b_r, int64_t b_t,
+                                                  float* out, bool accumulate) {
+    lane_tile<R>(a, n, b, b_r, b_t, out, accumulate);
 }
 
-// ot[c][0..32) += sum_j v[j][c] pt[j][0..32) for C value columns over n keys.
-template <int C>
-__attribute__((target("avx512f"), always_inline)) inline void values_tile(const float* pt, int64_t n, const float* v,
-                                                                          int64_t vs, float* ot) {
-    __m512 acc[C][2];
-    for (int c = 0; c < C; ++c) acc[c][0] = _mm512_loadu_ps(ot + c * kQ), acc[c][1] = _mm512_loadu_ps(ot + c * kQ + 16);
-    for (int64_t j = 0; j < n; ++j) {
-        const __m512 p0 = _mm512_loadu_ps(pt + j * kQ), p1 = _mm512_loadu_ps(pt + j * kQ + 16);
-        for (int c = 0; c < C; ++c) {
-            const __m512 b = _mm512_set1_ps(v[j * vs + c]);
-            acc[c][0] = _mm512_fmadd_ps(p0, b, acc[c][0]);
-            acc[c][1] = _mm512_fmadd_ps(p1, b, acc[c][1]);
-        }
-    }
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(ot + c * kQ, acc[c][0]), _mm512_storeu_ps(ot + c * kQ + 16, acc[c][1]);
-}
-
-template <int C>
-__attribute__((target("avx512f"))) void values_tail(const float* pt, int64_t n, const float* v, int64_t vs, float* ot) {
-    values_tile<C>(pt, n, v, vs, ot);
-}
-
-using ScoresFn = void (*)(const float*, const float*, int64_t, int64_t, float*);
-using ValuesFn = void (*)(const float*, int64_t, const float*, int64_t, float*);
+using TileFn = void (*)(const float*, int64_t, const float*, int64_t, int64_t, float*, bool);
 template <int... I>
-constexpr auto scores_table(std::integer_sequence<int, I...>) {
-    return std::array<ScoresFn, sizeof...(I)>{&scores_tail<I + 1>...};
-}
-template <int... I>
-constexpr auto values_table(std::integer_sequence<int, I...>) {
-    return std::array<ValuesFn, sizeof...(I)>{&values_tail<I + 1>...};
+constexpr auto tail_table(std::integer_sequence<int, I...>) {
+    return std::array<TileFn, sizeof...(I)>{&lane_tail<I + 1>...};
 }
 
 struct Operands {
@@ -125,8 +102,7 @@ struct Operands {
 // One task: row b, query head h, queries [i0, i0 + nq) (nq <= 32). Scratch: qt, ot [d][32], st [kKB][32].
 __attribute__((target("avx512f"))) void attend_block(const Operands& o, int64_t b, int64_t h, int64_t i0, int64_t nq,
                                                      float* qt, float* ot, float* st) {
-    static const auto scores_fns = scores_table(std::make_integer_sequence<int, kJ>{});
-    static const auto values_fns = values_table(std::make_integer_sequence<int, kC>{});
+    static constexpr auto tails = tail_table(std::make_integer_sequence<int, std::max(kJ, kC)>{});
     const int64_t d = o.d, kvh = h / o.g;
     const float* q = o.q + b * o.q_b + h * o.q_h;
     const float* k = o.k + b * o.k_b + kvh * o.k_h;
@@ -146,8 +122,8 @@ __attribute__((target("avx512f"))) void attend_block(const Operands& o, int64_t 
     for (int64_t j0 = 0; j0 < end; j0 += kKB) {
         const int64_t n = std::min(kKB, end - j0);
         int64_t j = 0;
-        for (; j + kJ <= n; j += kJ) scores_tile<kJ>(qt, k + (j0 + j) * o.k_s, o.k_s, d, st + j * kQ);
-        if (j < n) scores_fns[n - j - 1](qt, k + (j0 + j) * o.k_s, o.k_s, d, st + j * kQ);
+        for (; j + kJ <= n; j += kJ) lane_tile<kJ>(qt, d, k + (j0 + j) * o.k_s, o.k_s, 1, st + j * kQ, false);
+        if (j < n) tails[n - j - 1](qt, d, k + (j0 + j) * o.k_s, o.k_s, 1, st + j * kQ, false);
         const bool diagonal = j0 + n - 1 > first;  // some key here is after some query
         __m512 bm[2] = {_mm512_set1_ps(-inf), _mm512_set1_ps(-inf)};
         for (j = 0; j < n; ++j)
@@ -180,8 +156,8 @@ __attribute__((target("avx512f"))) void attend_block(const Operands& o, int64_t 
                 for (int s = 0; s < 2; ++s)
                     _mm512_storeu_ps(ot + c * kQ + 16 * s, _mm512_mul_ps(_mm512_loadu_ps(ot + c * kQ + 16 * s), alpha[s]));
         int64_t c = 0;
-        for (; c + kC <= d; c += kC) values_tile<kC>(st, n, v + j0 * o.v_s + c, o.v_s, ot + c * kQ);
-        if (c < d) values_fns[d - c - 1](st, n, v + j0 * o.v_s + c, o.v_s, ot + c * kQ);
+        for (; c + kC <= d; c += kC) lane_tile<kC>(st, n, v + j0 * o.v_s + c, 1, o.v_s, ot + c * kQ, true);
+        if (c < d) tails[d - c - 1](st, n, v + j0 * o.v_s + c, 1, o.v_s, ot + c * kQ, true);
     }
     const __m512 inv[2] = {_mm512_div_ps(_mm512_set1_ps(1.0f), l[0]), _mm512_div_ps(_mm512_set1_ps(1.0f), l[1])};
     for (int64_t c = 0; c < d; ++c)
