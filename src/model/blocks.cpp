@@ -589,15 +589,15 @@ double attention_scale(const ModelConfig& cfg) {
 
 // libtorch's fused kernel: [B, H, T, d] against the K kv heads (GQA: compat::fused_attention), the causal
 // mask as a flag when there is no cache, else as [T, S] with the sliding window folded in. -> z [B, T, H, d].
-at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
-    const int64_t T = q.size(1), S = k.size(1), d = cfg.d_head;
+// lane: attention() found the lane kernel applies (cpu_attention.h): it runs instead, causal after the
+// cache without a mask tensor.
+at::Tensor fused_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool lane) {
+    const double scale = attention_scale(cfg);
+    if (lane) return cpu_attention_z(q, k, v, scale);
+    const int64_t T = q.size(1), S = k.size(1);
     const int window = cfg.is_sliding(layer) ? cfg.sliding_window : 0;
     auto q4 = q.permute({0, 2, 1, 3});
     auto k4 = k.permute({0, 2, 1, 3}), v4 = v.permute({0, 2, 1, 3});  // [B, K, S, d]
-    const double scale = attention_scale(cfg);
-    // A chunk of kCpuAttentionMinQueries queries or more on an AVX-512 CPU in float32: the lane kernel
-    // (cpu_attention.h), causal after the cache without a mask tensor (attention() decides as here).
-    if (window == 0 && T >= kCpuAttentionMinQueries && cpu_attention_applies(q, k, v)) return cpu_attention_z(q, k, v, scale);
     // A long prefill chunk, or one after a long past, on the CPU: without the mask (compat::chunk_attention).
     if (S > T && window == 0 && (T >= kChunkAttentionQueries || S - T >= kChunkAttentionPast) && q.device().is_cpu() &&
         compat::has_chunk_attention())
@@ -1147,8 +1147,9 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     if (shared_z) return attention_output(m, layer, shared_prompt_z(m.config, layer, q, *cache, k, v, hooks), hooks, per_row);
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
-    // A prefill chunk on an AVX-512 CPU in float32 (any libtorch): the lane kernel (fused_z takes it),
-    // where the fused kernel would run: the rows whose windows or kept positions hide keys go blocked.
+    // A prefill chunk on an AVX-512 CPU in float32 (any libtorch): the lane kernel, run by fused_z where
+    // the fused kernel would run (a row's slice passes cpu_attention_applies as the batch does): the rows
+    // whose windows or kept positions hide keys go blocked.
     const bool lane = q.size(1) >= kCpuAttentionMinQueries && uses_lane_attention(m, layer, hooks) && cpu_attention_applies(q, k, v);
     // The rows where a window hides some key from some query of this call ([B] bool): a window
     // hides key j from query q when sink <= j <= q - recent, so over the S keys here it hides
@@ -1174,7 +1175,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     }
     if (any_hiding && !per_row)
         return attention_output(m, layer, BlockedAttention(m.config, layer, q, k, v, hooks, attn_block, lk).z(), hooks, per_row);
-    if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v), hooks, per_row);
+    if (!per_row) return attention_output(m, layer, fused_z(m.config, layer, q, k, v, lane), hooks, per_row);
     // Per-row exactness: each row goes to the fused kernel alone, so that its bits are those of its
     // unbatched run whatever the batch (a fused kernel may tile or split by batch size), and a row
     // whose window hides keys takes the blocked attention (which windows need) while the others stay
@@ -1183,7 +1184,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
                               : at::empty({B, q.size(1), q.size(2), q.size(3)}, q.options());
     for (int64_t r = 0; r < B; ++r) {
         if (any_hiding && hiding[r].item<bool>()) continue;
-        z.narrow(0, r, 1).copy_(fused_z(m.config, layer, q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1)));
+        z.narrow(0, r, 1).copy_(fused_z(m.config, layer, q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1), lane));
     }
     return attention_output(m, layer, z, hooks, per_row);
 }
