@@ -10,13 +10,16 @@
 // lengths, KVCache::ragged) decode as each row's own cache alone.
 #include <doctest/doctest.h>
 
+#include "blocks.h"
 #include "ci_toy.h"
+#include "cpu_attention.h"
 #include "hooks.h"
 #include "model.h"
 #include "needle_decode.h"
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -236,4 +239,87 @@ TEST_CASE("shared prompt: a trial's ablation rows decode from one prompt cache a
     CHECK(shared_log.cache_bytes.front() * 2 < copied_log.cache_bytes.front());
     // The sets act: zero-query on the recall heads changes what the rows decode.
     CHECK(a[2].generated != a[0].generated);
+}
+
+TEST_CASE("shared prompt: caches filled from one another's positions (KVCache::origins) are read once, each row as its own cache alone") {
+    // The needle study's kept prefills: trial B's cache takes its first 11 positions from A's (copied bit
+    // for bit), C's its first 7 from B's. In one ragged batch the positions A, B and C have in common are
+    // one piece of all three rows (blocks::shared_pieces), read once; each row's logits and pattern equal
+    // its cache decoded alone within kTol, and on an AVX-512 CPU in float32 (the piece kernels) bit for
+    // bit those of the same batch with the caches unnamed (each row reading its own copy).
+    for (const std::string f : {"gpt2", "qwen3", "gemma2", "mistral_window", "llama3_rope"}) {
+        CAPTURE(f);
+        auto m = load_model(std::string(HS_SOURCE_DIR) + "/tests/fixtures/families/" + f);
+        torch::NoGradGuard ng;
+        torch::manual_seed(31);
+        const int L = m->config.n_layers;
+        auto tokens = [&](int64_t n) { return torch::randint(1, m->config.vocab_size, {1, n}, torch::kLong); };
+        auto from = [&](const KVCache& src, int64_t u, const at::Tensor& own) {
+            KVCache c;
+            c.content_id = KVCache::new_content_id();
+            for (const auto& [id, n] : src.origins) c.origins.emplace_back(id, std::min(n, u));
+            c.origins.emplace_back(src.content_id, u);
+            c.k.resize(static_cast<size_t>(L)), c.v.resize(static_cast<size_t>(L));
+            for (size_t l = 0; l < static_cast<size_t>(L); ++l) c.k[l] = src.k[l].narrow(1, 0, u), c.v[l] = src.v[l].narrow(1, 0, u);
+            m->forward(own, nullptr, &c);
+            return c;
+        };
+        auto named = std::make_shared<std::vector<KVCache>>(3);
+        m->forward(tokens(19), nullptr, &(*named)[0]);
+        (*named)[0].content_id = KVCache::new_content_id();
+        (*named)[1] = from((*named)[0], 11, tokens(5));  // 16 positions
+        (*named)[2] = from((*named)[1], 7, tokens(6));   // 13 positions
+        REQUIRE((*named)[2].origins.size() == 2);
+        auto unnamed = std::make_shared<std::vector<KVCache>>(*named);
+        for (auto& c : *unnamed) c.content_id = 0, c.origins.clear();
+        // The pieces: A's [0, 7) for all three rows, [7, 11) for A and B, the rest each row's own.
+        const std::vector<int64_t> rows = {2, 0, 1};  // row 0 reads C, row 1 A, row 2 B
+        const auto pieces = blocks::shared_pieces(*named, rows);
+        std::vector<std::string> got;  // "cache:a-b:rows"
+        for (const auto& p : pieces) {
+            std::string r;
+            for (auto x : p.rows) r += std::to_string(x);
+            got.push_back(std::to_string(p.cache) + ":" + std::to_string(p.a) + "-" + std::to_string(p.b) + ":" + r);
+        }
+        std::sort(got.begin(), got.end());
+        std::string all;
+        for (const auto& g : got) all += g + " ";
+        CHECK(all == "0:0-7:012 0:11-19:1 0:7-11:12 1:11-16:2 2:7-13:0 ");
+        CHECK(blocks::shared_pieces(*unnamed, rows).size() == 3);  // one piece a row
+        // A truncated cache no longer vouches for its positions.
+        KVCache cut = (*named)[1];
+        cut.truncate(9);
+        CHECK(cut.content_id == 0);
+        CHECK(cut.origins.back().second == 9);
+
+        const auto next = torch::randint(1, m->config.vocab_size, {3, 3}, torch::kLong);
+        std::vector<at::Tensor> pat(static_cast<size_t>(L));
+        Hooks h;
+        h.capture(Point::kAttnPattern, [&](int l, const at::Tensor& a) { pat[static_cast<size_t>(l)] = a; });
+        KVCache a, b;
+        a.shared = named, a.shared_rows = rows;
+        b.shared = unnamed, b.shared_rows = rows;
+        std::vector<KVCache> alone;
+        for (auto r : rows) alone.push_back((*named)[static_cast<size_t>(r)]);
+        double worst = 0;
+        const bool kernels = blocks::cpu_piece_kernels(m->config.d_head) && m->options.dtype == torch::kFloat;
+        for (auto [t0, T] : std::vector<std::pair<int64_t, int64_t>>{{0, 1}, {1, 2}}) {
+            CAPTURE(T);
+            const auto la = m->forward(next.narrow(1, t0, T), &h, &a);
+            const auto pa = pat;
+            const auto lb = m->forward(next.narrow(1, t0, T), &h, &b);
+            if (kernels) {
+                CHECK(torch::equal(la, lb));
+                for (int l = 0; l < L; ++l) CHECK(torch::equal(pa[static_cast<size_t>(l)], pat[static_cast<size_t>(l)]));
+            }
+            worst = std::max(worst, rel_diff(la, lb));
+            for (int64_t r = 0; r < 3; ++r) {
+                const auto solo = m->forward(next.select(0, r).narrow(0, t0, T).unsqueeze(0), nullptr, &alone[static_cast<size_t>(r)]);
+                worst = std::max(worst, rel_diff(la.narrow(0, r, 1), solo));
+            }
+        }
+        CHECK(worst <= kTol);
+        MESSAGE(f << ": rows sharing prefixes against unnamed caches and alone, largest difference " << worst
+                  << std::string(kernels ? " (piece kernels: named and unnamed bit for bit)" : ""));
+    }
 }

@@ -152,8 +152,13 @@ static KVCache prefill_trial(const Model& m, const Trial& t, int64_t chunk, cons
                 if (x <= shared && std::binary_search(e.ends.begin(), e.ends.end(), x)) best = x;
             if (best > u) u = best, from = &e;
         }
+    cache.content_id = KVCache::new_content_id();
     if (from) {
         from->used = ++prefix->clock;
+        // Its first u positions are the kept prefill's (copied bit for bit by the first append), so the
+        // decode reads them once for both where both trials decode together (blocks' shared prefixes).
+        for (const auto& [id, n] : from->cache.origins) cache.origins.emplace_back(id, std::min(n, u));
+        if (from->cache.content_id != 0) cache.origins.emplace_back(from->cache.content_id, u);
         cache.k.assign(from->cache.k.size(), at::Tensor());
         cache.v.assign(from->cache.v.size(), at::Tensor());
         for (size_t l = 0; l < from->cache.k.size(); ++l)

@@ -14,11 +14,15 @@
 #include <immintrin.h>
 #endif
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <map>
+#include <numeric>
 #include <tuple>
 
 namespace hs::blocks {
@@ -1010,6 +1014,45 @@ at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, i
 // values. q [B, T, H, d] after RoPE, k_own, v_own [B, So, K, d] -> z [B, T, H, d].
 // Ragged rows (KVCache::ragged): row b's shared cache holds P_b <= P positions; its scores put its keys at
 // their positions (the shared [0, P_b), the own [P_b, P_b + So)) and hide the rest up to S (weight 0).
+}  // namespace
+
+std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows) {
+    std::map<uint64_t, int64_t> by_id;  // content id -> the first cache of the batch so named
+    for (size_t c = 0; c < shared.size(); ++c)
+        if (shared[c].content_id != 0) by_id.emplace(shared[c].content_id, static_cast<int64_t>(c));
+    std::map<int64_t, std::vector<std::array<int64_t, 3>>> spans;  // reader cache -> (row, a, b)
+    for (size_t b = 0; b < shared_rows.size(); ++b) {
+        const int64_t p = shared_rows[b];
+        const KVCache& c = shared.at(static_cast<size_t>(p));
+        const int64_t P = c.length();
+        int64_t pos = 0;
+        for (const auto& [id, n] : c.origins) {
+            const auto it = by_id.find(id);
+            if (it == by_id.end() || it->second == p) continue;
+            const int64_t end = std::min({n, P, shared[static_cast<size_t>(it->second)].length()});
+            if (end > pos) spans[it->second].push_back({static_cast<int64_t>(b), pos, end}), pos = end;
+        }
+        if (pos < P) spans[p].push_back({static_cast<int64_t>(b), pos, P});
+    }
+    std::vector<SharedPiece> pieces;
+    for (const auto& [c, list] : spans) {
+        std::vector<int64_t> cuts;
+        for (const auto& s : list) cuts.push_back(s[1]), cuts.push_back(s[2]);
+        std::sort(cuts.begin(), cuts.end());
+        cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+        for (size_t i = 0; i + 1 < cuts.size(); ++i) {
+            SharedPiece piece{c, cuts[i], cuts[i + 1], {}};
+            for (const auto& s : list)
+                if (s[1] <= piece.a && piece.b <= s[2]) piece.rows.push_back(s[0]);
+            std::sort(piece.rows.begin(), piece.rows.end());
+            if (!piece.rows.empty()) pieces.push_back(std::move(piece));
+        }
+    }
+    return pieces;
+}
+
+namespace {
+
 at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& q, const KVCache& cache,
                            const at::Tensor& k_own, const at::Tensor& v_own, const Hooks* hooks) {
     const int64_t B = q.size(0), T = q.size(1), H = cfg.n_heads, K = cfg.n_kv_heads, d = cfg.d_head, g = H / K;
@@ -1031,26 +1074,62 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     auto kv_of = [&](const std::vector<at::Tensor>& x) { return x.at(static_cast<size_t>(layer)).select(0, 0).permute({1, 0, 2}); };
     std::vector<at::Tensor> idx(shared.size());
     auto scores = ragged ? at::zeros({B, K, gT, S}, q.options()) : at::empty({B, K, gT, S}, q.options());
-    // Every cache read by one row at most (the needle scan: each row its own trial's prompt): one
-    // product a (row, kv head) straight into the scores and z, split over the threads, instead of
-    // gathering each cache's rows (index_select / index_copy_ a cache, which cost more than the
-    // products here).
-    bool one_each = dev.is_cpu() && !(at::GradMode::is_enabled() && q.requires_grad());
-    for (const auto& r : rows_of) one_each &= r.size() <= 1;
+    // On the CPU without autograd: the shared positions as pieces (shared_pieces), one product a (piece,
+    // kv head) of the piece's rows' queries, split over the threads: a piece of one row goes straight
+    // into the scores and z; several rows' queries (ablation rows of one trial, trials with a common
+    // prefix) are stacked. (Gathering each cache's rows with index_select / index_copy_, as the general
+    // path below does, cost more than the products here.)
+    const bool pieces_path = dev.is_cpu() && !(at::GradMode::is_enabled() && q.requires_grad());
+    const auto pieces = pieces_path ? shared_pieces(shared, cache.shared_rows) : std::vector<SharedPiece>{};
+    const int64_t tasks = static_cast<int64_t>(pieces.size()) * K;
     const at::ThreadLocalState tls;
-    auto each_row_head = [&](const std::function<void(int64_t b, int64_t h, const KVCache& c)>& f) {
-        at::parallel_for(0, B * K, 1, [&](int64_t s, int64_t e) {
+    auto each_piece_head = [&](const std::function<void(int64_t i, const SharedPiece& piece, int64_t h, const KVCache& c)>& f) {
+        at::parallel_for(0, tasks, 1, [&](int64_t s, int64_t e) {
             at::ThreadLocalStateGuard guard(tls);
-            for (int64_t i = s; i < e; ++i)
-                f(i / K, i % K, shared[static_cast<size_t>(cache.shared_rows[static_cast<size_t>(i / K)])]);
+            for (int64_t i = s; i < e; ++i) {
+                const SharedPiece& piece = pieces[static_cast<size_t>(i / K)];
+                f(i, piece, i % K, shared[static_cast<size_t>(piece.cache)]);
+            }
         });
     };
-    if (one_each)
-        each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, d] x [d, P] -> scores[b, h, :, :P]
-            auto out = scores.select(0, b).select(0, h).narrow(1, 0, c.length());
-            at::mm_out(out, q4.select(0, b).select(0, h), kv_of(c.k).select(0, h).t());
+    // AVX-512, float32: the piece kernels (cpu_attention.h), each product's bits independent of the
+    // piece's other rows and keys, and a row's values summed key by key in position order across its
+    // pieces: a row's bits are those of its cache read alone, whatever the batch shares.
+    bool piece_kernels = pieces_path && q.scalar_type() == torch::kFloat && cpu_piece_kernels(d);
+    for (const auto& p : pieces) {
+        if (!piece_kernels) break;
+        const auto& c = shared[static_cast<size_t>(p.cache)];
+        piece_kernels = kv_of(c.k).stride(2) == 1 && kv_of(c.v).stride(2) == 1 && c.k[static_cast<size_t>(layer)].scalar_type() == torch::kFloat;
+    }
+    auto row_ptrs = [&](float* base, const SharedPiece& piece, int64_t h, int64_t width, int64_t offset) {
+        std::vector<float*> ptrs;  // row b, query t of kv head h: base + ((b K + h) gT + t) width + offset
+        for (const auto b : piece.rows)
+            for (int64_t t = 0; t < gT; ++t) ptrs.push_back(base + ((b * K + h) * gT + t) * width + offset);
+        return ptrs;
+    };
+    if (piece_kernels)
+        each_piece_head([&](int64_t, const SharedPiece& piece, int64_t h, const KVCache& c) {
+            const auto keys = kv_of(c.k).select(0, h);
+            const auto qs = row_ptrs(q4.data_ptr<float>(), piece, h, d, 0);
+            const auto outs = row_ptrs(scores.data_ptr<float>(), piece, h, S, piece.a);
+            cpu_piece_scores(qs.data(), static_cast<int>(qs.size()), keys.data_ptr<float>() + piece.a * keys.stride(0), keys.stride(0),
+                             piece.b - piece.a, d, outs.data());
         });
-    for (size_t p = 0; p < shared.size() && !one_each; ++p) {
+    else each_piece_head([&](int64_t, const SharedPiece& piece, int64_t h, const KVCache& c) {  // [n gT, d] x [d, len]
+        const int64_t len = piece.b - piece.a, n = static_cast<int64_t>(piece.rows.size());
+        const auto keys_t = kv_of(c.k).select(0, h).narrow(0, piece.a, len).t();
+        auto out_of = [&](int64_t b) { return scores.select(0, b).select(0, h).narrow(1, piece.a, len); };
+        if (n == 1) {
+            auto out = out_of(piece.rows[0]);
+            at::mm_out(out, q4.select(0, piece.rows[0]).select(0, h), keys_t);
+            return;
+        }
+        auto qs = at::empty({n * gT, d}, q4.options());
+        for (int64_t j = 0; j < n; ++j) qs.narrow(0, j * gT, gT).copy_(q4.select(0, piece.rows[static_cast<size_t>(j)]).select(0, h));
+        const auto prod = at::mm(qs, keys_t);
+        for (int64_t j = 0; j < n; ++j) out_of(piece.rows[static_cast<size_t>(j)]).copy_(prod.narrow(0, j * gT, gT));
+    });
+    for (size_t p = 0; p < shared.size() && !pieces_path; ++p) {
         const int64_t n = static_cast<int64_t>(rows_of[p].size());
         if (n == 0) continue;
         const int64_t Pp = shared[p].length();
@@ -1088,13 +1167,80 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     if (whole) pattern = hook(hooks, Point::kAttnPattern, layer, pattern);
     else if (hooks && hooks->wants(Point::kAttnPattern, layer)) hooks->run_rows(Point::kAttnPattern, layer, 0, pattern);
     auto pat = pattern.reshape({B, K, gT, S});
-    auto z = at::empty({B, K, gT, d}, q.options());
-    if (one_each)
-        each_row_head([&](int64_t b, int64_t h, const KVCache& c) {  // [gT, P] x [P, d] -> z[b, h]
-            auto out = z.select(0, b).select(0, h);
-            at::mm_out(out, pat.select(0, b).select(0, h).narrow(1, 0, c.length()), kv_of(c.v).select(0, h));
+    auto z = piece_kernels ? at::zeros({B, K, gT, d}, q.options()) : at::empty({B, K, gT, d}, q.options());
+    if (piece_kernels) {
+        // A task a (set of rows joined by common pieces, kv head), its pieces in position order.
+        std::vector<int64_t> root(static_cast<size_t>(B));
+        std::iota(root.begin(), root.end(), int64_t{0});
+        std::function<int64_t(int64_t)> find = [&](int64_t x) {
+            return root[static_cast<size_t>(x)] == x ? x : root[static_cast<size_t>(x)] = find(root[static_cast<size_t>(x)]);
+        };
+        for (const auto& p : pieces)
+            for (const auto b : p.rows) root[static_cast<size_t>(find(b))] = find(p.rows[0]);
+        std::map<int64_t, std::vector<size_t>> sets;
+        for (size_t i = 0; i < pieces.size(); ++i) sets[find(pieces[i].rows[0])].push_back(i);
+        std::vector<std::vector<size_t>> order;
+        for (auto& [r, list] : sets) {
+            std::sort(list.begin(), list.end(), [&](size_t x, size_t y) {
+                return std::make_pair(pieces[x].a, pieces[x].cache) < std::make_pair(pieces[y].a, pieces[y].cache);
+            });
+            order.push_back(std::move(list));
+        }
+        const auto patc = pat.contiguous();
+        at::parallel_for(0, static_cast<int64_t>(order.size()) * K, 1, [&](int64_t s0, int64_t s1) {
+            at::ThreadLocalStateGuard guard(tls);
+            for (int64_t i = s0; i < s1; ++i) {
+                const int64_t h = i % K;
+                for (const size_t pi : order[static_cast<size_t>(i / K)]) {
+                    const SharedPiece& piece = pieces[pi];
+                    const auto vals = kv_of(shared[static_cast<size_t>(piece.cache)].v).select(0, h);
+                    const auto ws = row_ptrs(patc.data_ptr<float>(), piece, h, S, piece.a);
+                    const auto accs = row_ptrs(z.data_ptr<float>(), piece, h, d, 0);
+                    cpu_piece_values(ws.data(), static_cast<int>(ws.size()), vals.data_ptr<float>() + piece.a * vals.stride(0),
+                                     vals.stride(0), piece.b - piece.a, d, accs.data());
+                }
+            }
         });
-    for (size_t p = 0; p < shared.size() && !one_each; ++p) {
+    } else if (pieces_path) {
+        // A row read by one piece alone gets its product straight into z (the bits of its cache decoded
+        // alone); otherwise each piece's product is kept and a row's are summed in position order.
+        std::vector<std::vector<std::pair<int64_t, int64_t>>> parts_of(static_cast<size_t>(B));  // row -> (piece, slot)
+        for (size_t i = 0; i < pieces.size(); ++i)
+            for (size_t j = 0; j < pieces[i].rows.size(); ++j)
+                parts_of[static_cast<size_t>(pieces[i].rows[j])].emplace_back(static_cast<int64_t>(i), static_cast<int64_t>(j));
+        std::vector<at::Tensor> part(static_cast<size_t>(tasks));
+        each_piece_head([&](int64_t i, const SharedPiece& piece, int64_t h, const KVCache& c) {  // [n gT, len] x [len, d]
+            const int64_t len = piece.b - piece.a, n = static_cast<int64_t>(piece.rows.size());
+            const auto vals = kv_of(c.v).select(0, h).narrow(0, piece.a, len);
+            auto weights_of = [&](int64_t b) { return pat.select(0, b).select(0, h).narrow(1, piece.a, len); };
+            if (n == 1 && parts_of[static_cast<size_t>(piece.rows[0])].size() == 1) {
+                auto out = z.select(0, piece.rows[0]).select(0, h);
+                at::mm_out(out, weights_of(piece.rows[0]), vals);
+                return;
+            }
+            auto ws = at::empty({n * gT, len}, pat.options());
+            for (int64_t j = 0; j < n; ++j) ws.narrow(0, j * gT, gT).copy_(weights_of(piece.rows[static_cast<size_t>(j)]));
+            part[static_cast<size_t>(i)] = at::mm(ws, vals);
+        });
+        at::parallel_for(0, B * K, 1, [&](int64_t s, int64_t e) {
+            at::ThreadLocalStateGuard guard(tls);
+            for (int64_t i = s; i < e; ++i) {
+                const int64_t b = i / K, h = i % K;
+                auto parts = parts_of[static_cast<size_t>(b)];
+                if (parts.size() == 1 && pieces[static_cast<size_t>(parts[0].first)].rows.size() == 1) continue;  // done above
+                std::sort(parts.begin(), parts.end(), [&](const auto& x, const auto& y) {
+                    return pieces[static_cast<size_t>(x.first)].a < pieces[static_cast<size_t>(y.first)].a;
+                });
+                auto out = z.select(0, b).select(0, h);
+                for (size_t j = 0; j < parts.size(); ++j) {
+                    const auto slice = part[static_cast<size_t>(parts[j].first * K + h)].narrow(0, parts[j].second * gT, gT);
+                    if (j == 0) out.copy_(slice);
+                    else out.add_(slice);
+                }
+            }
+        });
+    }
+    for (size_t p = 0; p < shared.size() && !pieces_path; ++p) {
         if (!idx[p].defined()) continue;
         const int64_t n = idx[p].size(0);
         const int64_t Pp = shared[p].length();

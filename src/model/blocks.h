@@ -63,6 +63,17 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // products split over the intra-op threads, each on one thread (OpenBLAS: at::bmm's bits; MKL picks
 // its kernel by a thread's share, within float rounding of at::bmm). Otherwise at::bmm.
 at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
+// Rows reading shared prompt caches (KVCache::shared), their positions as pieces: cache `cache`'s
+// positions [a, b) read by `rows` (ascending), each row's keys at those very positions. A row whose
+// cache was filled from another's positions (KVCache::origins) reads them from the root-most such cache
+// of the batch, so positions the rows' caches have in common are one piece of all their rows; its
+// other positions are pieces of its own cache. Each (row, position) lies in exactly one piece. The
+// shared attention on the CPU reads the caches piece by piece (one product of the piece's queries).
+struct SharedPiece {
+    int64_t cache, a, b;
+    std::vector<int64_t> rows;
+};
+std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows);
 // per_row: row by row, as linear() (libtorch 2.x's vectorized activations round their scalar tail
 // differently, and the tail depends on the tensor's size).
 at::Tensor activation(Activation a, const at::Tensor& x, bool per_row);

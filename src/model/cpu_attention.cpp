@@ -168,6 +168,99 @@ __attribute__((target("avx512f"))) void attend_block(const Operands& o, int64_t 
         for (int64_t c = 0; c < d; ++c) z[r * o.H * d + c] = ot[c * kQ + r];
 }
 
+// Decode pieces (blocks' shared prompt attention): C = d / 16 vectors a row, held in registers.
+// Scores: a (query, key) product is its C products lane by lane in d order (FMA), then
+// _mm512_reduce_add_ps: the same bits whichever rows or keys share the call.
+template <int C>
+__attribute__((target("avx512f"))) void piece_scores(const float* const* q, int nq, const float* k, int64_t ldk, int64_t len,
+                                                     float* const* out) {
+    constexpr int64_t kKeys = 32;  // a block of keys (at most 32 KiB at d = 256) read from L1 by every query
+    for (int64_t j0 = 0; j0 < len; j0 += kKeys) {
+        const int64_t j1 = std::min(len, j0 + kKeys);
+        for (int i = 0; i < nq; ++i) {
+            __m512 qv[C];
+            for (int c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q[i] + 16 * c);
+            for (int64_t j = j0; j < j1; ++j) {
+                const float* kj = k + j * ldk;
+                __m512 acc = _mm512_mul_ps(qv[0], _mm512_loadu_ps(kj));
+                for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(qv[c], _mm512_loadu_ps(kj + 16 * c), acc);
+                out[i][j] = _mm512_reduce_add_ps(acc);
+            }
+        }
+    }
+}
+
+// Values: acc_i += sum_j w_i[j] v_j, one fused multiply-add a key in key order into each of the row's
+// C accumulators, loaded from and stored to acc_i: pieces of a row taken in position order give the
+// bits of its positions taken in one call.
+template <int C>
+__attribute__((target("avx512f"))) void piece_values(const float* const* w, int nq, const float* v, int64_t ldv, int64_t len,
+                                                     float* const* acc) {
+    constexpr int64_t kKeys = 32;
+    for (int64_t j0 = 0; j0 < len; j0 += kKeys) {
+        const int64_t j1 = std::min(len, j0 + kKeys);
+        int i = 0;
+        for (; i + 2 <= nq; i += 2) {  // two rows a pass: 2C independent chains
+            __m512 a0[C], a1[C];
+            for (int c = 0; c < C; ++c) a0[c] = _mm512_loadu_ps(acc[i] + 16 * c), a1[c] = _mm512_loadu_ps(acc[i + 1] + 16 * c);
+            for (int64_t j = j0; j < j1; ++j) {
+                const __m512 w0 = _mm512_set1_ps(w[i][j]), w1 = _mm512_set1_ps(w[i + 1][j]);
+                const float* vj = v + j * ldv;
+                for (int c = 0; c < C; ++c) {
+                    const __m512 x = _mm512_loadu_ps(vj + 16 * c);
+                    a0[c] = _mm512_fmadd_ps(w0, x, a0[c]);
+                    a1[c] = _mm512_fmadd_ps(w1, x, a1[c]);
+                }
+            }
+            for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc[i] + 16 * c, a0[c]), _mm512_storeu_ps(acc[i + 1] + 16 * c, a1[c]);
+        }
+        for (; i < nq; ++i) {
+            __m512 a0[C];
+            for (int c = 0; c < C; ++c) a0[c] = _mm512_loadu_ps(acc[i] + 16 * c);
+            for (int64_t j = j0; j < j1; ++j) {
+                const __m512 w0 = _mm512_set1_ps(w[i][j]);
+                const float* vj = v + j * ldv;
+                for (int c = 0; c < C; ++c) a0[c] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(vj + 16 * c), a0[c]);
+            }
+            for (int c = 0; c < C; ++c) _mm512_storeu_ps(acc[i] + 16 * c, a0[c]);
+        }
+    }
+}
+
+template <template <int> class F, class... A>
+void by_width(int64_t d, A... a) {
+    switch (d / 16) {
+        case 1: return F<1>::run(a...);
+        case 2: return F<2>::run(a...);
+        case 3: return F<3>::run(a...);
+        case 4: return F<4>::run(a...);
+        case 5: return F<5>::run(a...);
+        case 6: return F<6>::run(a...);
+        case 7: return F<7>::run(a...);
+        case 8: return F<8>::run(a...);
+        case 9: return F<9>::run(a...);
+        case 10: return F<10>::run(a...);
+        case 11: return F<11>::run(a...);
+        case 12: return F<12>::run(a...);
+        case 13: return F<13>::run(a...);
+        case 14: return F<14>::run(a...);
+        case 15: return F<15>::run(a...);
+        default: return F<16>::run(a...);
+    }
+}
+template <int C>
+struct ScoresOf {
+    static void run(const float* const* q, int nq, const float* k, int64_t ldk, int64_t len, float* const* out) {
+        piece_scores<C>(q, nq, k, ldk, len, out);
+    }
+};
+template <int C>
+struct ValuesOf {
+    static void run(const float* const* w, int nq, const float* v, int64_t ldv, int64_t len, float* const* acc) {
+        piece_values<C>(w, nq, v, ldv, len, acc);
+    }
+};
+
 }  // namespace
 
 bool cpu_attention_applies(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
@@ -207,8 +300,27 @@ at::Tensor cpu_attention_z(const at::Tensor& q, const at::Tensor& k, const at::T
     return z;
 }
 
+bool cpu_piece_kernels(int64_t d) { return avx512() && d >= 16 && d <= kCpuAttentionMaxHead && d % 16 == 0; }
+
+void cpu_piece_scores(const float* const* q, int nq, const float* k, int64_t ldk, int64_t len, int64_t d, float* const* out) {
+    HS_REQUIRE(cpu_piece_kernels(d), "cpu_piece_scores: an AVX-512 CPU and a head width of 16-256, a multiple of 16");
+    by_width<ScoresOf>(d, q, nq, k, ldk, len, out);
+}
+
+void cpu_piece_values(const float* const* w, int nq, const float* v, int64_t ldv, int64_t len, int64_t d, float* const* acc) {
+    HS_REQUIRE(cpu_piece_kernels(d), "cpu_piece_values: an AVX-512 CPU and a head width of 16-256, a multiple of 16");
+    by_width<ValuesOf>(d, w, nq, v, ldv, len, acc);
+}
+
 #pragma GCC diagnostic pop
 #else
+bool cpu_piece_kernels(int64_t) { return false; }
+void cpu_piece_scores(const float* const*, int, const float*, int64_t, int64_t, int64_t, float* const*) {
+    throw hs::Error("cpu_piece_scores: an x86-64 AVX-512 kernel; this build is for another architecture");
+}
+void cpu_piece_values(const float* const*, int, const float*, int64_t, int64_t, int64_t, float* const*) {
+    throw hs::Error("cpu_piece_values: an x86-64 AVX-512 kernel; this build is for another architecture");
+}
 bool cpu_attention_applies(const at::Tensor&, const at::Tensor&, const at::Tensor&) { return false; }
 at::Tensor cpu_attention_z(const at::Tensor&, const at::Tensor&, const at::Tensor&, double) {
     throw hs::Error("cpu_attention_z: an x86-64 AVX-512 kernel; this build is for another architecture");

@@ -38,4 +38,17 @@ constexpr int64_t kCpuAttentionMinQueries = 20;
 // softmax(q k^T * scale) v, query head h reading kv head h / (H / K). Requires cpu_attention_applies.
 at::Tensor cpu_attention_z(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale);
 
+// A decode step's shared prompt attention on an AVX-512 CPU, float32 (blocks' shared prompt caches, read
+// piece by piece: blocks::shared_pieces): whether the kernels below take head width d (16-256, a
+// multiple of 16).
+bool cpu_piece_kernels(int64_t d);
+// out[i][j] = q_i . k_j for query rows i < nq (each d floats) and keys j < len (k_j at k + j * ldk):
+// a product's bits depend on q_i and k_j alone (d / 16 lane-wise fused products, then a fixed
+// reduction), not on the rows or keys beside it.
+void cpu_piece_scores(const float* const* q, int nq, const float* k, int64_t ldk, int64_t len, int64_t d, float* const* out);
+// acc_i[c] += sum_j w_i[j] v_j[c] for rows i < nq (acc_i: d floats, read and written), keys j < len (v_j at
+// v + j * ldv) in order, one fused multiply-add a key: a row's keys split over calls in position order
+// give the bits of one call.
+void cpu_piece_values(const float* const* w, int nq, const float* v, int64_t ldv, int64_t len, int64_t d, float* const* acc);
+
 }  // namespace hs::blocks

@@ -7,6 +7,7 @@
 #include "util.h"
 
 #include <algorithm>
+#include <atomic>
 
 namespace hs {
 
@@ -67,15 +68,21 @@ void KVCache::unshare() {
     shared.reset(), shared_rows.clear();
 }
 
+uint64_t KVCache::new_content_id() {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+}
+
 KVCache::KVCache(const KVCache& o)
     : k(o.k), v(o.v), packed(o.packed ? clone_packed(*o.packed) : nullptr), shared(o.shared), shared_rows(o.shared_rows),
-      reserved_(o.reserved_) {}
+      content_id(o.content_id), origins(o.origins), reserved_(o.reserved_) {}
 
 KVCache& KVCache::operator=(const KVCache& o) {
     if (this != &o) {
         k = o.k, v = o.v, reserved_ = o.reserved_;
         packed = o.packed ? clone_packed(*o.packed) : nullptr;
         shared = o.shared, shared_rows = o.shared_rows;
+        content_id = o.content_id, origins = o.origins;
         kbuf_.clear(), vbuf_.clear(), owned_.clear();
     }
     return *this;
@@ -85,12 +92,16 @@ void KVCache::clear() {
     k.clear(), v.clear(), kbuf_.clear(), vbuf_.clear(), owned_.clear();
     packed.reset();
     shared.reset(), shared_rows.clear();
+    content_id = 0, origins.clear();
 }
 
 void KVCache::truncate(int64_t positions) {
     HS_REQUIRE(!packed, "KVCache::truncate: a compressed (packed) cache cannot be truncated");
     HS_REQUIRE(!ragged(), "KVCache::truncate: rows of different lengths (ragged shared caches)");
     HS_REQUIRE(positions >= shared_length(), "KVCache::truncate: below the shared prompt caches' positions");
+    // Positions past `positions` may be written again: this cache's name no longer vouches for them.
+    content_id = 0;
+    for (auto& o : origins) o.second = std::min(o.second, positions);
     positions -= shared_length();
     for (size_t l = 0; l < k.size(); ++l) {
         if (!k[l].defined() || k[l].size(1) <= positions) continue;

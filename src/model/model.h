@@ -88,6 +88,16 @@ struct KVCache {
     std::shared_ptr<PackedKV> packed;  // when set, k and v are empty (a copy of the cache clones it)
     std::shared_ptr<const std::vector<KVCache>> shared;
     std::vector<int64_t> shared_rows;  // [B]: the shared cache each row reads
+    // Positions this cache has bit for bit in common with others, for rows whose shared caches were
+    // filled from one another (the needle study's kept prefills): `content_id` names this cache's
+    // positions (0: unnamed; new_content_id() gives a name never given before), `origins` lists
+    // (id, n): positions [0, n) are those of the cache named id, root-most first (n non-decreasing).
+    // Whoever fills a cache from another's positions sets them; truncate() and clear() drop them.
+    // blocks::attention reads the positions that rows' shared caches have in common once for all of
+    // them (docs/forward.md "Shared prefixes").
+    uint64_t content_id = 0;
+    std::vector<std::pair<uint64_t, int64_t>> origins;
+    static uint64_t new_content_id();
     KVCache() = default;
     KVCache(const KVCache& o);
     KVCache& operator=(const KVCache& o);
