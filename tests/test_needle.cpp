@@ -9,6 +9,7 @@
 #include "errors.h"
 #include "model.h"
 #include "needle.h"
+#include "needle_scoring.h"
 #include "planted_model.h"
 #include "schema.h"
 #include "store.h"
@@ -115,6 +116,22 @@ void loop_step(const at::Tensor& row, const at::Tensor& v, const at::Tensor& wo,
 }
 
 }  // namespace
+
+TEST_CASE("needle: the retrieval score's argmax is at::argmax (first of ties, a NaN the largest)") {
+    torch::manual_seed(7);
+    auto x = torch::rand({5, 7, 301});
+    x.index_put_({1, 2, 200}, x[1][2].max() + 1), x.index_put_({1, 2, 250}, x[1][2][200]);  // a tie: 200 wins
+    x.index_put_({2, 0, 17}, std::nanf("")), x.index_put_({2, 0, 30}, std::nanf(""));        // the first NaN
+    x.index_put_({3, 3, 0}, 2.0f);                                                              // the first key
+    x[4][5].fill_(0.25f);                                                                       // all equal
+    for (const auto& t : {x, x.transpose(0, 1).contiguous().transpose(0, 1), x.to(torch::kDouble), x.narrow(2, 0, 1)}) {
+        const auto got = first_argmax(t);
+        CHECK((got.scalar_type() == torch::kLong));
+        CHECK(torch::equal(got, t.argmax(2)));
+    }
+    CHECK(first_argmax(x)[1][2].item<int64_t>() == 200);
+    CHECK(first_argmax(x)[2][0].item<int64_t>() == 17);
+}
 
 TEST_CASE("needle: ROUGE-1 recall tokenises as rouge-score (lowercase, non-alphanumerics split)") {
     CHECK(rouge_tokens("Eat a FIG-sandwich, now!", false) == std::vector<std::string>{"eat", "a", "fig", "sandwich", "now"});

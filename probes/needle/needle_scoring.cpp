@@ -12,6 +12,7 @@
 #include <cctype>
 #include <functional>
 #include <limits>
+#include <cmath>
 #include <map>
 #include <utility>
 
@@ -79,10 +80,33 @@ void split_work(int64_t n, int64_t threads, const std::function<void(int64_t, in
 
 }  // namespace
 
+// x [R, H, S] -> [R, H] int64: the first index of the largest value along S, a NaN counting as the
+// largest (at::argmax's answer). A float32 CPU tensor: one pass a (row, head) split over the threads
+// (at::argmax's reduction took 11 ms of the bench grid's 24-row decode step, issue 44); else at::argmax.
+at::Tensor first_argmax(const at::Tensor& x) {
+    if (!x.is_cpu() || x.scalar_type() != torch::kFloat || x.size(2) == 0) return x.argmax(2).to(torch::kCPU);
+    const auto xc = x.contiguous();
+    const int64_t R = x.size(0), H = x.size(1), S = x.size(2);
+    auto out = at::empty({R, H}, torch::kLong);
+    const float* xp = xc.data_ptr<float>();
+    int64_t* op = out.data_ptr<int64_t>();
+    split_work(R * H, at::get_num_threads(), [&](int64_t i0, int64_t i1) {
+        for (int64_t i = i0; i < i1; ++i) {
+            const float* p = xp + i * S;
+            int64_t best = 0;
+            float top = p[0];
+            for (int64_t j = 1; j < S && !std::isnan(top); ++j)
+                if (p[j] > top || std::isnan(p[j])) top = p[j], best = j;
+            op[i] = best;
+        }
+    });
+    return out;
+}
+
 // Retrieval: the argmax key (first of ties) in the answer's span holding the generated token.
 std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in) {
     const int64_t R = in.a.size(0), H = in.a.size(1);
-    const auto jstar = in.a.argmax(2).to(torch::kCPU);  // [R, H]
+    const auto jstar = first_argmax(in.a);  // [R, H]
     auto credit = torch::zeros({R, H}, torch::kDouble);
     const auto js = jstar.accessor<int64_t, 2>();
     auto cr = credit.accessor<double, 2>();

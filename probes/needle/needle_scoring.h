@@ -92,6 +92,9 @@ std::vector<PerNeedleScore<at::Tensor>> score_rows(const Model& m, const std::ve
 // The registry's step functions (scores.cpp's rows), on the rows of one layer: retrieval credit;
 // LOCOS L+ then L- (already scaled by n/(K-n)); R2 credit.
 std::vector<at::Tensor> retrieval_step(const NeedleStepInput& in);
+// x [R, H, S] -> [R, H] int64 on the CPU: at::argmax(x, 2) (the first index of the largest value, a NaN
+// the largest), in one pass a (row, head) over the threads for float32 CPU tensors.
+at::Tensor first_argmax(const at::Tensor& x);
 std::vector<at::Tensor> locos_step(const NeedleStepInput& in);
 std::vector<at::Tensor> r2_step(const NeedleStepInput& in);
 std::vector<at::Tensor> qrhead_step(const NeedleStepInput& in);  // none: QRHead reads the prefill, not the steps
