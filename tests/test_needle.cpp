@@ -924,6 +924,22 @@ TEST_CASE("needle: kept prefill chunks give the decodes a whole prefill gives, a
         same(decode_batch(*m, {&t4, &t3}, s, never, ablate, &pc), {&t4, &t3});
         CHECK(pc.reused == 10 + 20 + 23);
         CHECK(pc.computed == 23 + 13 + 3);
+        // Each kept prefill names its positions and says which came from where (KVCache::origins): t3's
+        // first 10 are t's, t4's first 10 t's and its first 20 t3's, so in one batch t4 and t3 read
+        // their 20 common positions once (blocks::shared_pieces: 3 pieces, not one a row and range).
+        const auto& c = pc.entries.at(&t).cache;
+        const auto& c3 = pc.entries.at(&t3).cache;
+        const auto& c4 = pc.entries.at(&t4).cache;
+        REQUIRE(c.content_id != 0);
+        CHECK(c3.content_id != c.content_id);
+        using Origins = std::vector<std::pair<uint64_t, int64_t>>;
+        CHECK((c3.origins == Origins{{c.content_id, 10}}));
+        CHECK((c4.origins == Origins{{c.content_id, 10}, {c3.content_id, 20}}));
+        const auto pieces = blocks::shared_pieces({c4, c3}, {0, 1});
+        REQUIRE(pieces.size() == 3);
+        const auto common = std::find_if(pieces.begin(), pieces.end(), [](const blocks::SharedPiece& p) { return p.a == 0; });
+        REQUIRE(common != pieces.end());
+        CHECK((common->cache == 1 && common->b == 20 && common->rows == std::vector<int64_t>{0, 1}));
         same(decode_batch(*m, {&t5}, s, never, ablate, &pc), {&t5});  // shares 5 with every kept prefill
         CHECK(pc.reused == 10 + 20 + 23 + 5);
         // The bound: the least recently used prefill goes first, a pinned one (keep) stays.
