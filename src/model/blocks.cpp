@@ -1016,7 +1016,8 @@ at::Tensor BlockedAttention::streaming_block_z(const Block& b, int64_t gap_lo, i
 // their positions (the shared [0, P_b), the own [P_b, P_b + So)) and hide the rest up to S (weight 0).
 }  // namespace
 
-std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows) {
+std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows,
+                                       bool follow_origins) {
     std::map<uint64_t, int64_t> by_id;  // content id -> the first cache of the batch so named
     for (size_t c = 0; c < shared.size(); ++c)
         if (shared[c].content_id != 0) by_id.emplace(shared[c].content_id, static_cast<int64_t>(c));
@@ -1027,6 +1028,7 @@ std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const
         const int64_t P = c.length();
         int64_t pos = 0;
         for (const auto& [id, n] : c.origins) {
+            if (!follow_origins) break;
             const auto it = by_id.find(id);
             if (it == by_id.end() || it->second == p) continue;
             const int64_t end = std::min({n, P, shared[static_cast<size_t>(it->second)].length()});
@@ -1080,7 +1082,17 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     // prefix) are stacked. (Gathering each cache's rows with index_select / index_copy_, as the general
     // path below does, cost more than the products here.)
     const bool pieces_path = dev.is_cpu() && !(at::GradMode::is_enabled() && q.requires_grad());
-    const auto pieces = pieces_path ? shared_pieces(shared, cache.shared_rows) : std::vector<SharedPiece>{};
+    // AVX-512, float32: the piece kernels (cpu_attention.h), each product's bits independent of the
+    // piece's other rows and keys, and a row's values summed key by key in position order across its
+    // pieces: a row's bits are those of its cache read alone, whatever the batch shares. Without them
+    // the pieces are BLAS products, which for a few rows against a common run cost more than each row
+    // reading its own copy (docs/performance.md "Decoding shared prefixes"): there the pieces ignore
+    // the origins (one piece a cache, all its rows).
+    bool piece_kernels = pieces_path && q.scalar_type() == torch::kFloat && cpu_piece_kernels(d);
+    for (size_t p = 0; p < shared.size() && piece_kernels; ++p)
+        piece_kernels = kv_of(shared[p].k).stride(2) == 1 && kv_of(shared[p].v).stride(2) == 1 &&
+                        shared[p].k[static_cast<size_t>(layer)].scalar_type() == torch::kFloat;
+    const auto pieces = pieces_path ? shared_pieces(shared, cache.shared_rows, piece_kernels) : std::vector<SharedPiece>{};
     const int64_t tasks = static_cast<int64_t>(pieces.size()) * K;
     const at::ThreadLocalState tls;
     auto each_piece_head = [&](const std::function<void(int64_t i, const SharedPiece& piece, int64_t h, const KVCache& c)>& f) {
@@ -1092,15 +1104,6 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
             }
         });
     };
-    // AVX-512, float32: the piece kernels (cpu_attention.h), each product's bits independent of the
-    // piece's other rows and keys, and a row's values summed key by key in position order across its
-    // pieces: a row's bits are those of its cache read alone, whatever the batch shares.
-    bool piece_kernels = pieces_path && q.scalar_type() == torch::kFloat && cpu_piece_kernels(d);
-    for (const auto& p : pieces) {
-        if (!piece_kernels) break;
-        const auto& c = shared[static_cast<size_t>(p.cache)];
-        piece_kernels = kv_of(c.k).stride(2) == 1 && kv_of(c.v).stride(2) == 1 && c.k[static_cast<size_t>(layer)].scalar_type() == torch::kFloat;
-    }
     auto row_ptrs = [&](float* base, const SharedPiece& piece, int64_t h, int64_t width, int64_t offset) {
         std::vector<float*> ptrs;  // row b, query t of kv head h: base + ((b K + h) gT + t) width + offset
         for (const auto b : piece.rows)
@@ -1202,42 +1205,21 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
             }
         });
     } else if (pieces_path) {
-        // A row read by one piece alone gets its product straight into z (the bits of its cache decoded
-        // alone); otherwise each piece's product is kept and a row's are summed in position order.
-        std::vector<std::vector<std::pair<int64_t, int64_t>>> parts_of(static_cast<size_t>(B));  // row -> (piece, slot)
-        for (size_t i = 0; i < pieces.size(); ++i)
-            for (size_t j = 0; j < pieces[i].rows.size(); ++j)
-                parts_of[static_cast<size_t>(pieces[i].rows[j])].emplace_back(static_cast<int64_t>(i), static_cast<int64_t>(j));
-        std::vector<at::Tensor> part(static_cast<size_t>(tasks));
-        each_piece_head([&](int64_t i, const SharedPiece& piece, int64_t h, const KVCache& c) {  // [n gT, len] x [len, d]
+        // One piece a row here (the origins ignored): a piece of one row straight into z, a cache's
+        // stacked rows through one product.
+        each_piece_head([&](int64_t, const SharedPiece& piece, int64_t h, const KVCache& c) {  // [n gT, len] x [len, d]
             const int64_t len = piece.b - piece.a, n = static_cast<int64_t>(piece.rows.size());
             const auto vals = kv_of(c.v).select(0, h).narrow(0, piece.a, len);
             auto weights_of = [&](int64_t b) { return pat.select(0, b).select(0, h).narrow(1, piece.a, len); };
-            if (n == 1 && parts_of[static_cast<size_t>(piece.rows[0])].size() == 1) {
+            if (n == 1) {
                 auto out = z.select(0, piece.rows[0]).select(0, h);
                 at::mm_out(out, weights_of(piece.rows[0]), vals);
                 return;
             }
             auto ws = at::empty({n * gT, len}, pat.options());
             for (int64_t j = 0; j < n; ++j) ws.narrow(0, j * gT, gT).copy_(weights_of(piece.rows[static_cast<size_t>(j)]));
-            part[static_cast<size_t>(i)] = at::mm(ws, vals);
-        });
-        at::parallel_for(0, B * K, 1, [&](int64_t s, int64_t e) {
-            at::ThreadLocalStateGuard guard(tls);
-            for (int64_t i = s; i < e; ++i) {
-                const int64_t b = i / K, h = i % K;
-                auto parts = parts_of[static_cast<size_t>(b)];
-                if (parts.size() == 1 && pieces[static_cast<size_t>(parts[0].first)].rows.size() == 1) continue;  // done above
-                std::sort(parts.begin(), parts.end(), [&](const auto& x, const auto& y) {
-                    return pieces[static_cast<size_t>(x.first)].a < pieces[static_cast<size_t>(y.first)].a;
-                });
-                auto out = z.select(0, b).select(0, h);
-                for (size_t j = 0; j < parts.size(); ++j) {
-                    const auto slice = part[static_cast<size_t>(parts[j].first * K + h)].narrow(0, parts[j].second * gT, gT);
-                    if (j == 0) out.copy_(slice);
-                    else out.add_(slice);
-                }
-            }
+            const auto prod = at::mm(ws, vals);
+            for (int64_t j = 0; j < n; ++j) z.select(0, piece.rows[static_cast<size_t>(j)]).select(0, h).copy_(prod.narrow(0, j * gT, gT));
         });
     }
     for (size_t p = 0; p < shared.size() && !pieces_path; ++p) {

@@ -68,12 +68,15 @@ at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
 // cache was filled from another's positions (KVCache::origins) reads them from the root-most such cache
 // of the batch, so positions the rows' caches have in common are one piece of all their rows; its
 // other positions are pieces of its own cache. Each (row, position) lies in exactly one piece. The
-// shared attention on the CPU reads the caches piece by piece (one product of the piece's queries).
+// shared attention on the CPU reads the caches piece by piece (one product of the piece's queries),
+// following the origins where its AVX-512 piece kernels run.
 struct SharedPiece {
     int64_t cache, a, b;
     std::vector<int64_t> rows;
 };
-std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows);
+// follow_origins = false: one piece a cache and its rows (the origins ignored).
+std::vector<SharedPiece> shared_pieces(const std::vector<KVCache>& shared, const std::vector<int64_t>& shared_rows,
+                                       bool follow_origins = true);
 // per_row: row by row, as linear() (libtorch 2.x's vectorized activations round their scalar tail
 // differently, and the tail depends on the tensor's size).
 at::Tensor activation(Activation a, const at::Tensor& x, bool per_row);
