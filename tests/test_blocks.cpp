@@ -393,10 +393,10 @@ at::Tensor causal_z(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
 }
 }  // namespace
 
-TEST_CASE("the AVX-512 lane attention equals float64 attention; a query's bits do not depend on its chunk, row or neighbours") {
+TEST_CASE("the lane attention (AVX2 or AVX-512) equals float64 attention; a query's bits do not depend on its chunk, row or neighbours") {
     const auto q0 = torch::randn({1, 40, 4, 64}), k0 = torch::randn({1, 40, 4, 64});
     if (!blocks::cpu_attention_applies(q0, k0, k0)) {
-        MESSAGE("skipped: this CPU has no AVX-512 (the forward keeps libtorch's kernels)");
+        MESSAGE("skipped: this CPU has neither AVX2 with FMA nor AVX-512 (the forward keeps libtorch's kernels)");
         return;
     }
     torch::manual_seed(17);
@@ -450,7 +450,7 @@ TEST_CASE("the AVX-512 lane attention equals float64 attention; a query's bits d
 TEST_CASE("the lane attention in the forward: a prefill's logits equal the blocked attention's, chunked or whole") {
     const auto probe = torch::randn({1, 32, 2, 16});
     if (!blocks::cpu_attention_applies(probe, probe, probe)) {
-        MESSAGE("skipped: this CPU has no AVX-512");
+        MESSAGE("skipped: this CPU has neither AVX2 with FMA nor AVX-512");
         return;
     }
     for (const auto& name : kFixtures) {

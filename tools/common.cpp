@@ -63,7 +63,7 @@ void add_model_args(CLI::App* app, ModelArgs& a) {
         ->capture_default_str();
     app->add_option("--device", a.device, "cpu, cuda or cuda:N")->capture_default_str();
     app->add_option("--attention", a.attention,
-                    "attention kernel where no pattern is observed: auto (on an AVX-512 CPU in float32 headscope's lane "
+                    "attention kernel where no pattern is observed: auto (on an AVX2 or AVX-512 CPU in float32 headscope's lane "
                     "kernel for 20+ queries; else libtorch's fused kernel where it has one: libtorch >= 2.1, CUDA or CPU; "
                     "else blocked), blocked, fused (libtorch >= 2.1); docs/forward.md")
         ->check(CLI::IsMember({"auto", "blocked", "fused"}))

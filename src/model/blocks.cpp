@@ -1082,7 +1082,7 @@ at::Tensor shared_prompt_z(const ModelConfig& cfg, int layer, const at::Tensor& 
     // prefix) are stacked. (Gathering each cache's rows with index_select / index_copy_, as the general
     // path below does, cost more than the products here.)
     const bool pieces_path = dev.is_cpu() && !(at::GradMode::is_enabled() && q.requires_grad());
-    // AVX-512, float32: the piece kernels (cpu_attention.h), each product's bits independent of the
+    // AVX2 or AVX-512, float32: the piece kernels (cpu_attention.h), each product's bits independent of the
     // piece's other rows and keys, and a row's values summed key by key in position order across its
     // pieces: a row's bits are those of its cache read alone, whatever the batch shares. Without them
     // the pieces are BLAS products, which for a few rows against a common run cost more than each row
@@ -1275,7 +1275,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
     if (shared_z) return attention_output(m, layer, shared_prompt_z(m.config, layer, q, *cache, k, v, hooks), hooks, per_row);
     k = hook(hooks, Point::kAttnK, layer, k);  // [B, S, K, d]
     v = hook(hooks, Point::kAttnV, layer, v);
-    // A prefill chunk on an AVX-512 CPU in float32 (any libtorch): the lane kernel, run by fused_z where
+    // A prefill chunk on an AVX2 or AVX-512 CPU in float32 (any libtorch): the lane kernel, run by fused_z where
     // the fused kernel would run (a row's slice passes cpu_attention_applies as the batch does): the rows
     // whose windows or kept positions hide keys go blocked.
     const bool lane = q.size(1) >= kCpuAttentionMinQueries && uses_lane_attention(m, layer, hooks) && cpu_attention_applies(q, k, v);

@@ -69,7 +69,7 @@ at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
 // of the batch, so positions the rows' caches have in common are one piece of all their rows; its
 // other positions are pieces of its own cache. Each (row, position) lies in exactly one piece. The
 // shared attention on the CPU reads the caches piece by piece (one product of the piece's queries),
-// following the origins where its AVX-512 piece kernels run.
+// following the origins where its piece kernels (AVX2 or AVX-512) run.
 struct SharedPiece {
     int64_t cache, a, b;
     std::vector<int64_t> rows;
@@ -115,7 +115,7 @@ at::Tensor attention(const Model& m, int layer, at::Tensor q, at::Tensor k, at::
 bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
 
 // Whether attention() may hand this layer's calls of kCpuAttentionMinQueries queries or more to the
-// AVX-512 lane kernel (cpu_attention.h) where the operands allow it (float32 on such a CPU): not under
+// lane kernel (cpu_attention.h) where the operands allow it (float32 on an AVX2 or AVX-512 CPU): not under
 // AttentionKernel::kBlocked, not where a hook observes or edits scores or pattern, not on a
 // sliding-window or soft-capped layer. Any libtorch (Debian's 1.13 too). Rows whose windows or kept
 // positions hide keys take the blocked attention, as from the fused kernel (a window that hides
@@ -123,7 +123,7 @@ bool uses_fused_attention(const Model& m, int layer, const Hooks* hooks);
 bool uses_lane_attention(const Model& m, int layer, const Hooks* hooks);
 
 // A prefill chunk of T queries after P cached keys that the lane kernel does not take (bfloat16, or a
-// CPU without AVX-512) takes compat::chunk_attention (CPU, libtorch >= 2.5, no sliding window) where T >= kChunkAttentionQueries or P >= kChunkAttentionPast; other chunks keep
+// CPU without AVX2) takes compat::chunk_attention (CPU, libtorch >= 2.5, no sliding window) where T >= kChunkAttentionQueries or P >= kChunkAttentionPast; other chunks keep
 // the masked call. Measured against the masked call (docs/performance.md, "Prefill chunks without a
 // mask"): 1.09-1.65x on every measured shape past either bound (2048-query chunks 1.31-1.65x), 0.85-1.06x
 // below both (the diagonal call's overhead against a short past).

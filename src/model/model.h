@@ -46,7 +46,7 @@ struct ModelWeights {
 // "Attention kernels"). Wherever a hook observes or edits scores or pattern, a window or a soft-cap
 // acts, or rows need per-row exactness, the blocked attention runs whatever is chosen here.
 enum class AttentionKernel {
-    kAuto,     // the lane kernel (AVX-512 CPU, float32, blocks::uses_lane_attention), else fused where libtorch
+    kAuto,     // the lane kernel (AVX2 or AVX-512 CPU, float32, blocks::uses_lane_attention), else fused where libtorch
                // has it (libtorch >= 2.1, CUDA or CPU), where nothing needs the pattern
     kBlocked,  // headscope's query-blocked attention (blocks::attention) everywhere
     kFused,    // libtorch's fused scaled-dot-product attention (libtorch >= 2.1) on any device
