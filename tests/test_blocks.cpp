@@ -541,7 +541,8 @@ TEST_CASE("bmm_small: a decode step's small products split over the threads, equ
 TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits independent of the rows beside it") {
     // The kernel sums in another order than BLAS: within 1e-5 of the output's largest magnitude.
     // Up to 16 rows on every machine; float32 up to 64 where the CPU has AVX-512 (its own kernel, which
-    // then takes every row count: the 17-24 rows below run there and nowhere else).
+    // then takes every row count) or AVX2 (the portable kernel's AVX2 clone): the 17-24 rows below run
+    // there and nowhere else.
     torch::manual_seed(7);
     // D = 4100: 15 weight rows a block (256 KiB), so more than 6 rows run in groups over several blocks.
     for (int64_t D : {5, 8, 16, 17, 64, 77, 4100}) {
@@ -553,7 +554,7 @@ TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits i
                 const auto ref = torch::matmul(xs.to(torch::kDouble), w.to(torch::kDouble).t()) +
                                  (bias ? b.to(torch::kDouble) : torch::zeros({300}, torch::kDouble));
                 const auto y = blocks::gemv_rows(xs.view({R, 1, D}), w, bias ? b : at::Tensor());
-                if (R > 16 && !y.defined()) continue;  // no AVX-512 here: the GEMM's rows
+                if (R > 16 && !y.defined()) continue;  // neither AVX2 nor AVX-512 here: the GEMM's rows
                 REQUIRE(y.defined());
                 CHECK(y.sizes() == std::vector<int64_t>{R, 1, 300});
                 const double err = (y.view({R, 300}).to(torch::kDouble) - ref).abs().max().item<double>();

@@ -53,7 +53,9 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
 // needle scan's decode step of a length's 12 trials streams the weights once. With AVX-512 (float32
 // weights), up to kGemvRowsWide: the kernel's fused multiply-adds keep pace with a GEMM's where the
 // GEMM of a few dozen rows first packs every weight (MKL: as long as its products, measured on the
-// needle scan's 24-row decode steps).
+// needle scan's 24-row decode steps). On AVX2 (float32), up to kGemvRowsWide through the portable
+// kernel's AVX2 clone: the scan's 24-row decode steps 13% faster than MKL's GEMM on a Zen 3 CPU
+// (docs/performance.md, "AVX2 kernels").
 constexpr int64_t kGemvRows = 16;
 constexpr int64_t kGemvRowsWide = 64;
 
@@ -262,7 +264,7 @@ void dot_rows_avx512(int, const float*, const float*, int64_t, int64_t, int64_t,
 
 }  // namespace
 
-// x [..., D] with 1..kGemvRows rows in all (kGemvRowsWide with float32 weights on an AVX-512 machine), w [N, D] (+ b [N]), all float32 or all bfloat16, on the
+// x [..., D] with 1..kGemvRows rows in all (kGemvRowsWide with float32 weights on an AVX2 or AVX-512 machine), w [N, D] (+ b [N]), all float32 or all bfloat16, on the
 // CPU, no autograd: x w^T + b as [..., N]; otherwise an undefined tensor (the caller takes the GEMM).
 // bfloat16: widened to float32 exactly, summed in float32 (as the BLAS's bf16 GEMM accumulates), the
 // bias added in float32 and the result rounded to bfloat16 once.
@@ -272,7 +274,9 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const int64_t rows = D > 0 ? x.numel() / D : 0;
     const auto dt = w.scalar_type();
     const bool wide = dt == torch::kFloat && has_avx512();
-    if (rows < 1 || rows > (wide ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
+    // float32 on an AVX2 CPU: the portable kernel's AVX2 clone up to kGemvRowsWide rows too.
+    static const bool avx2 = __builtin_cpu_supports("avx2");
+    if (rows < 1 || rows > (dt == torch::kFloat && (wide || avx2) ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
         (dt != torch::kFloat && dt != torch::kBFloat16) || x.scalar_type() != dt || !w.is_contiguous() ||
         (b.defined() && (b.scalar_type() != dt || b.numel() != N)) ||
         (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))))

@@ -4,7 +4,8 @@
 // product that the blocked attention computes), milliseconds a call (median of --reps), GFLOP/s of
 // useful (causal) work, the ratio, and each one's largest error against float64.
 //   build/headscope_bench_attention [--heads 12] [--kv-heads 12] [--head-dim 64] [--threads N] [--reps 10]
-// Shapes: the needle bench grid's prefill chunks (queries, keys), then whole causal prompts.
+// Shapes: a few queries after 1000 keys (blocks::kCpuAttentionMinQueries), the needle bench grid's prefill
+// chunks (queries, keys), then whole causal prompts.
 // docs/performance.md, "A prefill attention kernel".
 #include "blocks.h"
 #include "cpu_attention.h"
@@ -57,10 +58,11 @@ int main(int argc, char** argv) {
     torch::manual_seed(0);
     const auto probe = torch::randn({1, 32, K, d});
     if (!hs::blocks::cpu_attention_applies(torch::randn({1, 32, H, d}), probe, probe)) {
-        fmt::print("headscope_bench_attention: the lane kernel does not run here (no AVX-512, or H {} / K {} / d {} outside it)\n", H, K, d);
+        fmt::print("headscope_bench_attention: the lane kernel does not run here (neither AVX2 with FMA nor AVX-512, or H {} / K {} / d {} outside it)\n", H, K, d);
         return 0;
     }
-    const std::vector<std::pair<int64_t, int64_t>> shapes = {{25, 337},   {54, 851},    {224, 851},   {311, 312},
+    const std::vector<std::pair<int64_t, int64_t>> shapes = {{4, 1000},   {8, 1000},    {16, 1000},   {24, 1000},
+                                                             {25, 337},   {54, 851},    {224, 851},   {311, 312},
                                                              {512, 1336}, {537, 1873},  {794, 1873},  {1049, 1361},
                                                              {1520, 1873}, {512, 512},  {2048, 2048}, {1024, 4096}};
     const bool fused = hs::compat::has_fused_attention();
