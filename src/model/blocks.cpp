@@ -257,8 +257,13 @@ bool has_avx512() {
     static const bool yes = __builtin_cpu_supports("avx512f");
     return yes;
 }
+bool has_avx2() {
+    static const bool yes = __builtin_cpu_supports("avx2");
+    return yes;
+}
 #else
 bool has_avx512() { return false; }
+bool has_avx2() { return false; }
 void dot_rows_avx512(int, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
 #endif
 
@@ -275,8 +280,7 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const auto dt = w.scalar_type();
     const bool wide = dt == torch::kFloat && has_avx512();
     // float32 on an AVX2 CPU: the portable kernel's AVX2 clone up to kGemvRowsWide rows too.
-    static const bool avx2 = __builtin_cpu_supports("avx2");
-    if (rows < 1 || rows > (dt == torch::kFloat && (wide || avx2) ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
+    if (rows < 1 || rows > (dt == torch::kFloat && (wide || has_avx2()) ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
         (dt != torch::kFloat && dt != torch::kBFloat16) || x.scalar_type() != dt || !w.is_contiguous() ||
         (b.defined() && (b.scalar_type() != dt || b.numel() != N)) ||
         (at::GradMode::is_enabled() && (x.requires_grad() || w.requires_grad() || (b.defined() && b.requires_grad()))))
