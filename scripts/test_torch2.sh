@@ -63,6 +63,7 @@ done_ build
 
 start "ctest in build-torch2/"
 rc=0
-(cd build-torch2 && ctest --no-tests=error --output-on-failure --timeout 1500 "$@") || rc=$?
+jobs=$(nproc); [ "$jobs" -gt 4 ] && jobs=4  # as scripts/test.sh
+(cd build-torch2 && ctest --no-tests=error --output-on-failure --timeout 1500 -j"$jobs" "$@") || rc=$?
 done_ ctest
 exit $rc
