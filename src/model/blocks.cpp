@@ -53,9 +53,9 @@ at::Tensor norm(const ModelConfig& cfg, const at::Tensor& x, const at::Tensor& w
 // needle scan's decode step of a length's 12 trials streams the weights once. With AVX-512 (float32
 // weights), up to kGemvRowsWide: the kernel's fused multiply-adds keep pace with a GEMM's where the
 // GEMM of a few dozen rows first packs every weight (MKL: as long as its products, measured on the
-// needle scan's 24-row decode steps). On AVX2 (float32), up to kGemvRowsWide through the portable
-// kernel's AVX2 clone: the scan's 24-row decode steps 13% faster than MKL's GEMM on a Zen 3 CPU
-// (docs/performance.md, "AVX2 kernels").
+// needle scan's 24-row decode steps). On AVX2 with FMA (float32), up to kGemvRowsWide through its own
+// kernel: 1.1-5.7x MKL's GEMM at 1-24 rows on a Zen 3 CPU (headscope_bench_gemv; docs/performance.md,
+// "AVX2 kernels"); on AVX2 without FMA, through the portable kernel's AVX2 clone.
 constexpr int64_t kGemvRows = 16;
 constexpr int64_t kGemvRowsWide = 64;
 
@@ -134,6 +134,7 @@ inline __attribute__((always_inline)) void dot_rows(const W* w, const float* x, 
 // A kernel's pass of R <= 6 rows over weight rows [n0, n1): Kernel::template rows<R>(w, x, D, n0, n1,
 // y, ldy). Here the AVX2 / baseline one (dot_rows); the AVX-512 one below.
 struct PortableRows {
+    static constexpr int kGroup = 6;
     template <int R, class W>
     static inline __attribute__((always_inline)) void rows(const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                            float* y, int64_t ldy) {
@@ -142,7 +143,8 @@ struct PortableRows {
 };
 
 // Up to 6 rows in one pass over the weights (their accumulators stay in registers); more rows in
-// groups of at most 6, block by block of weight rows small enough to stay in L2, so the weights come
+// groups of at most Kernel::kGroup (6; 4 for the AVX2 FMA kernel, whose 4-row tile of 3 weight rows
+// ran 1.5x its 6-row tile of 2 on 24 rows), block by block of weight rows small enough to stay in L2, so the weights come
 // from memory once and the later groups read the block from L2. A row's sum is the same whatever
 // its group (the kernel's pass).
 template <class Kernel, class W>
@@ -162,7 +164,8 @@ template <class Kernel, class W>
 inline __attribute__((always_inline)) void dot_rows_r(int R, const W* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                       float* y, int64_t ldy) {
     if (R <= 6) return dot_rows_few<Kernel>(R, w, x, D, n0, n1, y, ldy);
-    const int G = (R + 5) / 6;
+    constexpr int kMax = Kernel::kGroup;
+    const int G = (R + kMax - 1) / kMax;
     const int64_t block = std::max<int64_t>(8, (int64_t{256} << 10) / std::max<int64_t>(1, D * static_cast<int64_t>(sizeof(W))));
     for (int64_t b0 = n0; b0 < n1; b0 += block) {
         const int64_t b1 = std::min(n1, b0 + block);
@@ -193,7 +196,7 @@ __attribute__((target_clones("avx2", "default"))) void dot_rows_any(int R, const
 // The AVX-512 kernel (float32 weights): 16 lanes, fused multiply-adds, NB = 4 weight rows a pass
 // (4 x R <= 24 accumulators, 4 weight vectors and an x vector within the 32 registers). A row's sum is
 // formed in one order whatever R or NB: lane by lane in d order (the tail a masked load in the same
-// pass), then _mm512_reduce_add_ps. Its bits differ from the AVX2 kernel's (fused products), so a
+// pass), then _mm512_reduce_add_ps. Its bits differ from the portable kernel's (unfused products), so a
 // machine takes one kernel for every row count (gemv_rows): a row alone still equals itself in a batch.
 template <int R, int NB>
 __attribute__((target("avx512f"), always_inline)) inline void dot_block16(const float* w, const float* x, int64_t D,
@@ -239,6 +242,7 @@ __attribute__((target("avx512f"), always_inline)) inline void dot_rows16(const f
 // The AVX-512 pass (not always_inline: the generic dot_rows_r, inlined into dot_rows_avx512, calls it;
 // GCC refuses to force an AVX-512 function into a generic template).
 struct Avx512Rows {
+    static constexpr int kGroup = 6;
     template <int R>
     __attribute__((target("avx512f"))) static void rows(const float* w, const float* x, int64_t D, int64_t n0, int64_t n1,
                                                         float* y, int64_t ldy) {
@@ -251,6 +255,73 @@ __attribute__((target("avx512f"))) void dot_rows_avx512(int R, const float* w, c
     dot_rows_r<Avx512Rows>(R, w, x, D, n0, n1, y, ldy);
 }
 
+// The AVX2 kernel with fused multiply-adds (float32 weights; a CPU with AVX2 and FMA): 8 lanes, NB weight
+// rows a pass with NB x R accumulators, NB weight vectors and an x vector within AVX2's 16 registers
+// (the portable kernel's AVX2 clone, without fused products, spilled them: ~40 GFLOP/s at 6 rows on a
+// Zen 3 core pair whose GEMM runs at ~130). A row's sum is formed in one order whatever R or NB: lane by
+// lane in d order (the tail a masked load in the same pass), then the same reduction. Its bits differ
+// from the portable kernel's (fused products), so such a machine takes it for every row count.
+template <int R, int NB>
+__attribute__((target("avx2,fma"), always_inline)) inline void dot_block8f(const float* w, const float* x, int64_t D,
+                                                                           int64_t n, float* y, int64_t ldy) {
+    const float* wn[NB];
+    for (int j = 0; j < NB; ++j) wn[j] = w + (n + j) * D;
+    __m256 acc[NB][R];
+    for (int j = 0; j < NB; ++j)
+        for (int r = 0; r < R; ++r) acc[j][r] = _mm256_setzero_ps();
+    int64_t d = 0;
+    for (; d + 8 <= D; d += 8) {
+        __m256 wv[NB];
+        for (int j = 0; j < NB; ++j) {
+            _mm_prefetch(reinterpret_cast<const char*>(wn[j] + kPrefetchRows * D + d), _MM_HINT_T0);
+            wv[j] = _mm256_loadu_ps(wn[j] + d);
+        }
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_loadu_ps(x + r * D + d);
+            for (int j = 0; j < NB; ++j) acc[j][r] = _mm256_fmadd_ps(wv[j], xv, acc[j][r]);
+        }
+    }
+    if (d < D) {
+        alignas(32) static constexpr int32_t lanes[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+        const __m256i m = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(lanes + 8 - (D - d)));
+        __m256 wv[NB];
+        for (int j = 0; j < NB; ++j) wv[j] = _mm256_maskload_ps(wn[j] + d, m);
+        for (int r = 0; r < R; ++r) {
+            const __m256 xv = _mm256_maskload_ps(x + r * D + d, m);
+            for (int j = 0; j < NB; ++j) acc[j][r] = _mm256_fmadd_ps(wv[j], xv, acc[j][r]);
+        }
+    }
+    for (int j = 0; j < NB; ++j)
+        for (int r = 0; r < R; ++r) {
+            const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[j][r]), _mm256_extractf128_ps(acc[j][r], 1));
+            const __m128 q = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            y[r * ldy + n + j] = _mm_cvtss_f32(_mm_add_ss(q, _mm_movehdup_ps(q)));
+        }
+}
+
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void dot_rows8f(const float* w, const float* x, int64_t D,
+                                                                          int64_t n0, int64_t n1, float* y, int64_t ldy) {
+    constexpr int NB = R <= 2 ? 4 : R <= 4 ? 3 : 2;  // NB x R + NB + 1 <= 16 registers
+    int64_t n = n0;
+    for (; n + NB <= n1; n += NB) dot_block8f<R, NB>(w, x, D, n, y, ldy);
+    for (; n < n1; ++n) dot_block8f<R, 1>(w, x, D, n, y, ldy);
+}
+
+struct Avx2FmaRows {
+    static constexpr int kGroup = 4;  // 12 accumulators of 3 weight rows x 4 rows (dot_rows_r)
+    template <int R>
+    __attribute__((target("avx2,fma"))) static void rows(const float* w, const float* x, int64_t D, int64_t n0, int64_t n1,
+                                                         float* y, int64_t ldy) {
+        dot_rows8f<R>(w, x, D, n0, n1, y, ldy);
+    }
+};
+
+__attribute__((target("avx2,fma"))) void dot_rows_avx2fma(int R, const float* w, const float* x, int64_t D, int64_t n0,
+                                                          int64_t n1, float* y, int64_t ldy) {
+    dot_rows_r<Avx2FmaRows>(R, w, x, D, n0, n1, y, ldy);
+}
+
 #pragma GCC diagnostic pop
 
 bool has_avx512() {
@@ -261,9 +332,15 @@ bool has_avx2() {
     static const bool yes = __builtin_cpu_supports("avx2");
     return yes;
 }
+bool has_avx2_fma() {
+    static const bool yes = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    return yes;
+}
 #else
 bool has_avx512() { return false; }
 bool has_avx2() { return false; }
+bool has_avx2_fma() { return false; }
+void dot_rows_avx2fma(int, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
 void dot_rows_avx512(int, const float*, const float*, int64_t, int64_t, int64_t, float*, int64_t) {}
 #endif
 
@@ -279,7 +356,7 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     const int64_t rows = D > 0 ? x.numel() / D : 0;
     const auto dt = w.scalar_type();
     const bool wide = dt == torch::kFloat && has_avx512();
-    // float32 on an AVX2 CPU: the portable kernel's AVX2 clone up to kGemvRowsWide rows too.
+    // float32 on an AVX2 CPU: its kernel (with FMA) or the portable kernel's AVX2 clone up to kGemvRowsWide rows too.
     if (rows < 1 || rows > (dt == torch::kFloat && (wide || has_avx2()) ? kGemvRowsWide : kGemvRows) || w.size(1) != D || !x.device().is_cpu() || !w.device().is_cpu() ||
         (dt != torch::kFloat && dt != torch::kBFloat16) || x.scalar_type() != dt || !w.is_contiguous() ||
         (b.defined() && (b.scalar_type() != dt || b.numel() != N)) ||
@@ -293,6 +370,9 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
     if (wide) {
         const float* wp = w.data_ptr<float>();
         at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_avx512(R, wp, xp, D, n0, n1, yp, N); });
+    } else if (dt == torch::kFloat && has_avx2_fma()) {
+        const float* wp = w.data_ptr<float>();
+        at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_avx2fma(R, wp, xp, D, n0, n1, yp, N); });
     } else if (dt == torch::kFloat) {
         const float* wp = w.data_ptr<float>();
         at::parallel_for(0, N, 256, [&](int64_t n0, int64_t n1) { dot_rows_any(R, wp, xp, D, n0, n1, yp, N); });

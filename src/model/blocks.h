@@ -54,7 +54,8 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps, bool p
 // x W^T + b. per_row: one GEMM per batch row (BLAS picks kernels by matrix size, so in a folded
 // GEMM a row's last bits depend on the other rows; per row, a row equals its unbatched run).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row);
-// x [..., D] with 1-8 rows in all, w [N, D] (+ b [N]), float32 or bfloat16 on the CPU, no autograd: x W^T + b
+// x [..., D] with 1-16 rows in all (float32: up to 64 on an AVX2 or AVX-512 CPU), w [N, D] (+ b [N]), float32
+// or bfloat16 on the CPU, no autograd: x W^T + b
 // streaming W once for every row (a decode step; each row's bits independent of the others), else
 // an undefined tensor. linear() and unembed() take it when it applies.
 at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b);
