@@ -7,6 +7,7 @@
 // Shapes: a few queries after 1000 keys (blocks::kCpuAttentionMinQueries), the needle bench grid's prefill
 // chunks (queries, keys), then whole causal prompts.
 // docs/performance.md, "A prefill attention kernel".
+#include "bench_util.h"
 #include "blocks.h"
 #include "cpu_attention.h"
 #include "torch_compat.h"
@@ -15,7 +16,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
@@ -23,19 +23,7 @@
 #include <thread>
 #include <vector>
 
-namespace {
-double median_ms(const std::function<void()>& f, int reps) {
-    f();
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-}  // namespace
+using hs::bench::median_ms;
 
 int main(int argc, char** argv) {
     int64_t H = 12, K = 12, d = 64;

@@ -7,33 +7,20 @@
 // (one copy: the same weight every call, from the cache where it fits).
 //   build/headscope_bench_gemv [--rows 1,6,12,24,48] [--copies 12] [--threads N] [--reps 24]
 // docs/performance.md, "AVX2 kernels".
+#include "bench_util.h"
 #include "blocks.h"
 
 #include <fmt/format.h>
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdlib>
-#include <functional>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
-namespace {
-double median_ms(const std::function<void()>& f, int reps) {
-    f();
-    std::vector<double> t;
-    for (int i = 0; i < reps; ++i) {
-        const auto t0 = std::chrono::steady_clock::now();
-        f();
-        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-    }
-    std::sort(t.begin(), t.end());
-    return t[t.size() / 2];
-}
-}  // namespace
+using hs::bench::median_ms;
 
 int main(int argc, char** argv) {
     std::vector<int64_t> rows = {1, 6, 12, 24, 48};
