@@ -2,6 +2,7 @@
 #include "study_config.h"
 
 #include "errors.h"
+#include "hs_git_commit.h"
 #include "hub.h"
 #include "jobs.h"
 #include "progress.h"

@@ -3,6 +3,7 @@
 #include "commands.h"
 #include "common.h"
 #include "errors.h"
+#include "hs_git_commit.h"
 #include "preinit.h"
 #include "progress.h"
 #include "system.h"
