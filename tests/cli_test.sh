@@ -76,5 +76,21 @@ spin() { env "$@" OMP_DISPLAY_ENV=VERBOSE "$HS" --version 2>&1 | sed -n "s/.*GOM
 check "OpenMP workers sleep when idle (GOMP_SPINCOUNT 0)" -- test "$(spin X=1)" = 0
 check "the user's OMP_WAIT_POLICY wins" -- test "$(spin OMP_WAIT_POLICY=ACTIVE)" = 30000000000
 check "env -i: libgomp's default kept" -- test "$(spin -i)" = 300000
+# The build's commit (scripts/git_commit.cmake, run at every build): a checkout's short hash, -dirty when a
+# tracked file changed, "unknown" outside a checkout; the header is rewritten only when its text changes.
+if command -v git >/dev/null && command -v cmake >/dev/null; then
+  G="$TMP/gitrepo"; H="$TMP/commit.h"; mkdir -p "$G"
+  gc() { cmake -DSRC="$1" -DOUT="$H" -P scripts/git_commit.cmake >/dev/null 2>&1; sed -n 's/^#define HS_GIT_COMMIT "\(.*\)"$/\1/p' "$H"; }
+  git -C "$G" init -q && echo a >"$G/f" && git -C "$G" add f &&
+    git -C "$G" -c user.name=t -c user.email=t@t commit -qm one
+  h=$(git -C "$G" rev-parse --short HEAD)
+  check "commit: a clean checkout's short hash" -- test "$(gc "$G")" = "$h"
+  touch -d '2000-01-01' "$H"; gc "$G" >/dev/null
+  check "commit: the header not rewritten when unchanged" -- test "$(stat -c %Y "$H")" = "$(date -d '2000-01-01' +%s)"
+  echo b >"$G/f"
+  check "commit: -dirty when a tracked file changed" -- test "$(gc "$G")" = "$h-dirty"
+  mkdir -p "$TMP/nogit"
+  check "commit: unknown outside a checkout" -- test "$(GIT_CEILING_DIRECTORIES="$TMP" gc "$TMP/nogit")" = unknown
+fi
 echo "cli: $pass passed, $fail failed"
 [ "$fail" -eq 0 ]
