@@ -7,6 +7,7 @@
 #include "attention_detectors.h"
 #include "blocks.h"
 #include "cpu_attention.h"
+#include "errors.h"
 #include "model.h"
 #include "patterns.h"
 #include "system.h"
@@ -593,4 +594,91 @@ TEST_CASE("gemv_rows: a decode step's few rows equal the GEMM, each row's bits i
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 16}), w.t(), {}).defined());
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}), w.to(torch::kBFloat16), {}).defined());  // mixed dtypes
     CHECK_FALSE(blocks::gemv_rows(torch::randn({2, 8}, torch::kHalf), w.to(torch::kHalf), {}).defined());
+}
+
+TEST_CASE("bmm_items: at::bmm's bits on every operand layout, degenerate sizes included") {
+    // Where at::bmm loops over its items (Debian's libtorch), bmm_items makes each item's BLAS call itself;
+    // elsewhere it is at::bmm_out. Either way the bits are at::bmm's.
+    torch::manual_seed(5);
+    for (int64_t N : {1, 3})
+        for (int64_t M : {1, 7, 33})
+            for (int64_t K : {1, 16, 40})
+                for (int64_t P : {1, 9, 50})
+                    for (int layout = 0; layout < 4; ++layout) {
+                        const auto a = layout & 1 ? torch::randn({N, K, M}).transpose(1, 2) : torch::randn({N, M, K});
+                        const auto b = layout & 2 ? torch::randn({N, P, K}).transpose(1, 2) : torch::randn({N, K, P});
+                        CAPTURE(N);
+                        CAPTURE(M);
+                        CAPTURE(K);
+                        CAPTURE(P);
+                        CAPTURE(layout);
+                        CHECK(torch::equal(blocks::bmm_items(a, b), at::bmm(a, b)));
+                        auto out = torch::empty({2 * N, M, P}).narrow(0, N, N);  // into part of a larger buffer
+                        blocks::bmm_items(out, a, b);
+                        CHECK(torch::equal(out, at::bmm(a, b)));
+                    }
+}
+
+TEST_CASE("the training attention (CausalCore) keeps autograd's bits: outputs and the gradients of q, k, v") {
+    // Under autograd the blocked attention's causal blocks run as one function (forward and backward split
+    // over the threads); the plain ops' autograd (set_autograd_attention_core(false)) is the reference. Where
+    // at::bmm loops over its items (a libtorch without MKL: Debian's) every item takes the same BLAS call in
+    // both, so the bits are equal; with MKL, a chunk's batched product may round its last bits otherwise:
+    // within 1e-5 of the largest magnitude there.
+    const int threads = at::get_num_threads();
+    at::set_num_threads(std::max(2, threads));
+    const bool exact = !at::hasMKL();
+    auto same = [&](const at::Tensor& x, const at::Tensor& ref) {
+        if (exact) return torch::equal(x, ref);
+        return (x - ref).abs().max().item<double>() <= 1e-5 * std::max(1.0, ref.abs().max().item<double>());
+    };
+    LoadOptions lo;
+    lo.attention = AttentionKernel::kBlocked;  // libtorch 2.x would hand an unobserved layer to its fused kernel
+    for (const std::string name : {"llama3_rope", "qwen2_bias", "gpt2"}) {
+        auto m = load_model(fixture(name), lo);
+        const auto& c = m->config;
+        for (double scale : {0.0, 0.25}) {  // the family's 1/sqrt(d) (a product's scale), a power of two (on q)
+            m->config.attn_scale = scale;
+            for (int64_t T : {3, 23, 70})
+                for (int64_t block : {int64_t{0}, int64_t{5}}) {  // one block; query blocks against narrowed keys
+                    CAPTURE(name);
+                    CAPTURE(scale);
+                    CAPTURE(T);
+                    CAPTURE(block);
+                    torch::manual_seed(T);
+                    const int64_t B = 3;
+                    const auto q0 = torch::randn({B, T, c.n_heads, c.d_head}), k0 = torch::randn({B, T, c.n_kv_heads, c.d_head}),
+                               v0 = torch::randn({B, T, c.n_kv_heads, c.d_head});
+                    const auto wt = torch::randn({B, T, c.d_model});
+                    std::array<std::array<at::Tensor, 4>, 2> got;
+                    for (int core = 0; core < 2; ++core) {
+                        blocks::set_autograd_attention_core(core == 1);
+                        auto q = q0.clone().requires_grad_(true), k = k0.clone().requires_grad_(true), v = v0.clone().requires_grad_(true);
+                        const auto out = blocks::attention(*m, 0, q, k, v, nullptr, nullptr, block, false);
+                        (out * wt).sum().backward();
+                        got[core] = {out.detach(), q.grad(), k.grad(), v.grad()};
+                    }
+                    blocks::set_autograd_attention_core(true);
+                    for (int i = 0; i < 4; ++i) CHECK(same(got[1][i], got[0][i]));
+                }
+            m->config.attn_scale = c.attn_scale;
+        }
+    }
+    at::set_num_threads(threads);
+}
+
+TEST_CASE("attention_only: a zero MLP left out keeps the logits' bits; a nonzero one is refused") {
+    auto m = load_model(fixture("llama3_rope"));
+    const auto tokens = tokens_for(*m, 2, 9, 3);
+    ForwardOptions ao;
+    ao.attention_only = true;
+    CHECK_THROWS_AS(m->forward(tokens, nullptr, nullptr, ao), ConfigError);  // the fixture's MLPs are not zero
+    for (auto& lw : m->weights.layers) lw.w_down.zero_();
+    const auto full = m->forward(tokens);
+    CHECK(torch::equal(m->forward(tokens, nullptr, nullptr, ao), full));
+    Hooks hooks;
+    hooks.capture(Point::kResidPost, [](int, const at::Tensor&) {});
+    CHECK_THROWS_AS(m->forward(tokens, &hooks, nullptr, ao), ConfigError);  // no hooks
+    m->weights.layers[0].w_down.requires_grad_(true);
+    CHECK_THROWS_AS(m->forward(tokens, nullptr, nullptr, ao), ConfigError);  // a trainable w_down
 }

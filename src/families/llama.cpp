@@ -34,6 +34,7 @@ at::Tensor forward_llama(const blocks::Pass& p, const at::Tensor& tokens) {
         }
         auto attn_out = p.attention(l, q, k, v);  // [B, T, D]
         x = p.hook(Point::kResidMid, l, x + attn_out);
+        if (p.opts.attention_only) continue;  // its MLP adds exactly 0 (Model::forward checked)
         auto mlp_out = p.hook(Point::kMlpOut, l, p.mlp(lw, blocks::norm(cfg, x, lw.mlp_norm_w, lw.mlp_norm_b)));
         x = p.hook(Point::kResidPost, l, x + mlp_out);
     }

@@ -7,6 +7,7 @@
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
+#include <dlfcn.h>
 #include <fmt/format.h>
 #include <torch/torch.h>
 
@@ -16,6 +17,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -406,6 +408,158 @@ at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b) {
     return out;
 }
 
+static std::atomic<bool> g_autograd_core{true};
+
+// The BLAS's sgemm_ where this libtorch's own products call it: found in the process (libtorch loaded it),
+// so the very function libtorch's calls reach. Null where none is loaded.
+using SgemmFn = void (*)(const char*, const char*, const int*, const int*, const int*, const float*, const float*, const int*,
+                         const float*, const int*, const float*, float*, const int*);
+static SgemmFn blas_sgemm() {
+    static const SgemmFn f = reinterpret_cast<SgemmFn>(dlsym(RTLD_DEFAULT, "sgemm_"));
+    return f;
+}
+
+// out = a b for a [N, M, K], b [N, K, P] float32 on the CPU, out [N, M, P] with unit last stride. Where
+// at::bmm runs its per-item loop (a libtorch without MKL, as Debian's 1.13: bmm_out_or_baddbmm_ calls
+// addmm_impl_cpu_(out[i], out[i], a[i], b[i], 0, 1) for each item once contraction * rows * cols >= 400),
+// each item takes the very BLAS call that loop makes: addmm_impl_cpu_'s choice of transposes and leading
+// dimensions from the item's strides, cpublas::gemm's normalize_last_dims and its use_blas_gemm test, then
+// sgemm_ with alpha 1, beta 0. That loop's per-item bookkeeping (three selects, size checks, resolve_conj:
+// ~5 us an item) was most of a toy-training step's attention products (issue 44). Anything else, a layout
+// whose item that loop would first copy included: at::bmm_out, as before.
+void bmm_items(at::Tensor& out, const at::Tensor& a, const at::Tensor& b) {
+    const int64_t N = a.size(0), M = a.size(1), K = a.size(2), P = b.size(2);
+    const SgemmFn sgemm = blas_sgemm();
+    auto fallback = [&] { at::bmm_out(out, a, b); };
+    if (!sgemm || at::hasMKL() || a.scalar_type() != at::kFloat || b.scalar_type() != at::kFloat || out.scalar_type() != at::kFloat ||
+        !a.device().is_cpu() || !b.device().is_cpu() || !out.device().is_cpu() || a.is_conj() || b.is_conj() ||
+        N == 0 || M == 0 || K == 0 || P == 0 || K * M * P < 400 || out.size(0) != N || out.size(1) != M || out.size(2) != P)
+        return fallback();
+    // addmm_impl_cpu_(result = out[i], m1 = a[i], m2 = b[i]).
+    const int64_t rs0 = out.stride(1), rs1 = out.stride(2);
+    bool tc;
+    if (rs0 == 1 && (P == 1 || rs1 >= std::max<int64_t>(1, M))) tc = false;
+    else if (rs1 == 1 && (M == 1 || rs0 >= std::max<int64_t>(1, P))) tc = true;
+    else return fallback();  // addmm would gemm into a copy of c
+    const float *p1 = a.data_ptr<float>(), *p2 = b.data_ptr<float>();
+    int64_t s1[2] = {a.stride(1), a.stride(2)}, s2[2] = {b.stride(1), b.stride(2)}, z1[2] = {M, K}, z2[2] = {K, P};
+    int64_t bs1 = a.stride(0), bs2 = b.stride(0);
+    if (tc) {
+        std::swap(p1, p2), std::swap(bs1, bs2);
+        for (int i = 0; i < 2; ++i) std::swap(s1[i], s2[i]), std::swap(z1[i], z2[i]);
+    }
+    const int64_t m = tc ? P : M, n = tc ? M : P, k = z1[tc ? 0 : 1];
+    bool ta, tb;
+    if (s1[tc ? 1 : 0] == 1 && s1[tc ? 0 : 1] >= std::max<int64_t>(1, m)) ta = false;
+    else if (s1[tc ? 0 : 1] == 1 && s1[tc ? 1 : 0] >= std::max<int64_t>(1, k)) ta = true;
+    else return fallback();  // addmm would copy the item first
+    if (s2[tc ? 1 : 0] == 1 && s2[tc ? 0 : 1] >= std::max<int64_t>(1, k)) tb = false;
+    else if (s2[tc ? 0 : 1] == 1 && s2[tc ? 1 : 0] >= std::max<int64_t>(1, n)) tb = true;
+    else return fallback();
+    int64_t lda = s1[(ta == tc) ? 1 : 0], ldb = s2[(tb == tc) ? 1 : 0], ldc = tc ? rs0 : rs1;
+    // cpublas::gemm: normalize_last_dims, then sgemm_ only where use_blas_gemm holds (else its own kernel).
+    if (n == 1) ldc = m;
+    if (ta) { if (m == 1) lda = k; } else if (k == 1) lda = m;
+    if (tb) { if (k == 1) ldb = n; } else if (n == 1) ldb = k;
+    constexpr int64_t kMax = std::numeric_limits<int>::max();
+    if (m > kMax || n > kMax || k > kMax || lda > kMax || ldb > kMax || ldc > kMax || lda < std::max<int64_t>(1, ta ? k : m) ||
+        ldb < std::max<int64_t>(1, tb ? n : k) || ldc < std::max<int64_t>(1, m))
+        return fallback();
+    const char ca = ta ? 'T' : 'N', cb = tb ? 'T' : 'N';
+    const int im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k), ila = static_cast<int>(lda),
+              ilb = static_cast<int>(ldb), ilc = static_cast<int>(ldc);
+    const float alpha = 1.0f, beta = 0.0f;
+    float* pc = out.data_ptr<float>();
+    const int64_t bsc = out.stride(0);
+    for (int64_t i = 0; i < N; ++i) sgemm(&ca, &cb, &im, &in, &ik, &alpha, p1 + i * bs1, &ila, p2 + i * bs2, &ilb, &beta, pc + i * bsc, &ilc);
+}
+
+at::Tensor bmm_items(const at::Tensor& a, const at::Tensor& b) {
+    auto out = at::empty({a.size(0), a.size(1), b.size(2)}, a.options());
+    bmm_items(out, a, b);
+    return out;
+}
+
+namespace {
+
+// f(s, c) over items [s, s + c) of N, split over the intra-op threads, each thread's share in chunks of
+// about 2^16 floats of an item's per_item scores (fp32 [g*n, m]: a chunk stays in the core's cache
+// through its products, mask and softmax). Grad mode and the rest of the thread-local state follow.
+template <class F>
+void for_item_chunks(int64_t N, int64_t per_item, const F& f) {
+    const int64_t c = std::max<int64_t>(1, (int64_t{1} << 16) / std::max<int64_t>(1, per_item));
+    const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+    const int64_t grain = std::max<int64_t>(1, std::min(c, (N + threads - 1) / threads));
+    const at::ThreadLocalState state;
+    at::parallel_for(0, N, grain, [&](int64_t s0, int64_t e0) {
+        at::ThreadLocalStateGuard guard(state);
+        for (int64_t s = s0; s < e0; s += c) f(s, std::min(c, e0 - s));
+    });
+}
+
+// The causal attention of one query block under autograd (training, the gates' fits): z = softmax(mask(
+// qb k^T [* scale])) v for qb [N, g*n, d] (query rows q0.. of g heads a kv head), k, v [N, m, d] whose
+// last n columns face the block's queries (so the causal mask is the upper triangle of those columns).
+// Autograd of the plain ops kept [N, g*n, m] scores, pattern and their gradients whole, ran each bmm's N
+// products on one thread (at::bmm loops over them) and cloned the whole score gradient for the in-place
+// mask (CopySlices): the toy models' training spent most of a step there (issue 44). Here the items go
+// in chunks over the threads, forward and backward. Each item takes the very kernels, in the order and on
+// the operand layouts, that autograd of the plain ops takes (libtorch 1.13 derivatives: bmm's
+// self grad.bmm(mat2^T) and mat2 self^T.bmm(grad); _softmax_backward_data; masked_fill's grad
+// masked_fill(mask, 0); mul by a scalar grad * scalar), and the gradients are returned in the layouts
+// autograd hands on (k's as the transpose of a contiguous [N, d, m]): the same bits, tests/test_blocks.cpp.
+struct CausalCore : public torch::autograd::Function<CausalCore> {
+    static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& qb, const at::Tensor& k,
+                              const at::Tensor& v, int64_t g, int64_t n, double scale) {
+        const int64_t N = qb.size(0), gn = qb.size(1), m = k.size(1), d = v.size(2);
+        const auto upper = torch::ones({n, n}, qb.options().dtype(torch::kBool)).triu(1);
+        auto pattern = at::empty({N, gn, m}, qb.options());
+        auto z = at::empty({N, gn, d}, qb.options());
+        const float neg_inf = -std::numeric_limits<float>::infinity();
+        for_item_chunks(N, gn * m, [&](int64_t s, int64_t c) {
+            auto sc = bmm_items(qb.narrow(0, s, c), k.narrow(0, s, c).transpose(1, 2));
+            if (scale != 0) sc.mul_(scale);
+            if (n > 1) sc.view({c, g, n, m}).narrow(3, m - n, n).masked_fill_(upper, neg_inf);
+            auto p = pattern.narrow(0, s, c);
+            at::_softmax_out(p, sc, -1, false);
+            auto zc = z.narrow(0, s, c);
+            bmm_items(zc, p, v.narrow(0, s, c));
+        });
+        ctx->save_for_backward({qb, k, v, pattern, upper});
+        ctx->saved_data["g"] = g;
+        ctx->saved_data["scale"] = scale;
+        return z;
+    }
+    static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx, torch::autograd::variable_list grads) {
+        const auto saved = ctx->get_saved_variables();
+        const auto &qb = saved[0], &k = saved[1], &v = saved[2], &pattern = saved[3], &upper = saved[4];
+        const int64_t g = ctx->saved_data["g"].toInt();
+        const double scale = ctx->saved_data["scale"].toDouble();
+        const int64_t N = qb.size(0), gn = qb.size(1), m = k.size(1), d = v.size(2), n = upper.size(0);
+        const at::Tensor& gz = grads[0];
+        auto gq = at::empty({N, gn, d}, qb.options());
+        auto gkt = at::empty({N, d, m}, qb.options());  // the gradient of k^T, as bmm's backward makes it
+        auto gv = at::empty({N, m, d}, qb.options());
+        for_item_chunks(N, gn * m, [&](int64_t s, int64_t c) {
+            const auto gzc = gz.narrow(0, s, c), pc = pattern.narrow(0, s, c);
+            auto gp = bmm_items(gzc, v.narrow(0, s, c).transpose(1, 2));
+            auto gvc = gv.narrow(0, s, c);
+            bmm_items(gvc, pc.transpose(1, 2), gzc);
+            auto gs = at::_softmax_backward_data(gp, pc, -1, pc.scalar_type());
+            if (n > 1) gs.view({c, g, n, m}).narrow(3, m - n, n).masked_fill_(upper, 0);
+            if (scale != 0) gs = gs * scale;
+            auto gqc = gq.narrow(0, s, c), gktc = gkt.narrow(0, s, c);
+            bmm_items(gqc, gs, k.narrow(0, s, c));
+            bmm_items(gktc, qb.narrow(0, s, c).transpose(1, 2), gs);
+        });
+        return {gq, gkt.transpose(1, 2), gv, at::Tensor(), at::Tensor(), at::Tensor()};
+    }
+};
+
+}  // namespace
+
+void set_autograd_attention_core(bool on) { g_autograd_core = on; }
+
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& b, bool per_row) {
     // A decode step's few rows on the CPU: gemv_rows streams the weight once for all of them. A GEMM
     // of a few rows packs the whole weight into its panel buffers first (OpenBLAS's small-matrix
@@ -769,7 +923,7 @@ private:
     c10::ScalarType acc_ = torch::kDouble;
     at::Tensor pk_, pv_;  // [B*K, S + 1, d]: sums of the first s keys / values
     // Blocks and scratch.
-    bool whole_ = false, see_scores_ = false, see_pattern_ = false, reuse_ = false, fp32_ = false;
+    bool whole_ = false, see_scores_ = false, see_pattern_ = false, reuse_ = false, fp32_ = false, core_ = false;
     int64_t rows_ = 1, cap_ = 0;
     at::Tensor scores_buf_, pattern_buf_, wide_buf_;
     at::Tensor upper_;  // the causal corner mask, built once per block height
@@ -861,6 +1015,9 @@ void BlockedAttention::plan_blocks(int64_t attn_block) {
     // scratch buffers are written with out= kernels, which autograd refuses.
     const bool grad = at::GradMode::is_enabled() && (q3_.requires_grad() || k_.requires_grad() || v_.requires_grad());
     reuse_ = !whole_ && T_ > rows_ && !grad;
+    // Under autograd, causal float32 attention on the CPU that nobody observes or edits: CausalCore.
+    core_ = grad && g_autograd_core && device_.is_cpu() && dtype_ == at::kFloat && !whole_ && !see_scores_ && !see_pattern_ &&
+            window_ == 0 && cfg_.attn_softcap <= 0 && !win_.defined() && !keep_.defined();
     fp32_ = dtype_ == at::kFloat;
     cap_ = B_ * H_ * rows_ * S_;
     if (!reuse_) return;
@@ -918,6 +1075,10 @@ at::Tensor BlockedAttention::block_z(const Block& b) {
     if (idx_s_.defined() && gap_hi > gap_lo) return streaming_block_z(b, gap_lo, gap_hi);
     need_kv3();
     const int64_t n = b.n, m = b.m();
+    if (core_)
+        return CausalCore::apply(b.qb, m == S_ ? k3_ : k3_.narrow(1, b.lo, m), m == S_ ? v3_ : v3_.narrow(1, b.lo, m), g_, n,
+                                 scale_in_q_ ? 0.0 : scale_)
+            .view({B_, H_, n, d_});
     auto scores = block_scores(b);  // [B*K, g*n, m] = [B, H, n, m]
     mask_block(scores, b);
     if (keep_.defined()) mask_keeps(scores, b);

@@ -64,6 +64,15 @@ at::Tensor gemv_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor&
 // products split over the intra-op threads, each on one thread (OpenBLAS: at::bmm's bits; MKL picks
 // its kernel by a thread's share, within float rounding of at::bmm). Otherwise at::bmm.
 at::Tensor bmm_small(const at::Tensor& a, const at::Tensor& b);
+// out = a b (no autograd) for a [N, M, K], b [N, K, P] of any strides, out [N, M, P]: at::bmm_out's bits. Where
+// at::bmm loops over the items (float32 on the CPU, a libtorch without MKL: Debian's), each item takes
+// the BLAS call that loop makes, without its per-item tensor bookkeeping; otherwise at::bmm_out.
+void bmm_items(at::Tensor& out, const at::Tensor& a, const at::Tensor& b);
+at::Tensor bmm_items(const at::Tensor& a, const at::Tensor& b);
+// Under autograd, the blocked attention's causal float32 blocks on the CPU run as one function whose
+// forward and backward split the (row, kv head) products over the threads, bit-identical to autograd of
+// the plain ops (training; blocks.cpp CausalCore). Off: the plain ops (for the tests that compare them).
+void set_autograd_attention_core(bool on);
 // Rows reading shared prompt caches (KVCache::shared), their positions as pieces: cache `cache`'s
 // positions [a, b) read by `rows` (ascending), each row's keys at those very positions. A row whose
 // cache was filled from another's positions (KVCache::origins) reads them from the root-most such cache

@@ -166,6 +166,15 @@ at::Tensor Model::forward(const at::Tensor& tokens_in, const Hooks* hooks, KVCac
             throw ConfigError(fmt::format("start_resid must be [B, T, D] = [{}, {}, {}] for start_layer {}",
                                           tokens.size(0), tokens.size(1), config.d_model, opts.start_layer));
     }
+    if (opts.attention_only) {
+        if (config.family != Family::kLlama || hooks)
+            throw ConfigError("attention_only: the Llama family's forward, without hooks, only");
+        at::NoGradGuard no_grad;
+        for (const auto& lw : weights.layers)
+            for (const auto* t : {&lw.w_down, &lw.b_down})
+                if (t->defined() && (t->requires_grad() || t->count_nonzero().item<int64_t>() != 0))
+                    throw ConfigError("attention_only: a layer's MLP output is not exactly 0 (w_down / b_down nonzero or trained)");
+    }
     blocks::Pass pass{*this, hooks, cache, opts};
     pass.per_row_gemm = opts.gemm == GemmMode::kPerRow ||
                         (opts.gemm == GemmMode::kAuto && hooks && hooks->has_row_specific_interventions());

@@ -144,6 +144,10 @@ struct ForwardOptions {
     // ablation configurations). tokens still give B, T and the positions. No KV cache.
     int start_layer = 0;
     at::Tensor start_resid;
+    // The MLP blocks are left out, the residual passing them unchanged: for a model whose MLP output is
+    // exactly 0 (w_down and b_down all zero and frozen: an attention-only toy in training, issue 44). The
+    // Llama family, no hooks; a nonzero or trainable w_down / b_down is refused.
+    bool attention_only = false;
 };
 
 // Where a model's weights came from: the file format, and for a Hugging Face cache name the repository,
