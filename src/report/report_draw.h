@@ -32,6 +32,9 @@ Range finite_range(const std::vector<double>& v);
 extern int g_uid;
 
 struct Heatmap {
+    Heatmap() = default;
+    Heatmap(std::string dataset_, std::string label_, std::vector<double> v_, int64_t rows_, int64_t cols_)
+        : dataset(std::move(dataset_)), label(std::move(label_)), v(std::move(v_)), rows(rows_), cols(cols_) {}
     std::string dataset;  // data-dataset attribute (the HDF5 path, or a description)
     std::string label;    // first word of each cell title
     std::vector<double> v;
