@@ -327,7 +327,7 @@ InductionLoss induction_loss(const Model& m, const at::Tensor& tokens, int64_t n
         Hooks hooks;
         for (int64_t j = 0; j < hc; ++j)
             for (int64_t r = 0; r < B; ++r)
-                apply_intervention(hooks, InterventionSpec{Intervention::kZero, 1.0, {}, {}}, {{static_cast<int>((h0 + j) / H), static_cast<int>((h0 + j) % H)}},
+                apply_intervention(hooks, {Intervention::kZero}, {{static_cast<int>((h0 + j) / H), static_cast<int>((h0 + j) % H)}},
                                    j * B + r, {Intervention::kZero});
         auto batch = tokens.repeat({hc, 1});  // [hc * B, T]
         auto rows = induction_loss_rows(m.forward(batch, &hooks), batch, n).view({hc, B});

@@ -67,8 +67,8 @@ struct InterventionSpec {
     // mean, mean-query, mean-query-pre-rope on heads: [L, H, d], the replacement of head (l, h) at
     // every position. On one layer's rows: that layer's [H, d] (pooled) or [T, H, d] (per position,
     // its first T rows), or for resample [R, T, H, d] (row r's replacement).
-    at::Tensor value;
-    StreamWindow window;  // stream
+    at::Tensor value{};
+    StreamWindow window{};  // stream
 };
 
 // `heads` in batch row `row` (-1: every row), through the head-level hooks. HS_REQUIRE (a caller's

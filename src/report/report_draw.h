@@ -32,19 +32,16 @@ Range finite_range(const std::vector<double>& v);
 extern int g_uid;
 
 struct Heatmap {
-    Heatmap() = default;
-    Heatmap(std::string dataset_, std::string label_, std::vector<double> v_, int64_t rows_, int64_t cols_)
-        : dataset(std::move(dataset_)), label(std::move(label_)), v(std::move(v_)), rows(rows_), cols(cols_) {}
     std::string dataset;  // data-dataset attribute (the HDF5 path, or a description)
     std::string label;    // first word of each cell title
     std::vector<double> v;
     int64_t rows = 0, cols = 0;
     std::string row_axis = "layer", col_axis = "head";
-    std::vector<std::string> row_labels, col_labels;  // default: indices
+    std::vector<std::string> row_labels{}, col_labels{};  // default: indices
     bool is_signed = false;
     double fixed_lo = NAN, fixed_hi = NAN;  // a fixed scale (accuracy, recall: 0..1) instead of the data's range
     // The cell's name in its title; default L{r}H{c}.
-    std::function<std::string(int64_t, int64_t)> cell_name;
+    std::function<std::string(int64_t, int64_t)> cell_name{};
 };
 
 std::string legend(double lo, double hi, bool is_signed, int width);

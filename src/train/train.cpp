@@ -314,7 +314,7 @@ struct CircuitSet {
 
 double metric_with_ablated(const Model& m, const EvalSets& s, const std::vector<std::pair<int, int>>& heads) {
     Hooks hooks;
-    apply_intervention(hooks, InterventionSpec{Intervention::kZero, 1.0, {}, {}}, heads, -1, {Intervention::kZero});
+    apply_intervention(hooks, {Intervention::kZero}, heads, -1, {Intervention::kZero});
     return mean(metric_per_set(m, s, &hooks));
 }
 
@@ -369,7 +369,7 @@ json toy_ground_truth(const Model& m, ToyTask task, uint64_t eval_seed) {
     for (int l = 0; l < L; ++l)
         for (int h = 0; h < H; ++h) {
             Hooks hooks;
-            apply_intervention(hooks, InterventionSpec{Intervention::kZero, 1.0, {}, {}}, {{l, h}}, -1, {Intervention::kZero});
+            apply_intervention(hooks, {Intervention::kZero}, {{l, h}}, -1, {Intervention::kZero});
             ablated[l][h] = mean(metric_per_set(m, s, &hooks));
             harm[l][h] = ind ? ablated[l][h] - baseline : baseline - ablated[l][h];  // > 0 = worse
         }
